@@ -1,0 +1,32 @@
+# The README's two commands: `make demo` and `make test`. Both do all set-up on a fresh machine.
+.PHONY: setup demo test test-unit lint bench base-image clean-images
+
+VENV := .venv
+BIN := $(VENV)/bin
+
+setup:
+	@bash scripts/setup-host.sh
+
+base-image:
+	@bash images/base/make-base-images.sh
+
+demo: setup
+	@bash scripts/demo.sh
+
+test: setup
+	$(BIN)/pytest -q
+
+# The pure core only: no Docker, no network.
+test-unit:
+	$(BIN)/pytest -q -m "not docker and not network"
+
+lint:
+	$(BIN)/ruff check lanectl tests benchmarks images/stub-engine
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
+
+# Removes every image lanectl built (not the base images).
+clean-images:
+	docker images --filter label=io.lanectl.lane -q | sort -u | xargs -r docker rmi -f

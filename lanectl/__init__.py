@@ -1,0 +1,7 @@
+"""lanectl: run GPU LLM serving lanes safely.
+
+The package is the API; the CLI (`lanectl.cli`) only parses arguments, calls one domain
+function and renders its result.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from lanectl.cli import main
+
+main()

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from typing import Any
+
+from lanectl.errors import OperationFailed
+from lanectl.recipe.catalog import Catalog
+from lanectl.render import plan_image
+
+
+def list_lanes(catalog: Catalog) -> tuple[list[dict[str, Any]], str | None]:
+    """One row per lane; `built` is None when the Docker engine cannot be asked."""
+    from lanectl.build import is_built
+    from lanectl.docker_engine import DockerEngine
+
+    engine: DockerEngine | None
+    note = None
+    try:
+        engine = DockerEngine()
+    except OperationFailed as exc:
+        engine, note = None, f"built? unknown: {exc}"
+    rows = []
+    for lane in sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name)):
+        plan = plan_image(lane)
+        rows.append({
+            "lane": lane.name,
+            "recipe": lane.recipe.id,
+            "image": plan.tag,
+            "built": is_built(engine, plan) if engine else None,
+            "containers": [lane.container_name(role) for role in lane.roles],
+            "companions": list(lane.spec.companions),
+            "kernels": [k.name for k in lane.kernels],
+            "patches": [p.path for p in lane.spec.patches],
+        })
+    return rows, note

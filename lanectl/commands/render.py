@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lanectl.containers import plan_containers
+from lanectl.errors import BadInput
+from lanectl.recipe.catalog import Lane
+from lanectl.render import plan_image
+
+
+def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
+    plan = plan_image(lane)
+    containers = [spec.as_dict() for spec in plan_containers(lane, plan)]
+    if out_dir is not None:
+        _write_context(plan.files, containers, out_dir)
+    return {
+        "lane": lane.name,
+        "recipe": lane.recipe.id,
+        "image": plan.tag,
+        "moving_tag": plan.moving_tag,
+        "input_hash": plan.input_hash,
+        "labels": plan.labels,
+        "dockerfile": plan.dockerfile,
+        "context": [{"path": f.path, "size": len(f.content), "mode": f"{f.mode:o}",
+                     "sha256": hashlib.sha256(f.content).hexdigest()} for f in plan.files],
+        "containers": containers,
+    }
+
+
+def _write_context(files: Any, containers: list[dict[str, Any]], out_dir: Path) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BadInput(f"--out {out_dir} is not empty; give a new or empty folder")
+    for item in files:
+        target = out_dir / item.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(item.content)
+        target.chmod(item.mode)
+    (out_dir / "containers.json").write_text(json.dumps(containers, indent=2) + "\n")

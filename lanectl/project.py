@@ -1,0 +1,55 @@
+"""Where a lanectl project keeps its parts, and where lanectl keeps its cache.
+
+A project is a folder holding `recipes/`, `images/`, `kernels/` and `patches/`; recipes refer
+to the other three by paths relative to it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    recipes_dir: Path
+
+    @classmethod
+    def locate(cls, recipes_dir: Path | None = None) -> Project:
+        """`--recipes DIR`, else `LANECTL_RECIPES`, else `./recipes`; the project root is its parent."""
+        if recipes_dir is None:
+            from_env = os.environ.get("LANECTL_RECIPES")
+            recipes_dir = Path(from_env) if from_env else Path("recipes")
+        recipes_dir = recipes_dir.resolve()
+        return cls(root=recipes_dir.parent, recipes_dir=recipes_dir)
+
+    @property
+    def images_dir(self) -> Path:
+        return self.root / "images"
+
+    @property
+    def kernels_dir(self) -> Path:
+        return self.root / "kernels"
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    def display(self, path: Path) -> str:
+        """A path as the user should read it in messages: relative to the current folder when inside it."""
+        absolute = path.resolve()
+        try:
+            return absolute.relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            return str(absolute)
+
+
+def cache_dir() -> Path:
+    """`LANECTL_CACHE_DIR`, else the XDG cache folder: downloaded upstream sources live here."""
+    explicit = os.environ.get("LANECTL_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lanectl"

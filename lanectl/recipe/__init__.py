@@ -1,0 +1,1 @@
+"""Recipes: YAML files that describe serving lanes, loaded into validated, typed models."""

@@ -1,0 +1,380 @@
+"""Loading recipes into a catalog of lanes: parse, validate every lane, check what they refer to.
+
+Every problem in every file is collected before anything is reported, so one run of
+`lanectl validate` lists all there is to fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel, ValidationError
+
+from lanectl.errors import BadInput, Problem, RecipeInvalid
+from lanectl.project import Project
+from lanectl.recipe.kernel import KernelSpec
+from lanectl.recipe.model import LaneSpec, Naming, RecipeFile, merge
+from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, load_yaml
+
+ROLE_PRIMARY = "primary"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    id: str
+    file: Path
+    project_root: Path
+    description: str
+    naming: Naming
+    keep_stopped_lanes: int
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    recipe: Recipe
+    spec: LaneSpec
+    kernels: tuple[KernelSpec, ...] = ()
+    declared_at: tuple[int, int] = field(default=(0, 0), compare=False)
+
+    @property
+    def roles(self) -> list[str]:
+        """Start order: the primary first, then companions; stop in reverse."""
+        return [ROLE_PRIMARY, *self.spec.companions]
+
+    def container_name(self, role: str = ROLE_PRIMARY) -> str:
+        primary = self.recipe.naming.container.replace("{lane}", self.name)
+        if role == ROLE_PRIMARY:
+            return primary
+        return self.recipe.naming.companion.replace("{container}", primary).replace("{role}", role)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    project: Project
+    lanes: dict[str, Lane] = field(default_factory=dict)
+
+    def lane(self, name: str) -> Lane:
+        if name in self.lanes:
+            return self.lanes[name]
+        close = difflib.get_close_matches(name, list(self.lanes), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]}?" if close else f"; known lanes: {', '.join(sorted(self.lanes))}"
+        raise BadInput(f"no lane {name!r}{hint}")
+
+    @cached_property
+    def recipes(self) -> list[Recipe]:
+        return sorted({lane.recipe.id: lane.recipe for lane in self.lanes.values()}.values(), key=lambda r: r.id)
+
+
+def recipe_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
+    chosen = list(paths)
+    if not chosen:
+        if not project.recipes_dir.is_dir():
+            raise BadInput(
+                f"no recipes folder at {project.display(project.recipes_dir)}; "
+                "run lanectl inside a project or pass --recipes DIR (or set LANECTL_RECIPES)"
+            )
+        chosen = [project.recipes_dir]
+    files: list[Path] = []
+    for path in chosen:
+        if path.is_dir():
+            # Only files that declare a lanectl schema are recipes; workloads and notes live beside them.
+            files.extend(p for p in sorted(path.rglob("*.yaml")) if _declares_recipe(p))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise BadInput(f"{path}: no such recipe file or folder")
+    return files
+
+
+def _declares_recipe(path: Path) -> bool:
+    head = path.read_text(encoding="utf-8", errors="replace")[:4096]
+    return re.search(r"^schema:\s*lanectl/", head, re.MULTILINE) is not None
+
+
+def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:
+    """Every lane of every recipe, validated; raises `RecipeInvalid` listing all problems."""
+    problems: list[Problem] = []
+    lanes: dict[str, Lane] = {}
+    kernels = _KernelLoader(project, problems)
+    for file in recipe_files(project, paths):
+        for lane in _load_recipe_file(project, file, kernels, problems):
+            if lane.name in lanes:
+                other = lanes[lane.name].recipe.file
+                problems.append(
+                    Problem(project.display(file), *lane.declared_at, f"lanes.{lane.name}",
+                            f"lane name already used in {project.display(other)}; lane names are unique "
+                            "across recipes")
+                )
+                continue
+            lanes[lane.name] = lane
+    problems.extend(_container_name_clashes(project, lanes))
+    if problems:
+        raise RecipeInvalid(problems)
+    return Catalog(project=project, lanes=lanes)
+
+
+def _container_name_clashes(project: Project, lanes: dict[str, Lane]) -> list[Problem]:
+    seen: dict[str, str] = {}
+    problems = []
+    for lane in lanes.values():
+        for role in lane.roles:
+            name = lane.container_name(role)
+            if name in seen and seen[name] != lane.name:
+                problems.append(Problem(project.display(lane.recipe.file), *lane.declared_at, f"lanes.{lane.name}",
+                                        f"container name {name!r} is also lane {seen[name]}'s; "
+                                        "change naming.container or the companion role"))
+            seen[name] = lane.name
+    return problems
+
+
+def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
+                      problems: list[Problem]) -> list[Lane]:
+    shown = project.display(file)
+    try:
+        doc = load_yaml(file.read_text(encoding="utf-8"), shown)
+    except YamlSyntaxError as exc:
+        problems.append(exc.problem)
+        return []
+    if not isinstance(doc.data, dict):
+        problems.append(Problem(shown, 1, 1, "", "a recipe is a YAML mapping with schema, id and lanes"))
+        return []
+    raw = dict(doc.data)
+    # An empty lane (`h1-REF:` with nothing under it) inherits every default.
+    if isinstance(raw.get("lanes"), dict):
+        raw["lanes"] = {name: ({} if body is None else body) for name, body in raw["lanes"].items()}
+    try:
+        recipe_file = RecipeFile.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend(_problems_from_validation(exc, doc, RecipeFile, lambda loc: loc))
+        return []
+    recipe = Recipe(id=recipe_file.id, file=file, project_root=project.root, description=recipe_file.description,
+                    naming=recipe_file.naming, keep_stopped_lanes=recipe_file.keep_stopped_lanes)
+    lanes = []
+    for name, body in recipe_file.lanes.items():
+        merged = merge(recipe_file.defaults, body)
+
+        def locate(loc: PathKey, name: str = name) -> PathKey:
+            own = ("lanes", name, *loc)
+            if doc.has(own) or not doc.has(("defaults", *loc)):
+                return own
+            return ("defaults", *loc)
+
+        try:
+            spec = LaneSpec.model_validate(merged)
+        except ValidationError as exc:
+            problems.extend(_problems_from_validation(exc, doc, LaneSpec, locate))
+            continue
+        lane_problems = _check_references(project, doc, spec, locate)
+        lane_kernels = []
+        for i, kernel_name in enumerate(spec.kernels):
+            kernel = kernels.get(kernel_name)
+            if kernel is None:
+                lane_problems.append(_problem(doc, locate(("kernels", i)),
+                                              f"no kernel {kernel_name!r}: expected "
+                                              f"kernels/{kernel_name}.yaml{kernels.known_hint()}"))
+            elif kernel is not _INVALID:
+                lane_kernels.append(kernel)
+        problems.extend(lane_problems)
+        if lane_problems:
+            continue
+        lanes.append(Lane(name=str(name), recipe=recipe, spec=spec, kernels=tuple(lane_kernels),
+                          declared_at=doc.position(("lanes", name), key=True)))
+    return lanes
+
+
+def _problem(doc: YamlDocument, path: PathKey, message: str, *, key: bool = False) -> Problem:
+    line, column = doc.position(path, key=key)
+    return Problem(doc.file, line, column, format_path(path), message)
+
+
+def _check_references(project: Project, doc: YamlDocument, spec: LaneSpec,
+                      locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
+    """What pydantic cannot see: files the lane refers to, and clashes between its containers."""
+    problems = []
+    template = project.images_dir / spec.image.template / "Dockerfile.j2"
+    if not template.is_file():
+        known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
+        problems.append(_problem(doc, locate(("image", "template")),
+                                 f"no template {project.display(template)}; known templates: "
+                                 f"{', '.join(known) or 'none'}"))
+    for i, patch in enumerate(spec.patches):
+        path = project.patches_dir / patch.path
+        if not path.is_file():
+            problems.append(_problem(doc, locate(("patches", i, "path")),
+                                     f"no patch file {project.display(path)}; paths are relative to patches/"))
+            continue
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != patch.sha256:
+            problems.append(_problem(doc, locate(("patches", i, "sha256")),
+                                     f"sha256 does not match {project.display(path)} (it hashes to {actual}); "
+                                     "review the patch, then update sha256"))
+    seen_ports: dict[tuple[str, int], str] = {}
+    roles = [("primary", ("engine",), spec.engine)] + [
+        (role, ("companions", role, "engine"), companion.engine) for role, companion in spec.companions.items()
+    ]
+    for role, base, engine in roles:
+        for i, port in enumerate(engine.ports):
+            key = (port.protocol, port.published)
+            if key in seen_ports:
+                problems.append(_problem(doc, locate((*base, "ports", i)),
+                                         f"host port {port.published}/{port.protocol} is already published by "
+                                         f"the {seen_ports[key]} container; give each a distinct host port"))
+            seen_ports[key] = role
+    served = _flag_value(spec.engine.args, "--served-model-name")
+    if served is not None and served != spec.health.served_model_name:
+        problems.append(_problem(doc, locate(("health", "served_model_name")),
+                                 f"is {spec.health.served_model_name!r} but the engine serves {served!r} "
+                                 "(--served-model-name); the readiness check would never pass"))
+    return problems
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+_INVALID: Any = object()
+
+
+class _KernelLoader:
+    """Loads each kernels/<name>.yaml once; its problems are reported once, located in that file."""
+
+    def __init__(self, project: Project, problems: list[Problem]):
+        self.project = project
+        self.problems = problems
+        self.cache: dict[str, KernelSpec | None] = {}
+
+    def known_hint(self) -> str:
+        names = sorted(p.stem for p in self.project.kernels_dir.glob("*.yaml"))
+        return f"; known kernels: {', '.join(names)}" if names else ""
+
+    def get(self, name: str) -> KernelSpec | None:
+        if name not in self.cache:
+            self.cache[name] = self._load(name)
+        return self.cache[name]
+
+    def _load(self, name: str) -> Any:
+        path = self.project.kernels_dir / f"{name}.yaml"
+        if not path.is_file():
+            return None
+        shown = self.project.display(path)
+        try:
+            doc = load_yaml(path.read_text(encoding="utf-8"), shown)
+        except YamlSyntaxError as exc:
+            self.problems.append(exc.problem)
+            return _INVALID
+        try:
+            kernel = KernelSpec.model_validate(doc.data if isinstance(doc.data, dict) else {})
+        except ValidationError as exc:
+            self.problems.extend(_problems_from_validation(exc, doc, KernelSpec, lambda loc: loc))
+            return _INVALID
+        if kernel.name != name:
+            self.problems.append(_problem(doc, ("name",), f"is {kernel.name!r} but the file is {name}.yaml; "
+                                                          "they must match"))
+            return _INVALID
+        if kernel.source.path is not None and not (self.project.root / kernel.source.path).is_dir():
+            self.problems.append(_problem(doc, ("source", "path"),
+                                          f"no folder {kernel.source.path} in the project"))
+            return _INVALID
+        return kernel
+
+
+def _problems_from_validation(exc: ValidationError, doc: YamlDocument, model: type[BaseModel],
+                              locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
+    by_path: dict[tuple[PathKey, bool], list[str]] = {}
+    for error in exc.errors(include_url=False):
+        data_loc = _data_path(doc, locate, tuple(error["loc"]), error["type"])
+        # Errors about a mapping key itself (unknown key, bad variable name) point at the key.
+        is_key = error["type"] == "extra_forbidden" or "[key]" in error["loc"]
+        message = _message(error, model, data_loc)
+        by_path.setdefault((data_loc, is_key), [])
+        if message not in by_path[(data_loc, is_key)]:
+            by_path[(data_loc, is_key)].append(message)
+    problems = []
+    for (loc, is_key), messages in by_path.items():
+        path = locate(loc)
+        problems.append(_problem(doc, path, " or ".join(messages) if len(messages) > 1 else messages[0],
+                                 key=is_key))
+    return problems
+
+
+def _data_path(doc: YamlDocument, locate: typing.Callable[[PathKey], PathKey], loc: PathKey,
+               error_type: str) -> PathKey:
+    """Drop the parts of a pydantic location that name union members rather than keys of the data."""
+    kept: list[str | int] = []
+    for i, part in enumerate(loc):
+        candidate = (*kept, part)
+        if doc.has(locate(candidate)) or (i == len(loc) - 1 and error_type == "missing"):
+            kept.append(part)
+        elif part == "schema_":
+            kept.append("schema")
+    return tuple(kept)
+
+
+def _message(error: Any, model: type[BaseModel], loc: PathKey) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(model, loc[:-1])
+        expected = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        return f"unknown key{expected}"
+    if kind == "missing":
+        return "required key is missing"
+    message = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    if "input" in error and not isinstance(error["input"], dict | list):
+        message += f", got {error['input']!r}"
+    return message
+
+
+def _allowed_keys(model: type[BaseModel], loc: PathKey) -> list[str]:
+    """The keys a mapping at `loc` accepts, for "unknown key" messages."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _unwrap(annotation, part)
+        if annotation is None:
+            return []
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [f.alias or name for name, f in annotation.model_fields.items()]
+    return []
+
+
+def _unwrap(annotation: Any, part: str | int) -> Any:
+    for candidate in _members(annotation):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel) and isinstance(part, str):
+            for name, info in candidate.model_fields.items():
+                if part in (name, info.alias):
+                    return info.annotation
+        origin = typing.get_origin(candidate)
+        args = typing.get_args(candidate)
+        if origin is list and isinstance(part, int):
+            return args[0]
+        if origin is dict and isinstance(part, str) and len(args) == 2:
+            return args[1]
+    return None
+
+
+def _members(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) in (typing.Union, __import__("types").UnionType):
+        return [a for arg in typing.get_args(annotation) for a in _members(arg)]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    return [annotation]
+
+
+__all__ = ["Catalog", "Lane", "Recipe", "load_catalog", "pydantic"]

@@ -1,0 +1,321 @@
+"""The recipe format `lanectl/v1` as pydantic models.
+
+Unknown keys are errors everywhere (`extra="forbid"`): a misspelt key silently ignored is a
+lane that serves with a default nobody chose. Field descriptions become the JSON Schema that
+`lanectl schema` prints for editors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+ROLE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
+RECIPE_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+DIGEST_PIN = re.compile(r"@sha256:[0-9a-f]{64}$")
+SHA256_HEX = r"^[0-9a-f]{64}$"
+GIT_COMMIT = r"^[0-9a-f]{40}$"
+SIZE = r"^[0-9]+[bkmgBKMG]?$"
+PORT = Annotated[int, Field(ge=1, le=65535)]
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Secrets must reach the container from lanectl's environment at start, never through the image or labels.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+SECRET_LOOKING = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|WEBHOOK)(_|$)", re.IGNORECASE)
+
+
+def _env_name(name: str) -> str:
+    if not re.fullmatch(ENV_NAME, name):
+        raise ValueError(f"{name!r} is not a valid environment variable name")
+    return name
+
+
+def _plain_env_name(name: str) -> str:
+    if SECRET_LOOKING.search(_env_name(name)):
+        raise ValueError(
+            f"{name!r} looks like a secret; list it under 'secret_env' so it comes from the "
+            "environment at start and never lands in the image"
+        )
+    return name
+
+
+def _env_value(value: str) -> str:
+    if CONTROL_CHARACTER.search(value):
+        raise ValueError("holds a line break or control character; an environment value is one line")
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+PlainEnvName = Annotated[str, AfterValidator(_plain_env_name)]
+EnvValue = Annotated[str, AfterValidator(_env_value)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PortMapping(Strict):
+    container: PORT = Field(description="Port the engine listens on inside the container.")
+    host: PORT | None = Field(None, description="Host port; defaults to the container port.")
+    host_ip: str = Field("0.0.0.0", description="Host address to publish on.")
+    protocol: Literal["tcp", "udp"] = "tcp"
+
+    @property
+    def published(self) -> int:
+        return self.host if self.host is not None else self.container
+
+
+class Volume(Strict):
+    target: str = Field(description="Absolute path inside the container.")
+    source: str | None = Field(None, description="Absolute host path (bind mount).")
+    volume: str | None = Field(None, description="Named Docker volume, kept across lanes (e.g. the vLLM cache).")
+    read_only: bool = False
+
+    @field_validator("target", "source")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must be an absolute path starting with '/', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        if (self.source is None) == (self.volume is None):
+            raise ValueError("give exactly one of 'source' (a host path) or 'volume' (a named volume)")
+        return self
+
+
+class GpuRequest(Strict):
+    count: int | Literal["all"] | None = Field(None, description="How many GPUs, or 'all'.")
+    device_ids: list[str] | None = Field(None, description="GPU indices ('0', '1') or UUIDs ('GPU-…').")
+
+    @field_validator("count")
+    @classmethod
+    def _positive(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1 or 'all', got {value}")
+        return value
+
+    @field_validator("device_ids")
+    @classmethod
+    def _device_ids(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("must list at least one GPU; omit 'gpus' for a lane without GPUs")
+        for device in value:
+            if not (device.isdigit() or re.fullmatch(r"GPU-[0-9a-fA-F-]{8,}", device)):
+                raise ValueError(f"{device!r} is not a GPU index ('0') or UUID ('GPU-…')")
+        if len(set(value)) != len(value):
+            raise ValueError("lists a GPU twice")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GpuRequest:
+        if (self.count is None) == (self.device_ids is None):
+            raise ValueError("give exactly one of 'count' or 'device_ids'")
+        return self
+
+
+class Engine(Strict):
+    entrypoint: list[str] | None = Field(None, description="Replaces the image's ENTRYPOINT (exec form).")
+    args: list[str] = Field(default_factory=list, description="Arguments to the entrypoint: the serve flags.")
+    env: dict[PlainEnvName, EnvValue] = Field(
+        default_factory=dict, description="Plain environment, baked into the image."
+    )
+    secret_env: list[EnvName] = Field(
+        default_factory=list,
+        description="Names of variables passed from lanectl's own environment at container start; "
+        "never written to an image, label, log or the journal.",
+    )
+    ports: list[PortMapping] = Field(default_factory=list)
+    volumes: list[Volume] = Field(default_factory=list)
+    shm_size: str | None = Field(None, pattern=SIZE, description="e.g. '16g'.")
+    ipc: Literal["host", "private", "shareable"] | None = None
+    init: bool = Field(True, description="Run an init as PID 1 so SIGTERM reaches the engine promptly.")
+    gpus: GpuRequest | None = None
+    user: str | None = None
+    stop_timeout_seconds: int = Field(30, ge=0, le=3600)
+
+
+
+class Companion(Strict):
+    image: str | None = Field(
+        None, description="A prebuilt image pinned by digest, run as is; default: the lane's own image."
+    )
+    engine: Engine
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str | None) -> str | None:
+        if value is not None and not DIGEST_PIN.search(value):
+            raise ValueError(f"{value!r} must be pinned by digest (name@sha256:<64 hex>)")
+        return value
+
+
+class ImageSpec(Strict):
+    template: str = Field(description="Folder under images/ holding Dockerfile.j2.")
+    base: str = Field(description="Base image, pinned by digest (name:tag@sha256:…).")
+    local_base: bool = Field(
+        False, description="The base is built on this host (make base-image) and has no registry digest."
+    )
+    python_site: str = Field(
+        description="The engine's site-packages in the image: patch root and kernel install root."
+    )
+    build_args: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _pinned(self) -> ImageSpec:
+        if not self.local_base and not DIGEST_PIN.search(self.base):
+            raise ValueError(
+                f"base {self.base!r} must be pinned by digest (name:tag@sha256:<64 hex>), "
+                "or set local_base: true for an image built on this host"
+            )
+        if not self.python_site.startswith("/"):
+            raise ValueError("python_site must be an absolute path")
+        return self
+
+
+class PatchRef(Strict):
+    path: str = Field(description="Patch file, relative to patches/.")
+    sha256: str = Field(pattern=SHA256_HEX, description="sha256 of the patch file, so a reviewed patch cannot drift.")
+
+
+class StartupLog(Strict):
+    expect: list[str] = Field(default_factory=list, description="Regexes that must each match a startup log line.")
+    forbid: list[str] = Field(default_factory=list, description="Regexes that fail the start when matched.")
+
+    @field_validator("expect", "forbid")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return value
+
+
+class GenerationProbe(Strict):
+    prompt: str = "Say OK."
+    max_tokens: int = Field(3, ge=1, le=3, description="A real liveness probe generates 1-3 tokens.")
+    timeout_seconds: float = Field(10, gt=0)
+    interval_seconds: float = Field(60, gt=0)
+
+
+class Health(Strict):
+    startup_budget_minutes: float = Field(
+        gt=0, le=24 * 60, description="How long a start may take before it counts as failed (models load for minutes)."
+    )
+    poll_interval_seconds: float = Field(5, gt=0, le=600)
+    request_timeout_seconds: float = Field(5, gt=0, le=600)
+    health_path: str = "/health"
+    models_path: str = "/v1/models"
+    served_model_name: str
+    startup_log: StartupLog = StartupLog()
+    generation_probe: GenerationProbe = GenerationProbe()
+
+
+class RestartPolicy(Strict):
+    max_restarts: int = Field(3, ge=0, le=100)
+    window_minutes: float = Field(30, gt=0)
+    backoff_initial_seconds: float = Field(10, ge=0)
+    backoff_max_seconds: float = Field(300, ge=0)
+
+
+class XidPolicy(Strict):
+    application_codes: list[int] = Field(default_factory=lambda: [13, 31, 43, 45, 109])
+    hardware_codes: list[int] = Field(default_factory=lambda: [48, 64, 74, 79, 95, 119, 120])
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> XidPolicy:
+        both = sorted(set(self.application_codes) & set(self.hardware_codes))
+        if both:
+            raise ValueError(f"Xid codes {both} are listed as both application and hardware faults")
+        return self
+
+
+class Alert(Strict):
+    webhook_url_env: str | None = Field(
+        "LANECTL_ALERT_WEBHOOK", pattern=ENV_NAME, description="Name of the variable holding the webhook URL."
+    )
+    textfile_dir: str | None = Field(None, description="node_exporter textfile collector folder.")
+
+
+class WatchdogPolicy(Strict):
+    failures_before_action: int = Field(3, ge=1, le=100)
+    restart: RestartPolicy = RestartPolicy()
+    gpu_memory_release_timeout_seconds: float = Field(120, ge=0)
+    xid: XidPolicy = XidPolicy()
+    fatal_log_lines: list[str] = Field(
+        default_factory=list, description="Extra regexes, added to the built-in fatal vLLM lines."
+    )
+    alert: Alert = Alert()
+
+
+class LaneSpec(Strict):
+    """A lane after the recipe's defaults were merged in."""
+
+    description: str = ""
+    image: ImageSpec
+    kernels: list[str] = Field(default_factory=list, description="Names of kernels/<name>.yaml side extensions.")
+    patches: list[PatchRef] = Field(default_factory=list)
+    engine: Engine
+    companions: dict[str, Companion] = Field(default_factory=dict)
+    health: Health
+    watchdog: WatchdogPolicy = WatchdogPolicy()
+
+    @field_validator("companions")
+    @classmethod
+    def _roles(cls, value: dict[str, Companion]) -> dict[str, Companion]:
+        for role in value:
+            if not re.fullmatch(ROLE_NAME, role):
+                raise ValueError(f"companion role {role!r} must match {ROLE_NAME}")
+            if role == "primary":
+                raise ValueError("'primary' is the lane's own container; name the companion otherwise")
+        return value
+
+
+class Naming(Strict):
+    container: str = Field("{lane}", description="Primary container name; must contain {lane}.")
+    companion: str = Field("{container}-{role}", description="Companion container name.")
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> Naming:
+        if "{lane}" not in self.container:
+            raise ValueError("naming.container must contain {lane}")
+        if "{role}" not in self.companion:
+            raise ValueError("naming.companion must contain {role}")
+        return self
+
+
+class RecipeFile(Strict):
+    """One YAML file: recipe-level defaults and the lanes that inherit them (maps merge, lists replace)."""
+
+    schema_: Literal["lanectl/v1"] = Field(alias="schema")
+    id: str = Field(pattern=RECIPE_ID, description="Recipe id; names the image repository lanectl/<id>.")
+    description: str = ""
+    naming: Naming = Naming()
+    keep_stopped_lanes: int = Field(3, ge=0, le=20)
+    defaults: dict[str, Any] = Field(default_factory=dict, description="Lane fields every lane inherits.")
+    lanes: dict[str, dict[str, Any]] = Field(min_length=1)
+
+    @field_validator("lanes")
+    @classmethod
+    def _lane_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.fullmatch(LANE_NAME, str(name)):
+                raise ValueError(f"lane name {name!r} must match {LANE_NAME}")
+        return value
+
+
+def merge(defaults: Any, override: Any) -> Any:
+    """The inheritance rule: maps merge key by key (recursively), lists and scalars replace."""
+    if isinstance(defaults, dict) and isinstance(override, dict):
+        merged = dict(defaults)
+        for key, value in override.items():
+            merged[key] = merge(defaults[key], value) if key in defaults else value
+        return merged
+    return override

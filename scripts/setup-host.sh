@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything a fresh machine needs before the demo or the tests, and nothing it already has:
+# Debian packages (docker.io, mmdebstrap), a running Docker engine, the venv, the base images.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  if [ "$(id -u)" != 0 ]; then echo "setup: need root to install ${need[*]} (apt-get)" >&2; exit 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd (log: /var/log/lanectl-dockerd.log)"
+  # No systemd here. PREFER_OFFLINE_IMAGE keeps Swarm tasks from trying to pull (no registry).
+  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 nohup dockerd >/var/log/lanectl-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not come up; see /var/log/lanectl-dockerd.log" >&2; exit 1; }
+fi
+
+if [ ! -x .venv/bin/lanectl ] || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: creating .venv and installing lanectl with its test extras"
+  python3 -m venv .venv
+  .venv/bin/pip install -q -e '.[test]'
+  touch .venv/.installed
+fi
+
+bash images/base/make-base-images.sh
