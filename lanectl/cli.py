@@ -135,11 +135,14 @@ def patches_check(as_json: JsonOption = False) -> None:
     if as_json:
         emit_json("patches.check", {"patches": reports})
     else:
+        colours = {"applies": "green", "already-upstream": "yellow", "conflicts": "red"}
         for report in reports:
-            colour = {"applies": "green", "already-upstream": "yellow", "conflicts": "red"}[report["status"]]
-            out.print(f"[{colour}]{report['status']:<17}[/] {report['patch']}  ({report['detail']})")
-            for line in report.get("conflict", []):
-                out.print(f"    {line}", markup=False)
+            first, *rest = report["lines"]
+            status, _, remainder = first.partition("  ")
+            out.print(f"[{colours[status]}]{status:<17}[/]", end="")
+            out.print(f"{remainder}  {report['subject']}", markup=False)
+            for line in rest:
+                out.print(line, markup=False)
     if any(r["status"] == "conflicts" for r in reports):
         raise typer.Exit(EXIT_FAILED)
 

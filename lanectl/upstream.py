@@ -1,0 +1,276 @@
+"""Fetch pinned upstream source distributions from a PEP 691 package index, once, verified.
+
+The per-version JSON API (``/pypi/<project>/<version>/json``) is not served by every index or
+mirror; the PEP 691 simple API is, and it carries the sha256 that makes a download trustworthy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import urljoin
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from lanectl.errors import OperationFailed
+
+DEFAULT_INDEX_URL = "https://pypi.org/simple/"
+INDEX_URL_ENV = "LANECTL_PYPI_INDEX"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+SDIST_SUFFIX = ".tar.gz"
+DOWNLOAD_ATTEMPTS = 4
+# Module level so tests can make retries instant; production waits 0.5, 1, 2 s between attempts.
+RETRY_WAIT = wait_exponential(multiplier=0.5, max=8)
+_CHUNK_BYTES = 1 << 20
+# mkstemp creates files 0600; the cache is shared by whoever builds images and checks patches.
+_CACHE_FILE_MODE = 0o644
+
+Progress = Callable[[int, int], None]
+
+
+class UpstreamError(OperationFailed):
+    """Pinned upstream source could not be resolved, downloaded, verified or extracted."""
+
+
+@dataclass(frozen=True)
+class SdistFile:
+    filename: str
+    url: str
+    sha256: str
+    size: int | None
+
+
+def normalize_project_name(name: str) -> str:
+    # PEP 503 normalisation: the simple API's URL for a project and PEP 625 sdist names use it.
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def resolve_index_url(index_url: str | None) -> str:
+    return index_url or os.environ.get(INDEX_URL_ENV) or DEFAULT_INDEX_URL
+
+
+def _is_transient(error: BaseException) -> bool:
+    if isinstance(error, httpx.TransportError):
+        return True
+    if isinstance(error, httpx.HTTPStatusError):
+        return error.response.status_code >= 500 or error.response.status_code == 429
+    return False
+
+
+def _retrying() -> Retrying:
+    return Retrying(
+        retry=retry_if_exception(_is_transient),
+        stop=stop_after_attempt(DOWNLOAD_ATTEMPTS),
+        wait=RETRY_WAIT,
+        reraise=True,
+    )
+
+
+def _http_error(url: str, error: httpx.HTTPError) -> UpstreamError:
+    if isinstance(error, httpx.HTTPStatusError):
+        return UpstreamError(f"GET {url} answered HTTP {error.response.status_code}")
+    return UpstreamError(f"GET {url} failed: {type(error).__name__}: {error}")
+
+
+def _sdist_matches(filename: str, project: str, version: str) -> bool:
+    if not filename.endswith(SDIST_SUFFIX):
+        return False
+    name, _, file_version = filename[: -len(SDIST_SUFFIX)].rpartition("-")
+    return normalize_project_name(name) == normalize_project_name(project) and file_version == version
+
+
+def resolve_sdist(project: str, version: str, *, index_url: str | None = None, client: httpx.Client) -> SdistFile:
+    """Find the sdist of `project`==`version` on the index, with the sha256 the index publishes."""
+    page_url = f"{resolve_index_url(index_url).rstrip('/')}/{normalize_project_name(project)}/"
+
+    def get_page() -> httpx.Response:
+        response = client.get(page_url, headers={"Accept": SIMPLE_JSON})
+        response.raise_for_status()
+        return response
+
+    try:
+        response = _retrying()(get_page)
+    except httpx.HTTPError as error:
+        raise _http_error(page_url, error) from error
+    if not response.headers.get("content-type", "").startswith(SIMPLE_JSON):
+        raise UpstreamError(
+            f"{page_url} did not answer with {SIMPLE_JSON} (got {response.headers.get('content-type')!r}); "
+            "the index must support the PEP 691 JSON simple API"
+        )
+    files = response.json().get("files", [])
+    for entry in files:
+        filename = entry.get("filename", "")
+        if not _sdist_matches(filename, project, version):
+            continue
+        sha256 = entry.get("hashes", {}).get("sha256")
+        if not sha256:
+            raise UpstreamError(f"{page_url} lists {filename} without a sha256, so it cannot be verified")
+        return SdistFile(
+            filename=filename,
+            url=urljoin(page_url, entry["url"]),
+            sha256=sha256.lower(),
+            size=entry.get("size"),
+        )
+    raise UpstreamError(f"{page_url} has no sdist ({SDIST_SUFFIX}) for {project}=={version}")
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _is_intact(path: Path, sdist: SdistFile) -> bool:
+    if not path.is_file():
+        return False
+    if sdist.size is not None and path.stat().st_size != sdist.size:
+        return False
+    return _sha256_of(path) == sdist.sha256
+
+
+def _record_path(sdists_dir: Path, project: str, version: str) -> Path:
+    return sdists_dir / f"{normalize_project_name(project)}-{version}.json"
+
+
+def _read_record(path: Path) -> SdistFile | None:
+    try:
+        data = json.loads(path.read_text())
+        return SdistFile(filename=data["filename"], url=data["url"], sha256=data["sha256"], size=data.get("size"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(temp_name, _CACHE_FILE_MODE)
+        os.replace(temp_name, path)
+    finally:
+        Path(temp_name).unlink(missing_ok=True)
+
+
+def _download(sdist: SdistFile, final: Path, client: httpx.Client, progress: Progress | None) -> None:
+    def attempt() -> None:
+        fd, temp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
+        temp = Path(temp_name)
+        try:
+            digest = hashlib.sha256()
+            with os.fdopen(fd, "wb") as handle, client.stream("GET", sdist.url) as response:
+                response.raise_for_status()
+                total = sdist.size or int(response.headers.get("content-length", 0) or 0)
+                done = 0
+                for chunk in response.iter_bytes(_CHUNK_BYTES):
+                    handle.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+            if sdist.size is not None and done != sdist.size:
+                raise UpstreamError(f"{sdist.url}: downloaded {done} bytes, the index says {sdist.size}; not cached")
+            if digest.hexdigest() != sdist.sha256:
+                raise UpstreamError(
+                    f"{sdist.url}: sha256 {digest.hexdigest()} does not match the index's {sdist.sha256}; not cached"
+                )
+            os.chmod(temp, _CACHE_FILE_MODE)
+            os.replace(temp, final)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    try:
+        _retrying()(attempt)
+    except httpx.HTTPError as error:
+        raise _http_error(sdist.url, error) from error
+
+
+def fetch_sdist(
+    project: str,
+    version: str,
+    cache_dir: Path,
+    *,
+    index_url: str | None = None,
+    client: httpx.Client | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Return the verified sdist of `project`==`version` under ``cache_dir/sdists/``.
+
+    The index is `index_url`, else ``$LANECTL_PYPI_INDEX``, else PyPI. A cached file is reused, with
+    no request at all, when its size and sha256 still match what the index published when it was
+    downloaded (kept next to it as ``<project>-<version>.json``); otherwise it is downloaded again.
+    """
+    sdists_dir = cache_dir / "sdists"
+    sdists_dir.mkdir(parents=True, exist_ok=True)
+    record_path = _record_path(sdists_dir, project, version)
+    recorded = _read_record(record_path)
+    if recorded is not None and _is_intact(sdists_dir / recorded.filename, recorded):
+        return sdists_dir / recorded.filename
+
+    owned_client = client is None
+    http = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, read=120.0))
+    try:
+        sdist = resolve_sdist(project, version, index_url=index_url, client=http)
+        final = sdists_dir / sdist.filename
+        if not _is_intact(final, sdist):
+            _download(sdist, final, http, progress)
+    finally:
+        if owned_client:
+            http.close()
+    _write_atomically(record_path, json.dumps(asdict(sdist), indent=2) + "\n")
+    return final
+
+
+def _check_member_path(relpath: str) -> None:
+    path = PurePosixPath(relpath)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise UpstreamError(f"{relpath!r} must be a relative path inside the sdist")
+
+
+def extract_files(sdist: Path, relpaths: Iterable[str], dest: Path, *, missing_ok: bool = False) -> None:
+    """Extract ``<top>/<relpath>`` from the sdist tarball to ``dest/<relpath>`` for each relpath.
+
+    ``<top>`` is the sdist's single top directory (``vllm-0.31.0/``). A relpath the sdist lacks is
+    an UpstreamError unless `missing_ok`, in which case it is simply not extracted.
+    """
+    wanted = list(dict.fromkeys(relpaths))
+    for relpath in wanted:
+        _check_member_path(relpath)
+    pending: set[str] = set(wanted)
+    top = ""
+    try:
+        # One sequential pass that stops once everything is found: random access by name
+        # (getmember) would decompress the whole 43 MB archive for every call.
+        with tarfile.open(sdist, "r:gz") as archive:
+            for member in archive:
+                top = top or member.name.split("/", 1)[0]
+                if not member.name.startswith(f"{top}/"):
+                    continue
+                relpath = member.name[len(top) + 1 :]
+                if relpath not in pending:
+                    continue
+                if not member.isfile():
+                    raise UpstreamError(f"{sdist}: {member.name} is not a regular file")
+
+                def strip_top(info: tarfile.TarInfo, path: str, relpath: str = relpath) -> tarfile.TarInfo | None:
+                    # The data filter refuses absolute names, `..`, links out of `dest` and special files.
+                    return tarfile.data_filter(info.replace(name=relpath, deep=False), path)
+
+                archive.extract(member, path=dest, filter=strip_top)
+                pending.discard(relpath)
+                if not pending:
+                    break
+    except (tarfile.TarError, OSError) as error:
+        raise UpstreamError(f"cannot extract from {sdist}: {error}") from error
+    if pending and not missing_ok:
+        missing = [relpath for relpath in wanted if relpath in pending]
+        raise UpstreamError(f"{sdist} has no {', '.join(f'{top}/{relpath}' for relpath in missing)}")
