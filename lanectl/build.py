@@ -28,6 +28,7 @@ class BuildOutcome:
     seconds: float = 0.0
     message: str = ""
     log_tail: tuple[str, ...] = field(default_factory=tuple)
+    steps_ran: tuple[str, ...] = field(default_factory=tuple)
     pushed: bool = False
 
 
@@ -69,7 +70,7 @@ def build_lane(engine: DockerEngine, lane: Lane, *, no_cache: bool = False, push
     started = now()
     if not no_cache and is_built(engine, plan):
         engine.tag(plan.tag, plan.moving_tag)
-        outcome = BuildOutcome(lane.name, plan.tag, "unchanged",
+        outcome = BuildOutcome(lane.name, plan.tag, "unchanged", seconds=now() - started,
                                message=f"{plan.tag} is up to date; inputs unchanged, nothing built")
     else:
         log = engine.build(plan.context_tar(), plan.tag, labels, no_cache=no_cache,
@@ -78,11 +79,11 @@ def build_lane(engine: DockerEngine, lane: Lane, *, no_cache: bool = False, push
         if log.error is not None:
             return BuildOutcome(lane.name, plan.tag, "failed", log.steps_total, log.steps_run, seconds,
                                 message=f"step {log.steps_total} ({log.current_step}) failed: {log.error}",
-                                log_tail=tuple(log.tail()))
+                                log_tail=tuple(log.tail()), steps_ran=tuple(log.ran))
         engine.tag(plan.tag, plan.moving_tag)
         outcome = BuildOutcome(lane.name, plan.tag, "built", log.steps_total, log.steps_run, seconds,
                                message=f"built {plan.tag} ({log.steps_run} of {log.steps_total} steps run, "
-                                       f"the rest from cache)")
+                                       f"the rest from cache)", steps_ran=tuple(log.ran))
     if push:
         engine.push(plan.tag)
         engine.push(plan.moving_tag)

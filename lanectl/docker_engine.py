@@ -28,13 +28,24 @@ class BuildLog:
     steps_planned: int | None = None
     steps_cached: int = 0
     current_step: str = ""
+    instructions: dict[int, str] = field(default_factory=dict)
+    cached: set[int] = field(default_factory=set)
     lines: list[str] = field(default_factory=list)
     image_id: str | None = None
     error: str | None = None
 
     @property
     def steps_run(self) -> int:
-        return self.steps_total - self.steps_cached
+        return len(self.ran)
+
+    @property
+    def ran(self) -> list[str]:
+        """The instructions executed rather than answered from the layer cache.
+
+        FROM only selects a base and never reports "Using cache", so it is not counted.
+        """
+        return [text for number, text in sorted(self.instructions.items())
+                if number not in self.cached and not text.startswith("FROM ")]
 
     def tail(self, count: int = 30) -> list[str]:
         return self.lines[-count:]
@@ -83,8 +94,10 @@ class DockerEngine:
                         log.steps_total = int(step.group(1))
                         log.steps_planned = int(step.group(2))
                         log.current_step = step.group(3)
+                        log.instructions[log.steps_total] = log.current_step
                     elif line.strip() == "---> Using cache":
                         log.steps_cached += 1
+                        log.cached.add(log.steps_total)
                 on_progress(log)
             elif "error" in chunk:
                 log.error = str(chunk["error"]).strip()

@@ -169,21 +169,15 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
                 return own
             return ("defaults", *loc)
 
+        # File references are checked even when the lane has type errors, so one run lists both.
+        lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels)
         try:
             spec = LaneSpec.model_validate(merged)
         except ValidationError as exc:
+            problems.extend(lane_problems)
             problems.extend(_problems_from_validation(exc, doc, LaneSpec, locate))
             continue
-        lane_problems = _check_references(project, doc, spec, locate)
-        lane_kernels = []
-        for i, kernel_name in enumerate(spec.kernels):
-            kernel = kernels.get(kernel_name)
-            if kernel is None:
-                lane_problems.append(_problem(doc, locate(("kernels", i)),
-                                              f"no kernel {kernel_name!r}: expected "
-                                              f"kernels/{kernel_name}.yaml{kernels.known_hint()}"))
-            elif kernel is not _INVALID:
-                lane_kernels.append(kernel)
+        lane_problems.extend(_check_consistency(doc, spec, locate))
         problems.extend(lane_problems)
         if lane_problems:
             continue
@@ -197,27 +191,53 @@ def _problem(doc: YamlDocument, path: PathKey, message: str, *, key: bool = Fals
     return Problem(doc.file, line, column, format_path(path), message)
 
 
-def _check_references(project: Project, doc: YamlDocument, spec: LaneSpec,
-                      locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
-    """What pydantic cannot see: files the lane refers to, and clashes between its containers."""
+def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
+                 locate: typing.Callable[[PathKey], PathKey],
+                 kernels: _KernelLoader) -> tuple[list[Problem], list[KernelSpec]]:
+    """What pydantic cannot see: the template, kernels and patches a lane refers to must exist."""
     problems = []
-    template = project.images_dir / spec.image.template / "Dockerfile.j2"
-    if not template.is_file():
-        known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
-        problems.append(_problem(doc, locate(("image", "template")),
-                                 f"no template {project.display(template)}; known templates: "
-                                 f"{', '.join(known) or 'none'}"))
-    for i, patch in enumerate(spec.patches):
-        path = project.patches_dir / patch.path
+    image = merged.get("image")
+    template_name = image.get("template") if isinstance(image, dict) else None
+    if isinstance(template_name, str):
+        template = project.images_dir / template_name / "Dockerfile.j2"
+        if not template.is_file():
+            known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
+            problems.append(_problem(doc, locate(("image", "template")),
+                                     f"no template {project.display(template)}; known templates: "
+                                     f"{', '.join(known) or 'none'}"))
+    found_kernels = []
+    names = merged.get("kernels")
+    for i, kernel_name in enumerate(names if isinstance(names, list) else []):
+        if not isinstance(kernel_name, str):
+            continue
+        kernel = kernels.get(kernel_name)
+        if kernel is None:
+            problems.append(_problem(doc, locate(("kernels", i)),
+                                     f"no kernel {kernel_name!r}: expected kernels/{kernel_name}.yaml"
+                                     f"{kernels.known_hint()}"))
+        elif kernel is not _INVALID:
+            found_kernels.append(kernel)
+    patches = merged.get("patches")
+    for i, patch in enumerate(patches if isinstance(patches, list) else []):
+        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str):
+            continue
+        path = project.patches_dir / patch["path"]
         if not path.is_file():
             problems.append(_problem(doc, locate(("patches", i, "path")),
                                      f"no patch file {project.display(path)}; paths are relative to patches/"))
             continue
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
-        if actual != patch.sha256:
+        if isinstance(patch.get("sha256"), str) and actual != patch["sha256"]:
             problems.append(_problem(doc, locate(("patches", i, "sha256")),
                                      f"sha256 does not match {project.display(path)} (it hashes to {actual}); "
                                      "review the patch, then update sha256"))
+    return problems, found_kernels
+
+
+def _check_consistency(doc: YamlDocument, spec: LaneSpec,
+                       locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
+    """Clashes within a valid lane: host ports published twice, a served model the checks would never see."""
+    problems = []
     seen_ports: dict[tuple[str, int], str] = {}
     roles = [("primary", ("engine",), spec.engine)] + [
         (role, ("companions", role, "engine"), companion.engine) for role, companion in spec.companions.items()

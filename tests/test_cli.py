@@ -1,0 +1,84 @@
+"""The CLI as a user runs it: a real subprocess, exact messages and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.test_recipe_validation import GOOD
+
+
+def lanectl(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    environment = {key: value for key, value in os.environ.items() if key != "LANECTL_RECIPES"}
+    environment.update({"COLUMNS": "200", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "lanectl", *args], cwd=cwd, capture_output=True, text=True,
+                          env=environment, timeout=60)
+
+
+def test_validate_ok(project, write_recipe):
+    write_recipe(GOOD)
+    result = lanectl("validate", cwd=project)
+    assert (result.returncode, result.stdout) == (0, "ok: 2 lanes in 1 recipes (a, b)\n")
+
+
+def test_validate_lists_every_problem_and_exits_2(project, write_recipe):
+    write_recipe(GOOD.replace("template: stub-engine", "template: nope").replace("host: 18000", "host: 0"))
+    result = lanectl("validate", cwd=project)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "recipes/r.yaml:5:15: defaults.image.template: no template images/nope/Dockerfile.j2; known templates: "
+        "stub-engine, vllm",
+        "recipes/r.yaml:12:33: defaults.engine.ports[0].host: Input should be greater than or equal to 1, got 0",
+        "2 problem(s); nothing was built or started.",
+    ]
+    assert result.stdout == ""
+
+
+def test_unknown_lane_exits_2_with_a_suggestion(project, write_recipe):
+    write_recipe(GOOD.replace("  a: {}", "  h2-REF: {}"))
+    result = lanectl("render", "h3-REF", cwd=project)
+    assert (result.returncode, result.stderr) == (2, "lanectl: no lane 'h3-REF'; did you mean h2-REF?\n")
+
+
+def test_recipes_folder_from_option_and_environment(project, write_recipe, tmp_path):
+    write_recipe(GOOD)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert lanectl("--recipes", str(project / "recipes"), "validate", cwd=elsewhere).returncode == 0
+    assert lanectl("validate", cwd=elsewhere, env={"LANECTL_RECIPES": str(project / "recipes")}).returncode == 0
+    missing = lanectl("validate", cwd=elsewhere)
+    assert missing.returncode == 2 and "no recipes folder at" in missing.stderr
+
+
+def test_usage_error_exits_2(project):
+    assert lanectl("build", cwd=project).returncode == 2
+    assert lanectl("lanes", "--bogus", cwd=project).returncode == 2
+
+
+def test_render_writes_the_context_and_changes_nothing_else(project, write_recipe, tmp_path):
+    write_recipe(GOOD)
+    out = tmp_path / "ctx"
+    result = lanectl("render", "b", "--out", str(out), "--json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["lanectl"] == 1 and data["command"] == "render"
+    rendered = data["data"]
+    assert (out / "Dockerfile").read_text() == rendered["dockerfile"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == sorted(
+        [item["path"] for item in rendered["context"]] + ["containers.json"])
+    assert [c["name"] for c in rendered["containers"]] == ["b"]
+    again = lanectl("render", "b", "--out", str(out), cwd=project)
+    assert again.returncode == 2 and "is not empty" in again.stderr
+
+
+def test_schema_is_json_schema_for_recipes():
+    result = lanectl("schema", cwd=REPO)
+    schema = json.loads(result.stdout)
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert "LanePartial" in schema["$defs"]
+    assert schema["properties"]["schema"]["const"] == "lanectl/v1"
