@@ -1,0 +1,75 @@
+"""stubengine: a stdlib-only stand-in for vLLM's OpenAI server, for lanectl's demo lanes and tests.
+
+It speaks vLLM's command line, HTTP API, metrics and startup log, generates deterministic tokens at a
+configured rate on a batched step loop, and reproduces the h2-REF lane's two changes: a split-KV
+decode kernel shipped as a side extension (`stubengine._stub_splitkv_C`, beside `attention.py`) and
+the rejection-sampler out-of-bounds read that vLLM #60945 fixed (`rejection_sampler.py` ships
+unpatched; patches/stub-engine/0001-rejection-sampler-guard.patch fixes it).
+
+Command line (vLLM's)::
+
+    python3 -m stubengine serve MODEL_PATH [--served-model-name NAME ...] [--host 0.0.0.0]
+        [--port 8000] [--max-model-len 32768] [--max-num-seqs 256]
+        [--cpu-offload-gb GB] [--cpu-offload-params NAME ...] [any other vLLM flag ...]
+
+Any other `--flag`, `--flag value ...` or `--flag=value` is accepted and listed once at startup.
+`--port 0` binds a free port; the "Uvicorn running on" line names it.
+
+Environment (stub knobs; all optional):
+
+    STUB_LOAD_SECONDS=2            load delay; the port is bound only once loading is done
+    STUB_DECODE_TOKENS_PER_S=100   single-stream decode rate; one step = 1/rate seconds
+    STUB_STEP_MS=                  step time in ms; overrides STUB_DECODE_TOKENS_PER_S
+    STUB_NUM_SPECULATIVE_TOKENS=5  configured draft steps k (3 run while 9-32 requests are running);
+                                   query tokens per step = 1 + draft steps
+    STUB_KV_CACHE_TOKENS=4400013   reported in "GPU KV cache size" and used for kv_cache_usage_perc
+    STUB_AUTOTUNE_CONFIGS=210      N in "[Autotuner]: Loaded N configs from ..."
+    STUB_AUTOTUNE_STALL=0          1: log "Autotuning process starts ..." and never finish loading
+    STUB_TOKEN_SEED=0              changes every token (a candidate whose outputs differ)
+    STUB_FLIP_EVERY=0              N > 0: at every Nth position (1-based) where the model is
+                                   confident, emit the runner-up token instead (a "confident flip")
+    STUB_FAULT=                    crash | crash_on_start | hang | unhealthy | fatal_log | slow_start
+    STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready
+    STUB_SLOW_START_SECONDS=30     load time under STUB_FAULT=slow_start
+    STUB_ADMIN=0                   1: enable POST /admin/fault {"fault": crash|hang|unhealthy|fatal_log|clear}
+    STUB_OOB_LOG_EVERY=100         log the first stray sampler read, then one per this many
+    STUB_STATS_INTERVAL_S=10       period of the "Engine 000: Avg ..." stats line (0: never)
+    VLLM_DSV41_MEGA_SPLITKV=0      split-KV max splits (0/1: off), as in vLLM #57711
+    VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS=8   split only at <= this many query tokens per step
+
+Split-KV engages when the extension imports and its `decode` has a `mega_num_splits` argument,
+VLLM_DSV41_MEGA_SPLITKV > 1, exactly one request is running and 1 + k <= MAX_TOKENS; the step time is
+then multiplied by the extension's factor (4 splits: 0.96, 8 splits: 0.975).
+
+Startup log lines, in order (vLLM format "LEVEL MM-DD HH:MM:SS [file.py:line] message", FlashInfer
+format "YYYY-MM-DD HH:MM:SS,mmm - INFO - autotuner.py:N - flashinfer.jit: message", uvicorn format
+"INFO:     message"); [..] lines are conditional:
+
+    INFO  Starting vLLM API server (stub engine) pid=P model=MODEL served_model_name=NAME
+    [INFO Ignoring vLLM flags the stub engine does not model: --flag value, ...]
+    INFO  Using split-KV decode attention (S splits, <= T tokens)
+       or Split-KV decode attention disabled (VLLM_DSV41_MEGA_SPLITKV=S)
+       or Split-KV decode attention unavailable: REASON   (WARNING if splits were requested)
+    [WARNING Split-KV decode attention will never engage: Q query tokens per step > ...]
+    INFO  Starting to load model MODEL...
+    INFO  Loading weights took 1.00 seconds
+    [INFO Offloaded 60.0 GiB of parameters to CPU (routed_experts.w13_weight, routed_experts.w2_weight)]
+    INFO  Model loading took 12.3 GiB memory and 1.100000 seconds
+    INFO  GPU KV cache size: 4,400,013 tokens
+    INFO  Maximum concurrency for 32,768 tokens per request: 134.28x
+    flashinfer  [Autotuner]: Loaded 210 configs from /root/.cache/vllm/flashinfer_autotune_cache/...
+    INFO  init engine (profile, create kv cache, warmup model) took 2.00 seconds
+    INFO:     Started server process [P]
+    INFO:     Waiting for application startup.
+    INFO:     Application startup complete.
+    INFO:     Uvicorn running on http://HOST:PORT (Press CTRL+C to quit)
+
+Fault lines: "ERROR ... EngineCore encountered a fatal error." + traceback (crash, exit 1);
+"ERROR ... EngineCore failed to start." + traceback (crash_on_start, exit 1, after "Starting to load
+model"); "ERROR ... CUDA error: an illegal memory access was encountered" (fatal_log, keeps serving);
+"WARNING ... Stub engine marked unhealthy (...)" (unhealthy); nothing at all for hang. The unpatched
+sampler logs "WARNING ... rejection sampler read past draft buffer (...)". SIGTERM/SIGINT:
+"INFO:     Shutting down", "INFO:     Finished server process [P]", exit 0.
+"""
+
+__version__ = "0.31.0+stub"

@@ -1,0 +1,195 @@
+"""Command line and environment of the stub engine.
+
+The command line is vLLM's (`serve MODEL --served-model-name NAME ...`). Recipes pass the full production
+flag set, so every flag the stub has no use for is accepted and reported once at startup instead of
+failing the launch the way an unknown flag would fail argparse.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+USAGE = (
+    "usage: python3 -m stubengine serve MODEL_PATH [--served-model-name NAME ...] [--host HOST] "
+    "[--port PORT] [--max-model-len N] [--max-num-seqs N] [any other vLLM flag ...]"
+)
+
+FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start")
+
+
+class ConfigError(ValueError):
+    """A flag or environment value the stub cannot run with."""
+
+
+@dataclass
+class Config:
+    model: str
+    served_model_names: list[str]
+    host: str = "0.0.0.0"
+    port: int = 8000
+    max_model_len: int = 32768
+    max_num_seqs: int = 256
+    cpu_offload_gb: float | None = None
+    cpu_offload_params: list[str] = field(default_factory=list)
+    ignored_flags: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    load_seconds: float = 2.0
+    slow_start_seconds: float = 30.0
+    step_seconds: float = 0.01
+    num_speculative_tokens: int = 5
+    kv_cache_tokens: int = 4_400_013
+    autotune_configs: int = 210
+    autotune_stall: bool = False
+    token_seed: int = 0
+    flip_every: int = 0
+    fault: str | None = None
+    fault_after_s: float = 0.0
+    admin: bool = False
+    oob_log_every: int = 100
+    stats_interval_s: float = 10.0
+    # Split-KV overlay, read under the real vLLM names (#57711).
+    mega_splitkv: int = 0
+    mega_splitkv_max_tokens: int = 8
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+# Flags whose values the stub uses; everything else is collected as ignored.
+_SINGLE = ("--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--cpu-offload-gb")
+_MULTI = ("--served-model-name", "--cpu-offload-params")
+
+
+@dataclass
+class ParsedArgs:
+    model: str | None = None
+    single: dict[str, str] = field(default_factory=dict)
+    multi: dict[str, list[str]] = field(default_factory=dict)
+    ignored: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+def parse_args(argv: Sequence[str]) -> ParsedArgs:
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        raise ConfigError(USAGE)
+    if args[0] != "serve":
+        raise ConfigError(f"unknown command {args[0]!r}\n{USAGE}")
+    out = ParsedArgs()
+    i = 1
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if token in ("-h", "--help"):
+            raise ConfigError(USAGE)
+        if not token.startswith("--"):
+            # The positional MODEL_PATH must come first (as in `vllm serve MODEL ...`): after an unknown
+            # flag the stub cannot tell a value from a positional, because it does not know vLLM's flags.
+            if out.model is not None or "--model" in out.single:
+                raise ConfigError(f"unexpected argument {token!r}\n{USAGE}")
+            out.model = token
+            continue
+        name, sep, inline = token.partition("=")
+        values = [inline] if sep else []
+        if not sep:
+            # Take every following non-flag token: vLLM has nargs='+' flags (--cpu-offload-params a b),
+            # and "-1" is a value, not a flag.
+            while i < len(args) and not args[i].startswith("--"):
+                values.append(args[i])
+                i += 1
+        if name in _SINGLE:
+            if len(values) != 1:
+                raise ConfigError(f"{name} takes exactly one value, got {values!r}")
+            out.single[name] = values[0]
+        elif name in _MULTI:
+            if not values:
+                raise ConfigError(f"{name} needs at least one value")
+            out.multi[name] = values
+        else:
+            out.ignored.append((name, values))
+    return out
+
+
+def _num(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    parsed = parse_args(argv)
+    model = parsed.model or parsed.single.get("--model")
+    if not model:
+        raise ConfigError(f"MODEL_PATH is required\n{USAGE}")
+    single = parsed.single
+    try:
+        offload_gb = single.get("--cpu-offload-gb")
+        cfg = Config(
+            model=model,
+            served_model_names=parsed.multi.get("--served-model-name", [model]),
+            host=single.get("--host", "0.0.0.0"),
+            port=int(single.get("--port", "8000")),
+            max_model_len=int(single.get("--max-model-len", "32768")),
+            max_num_seqs=int(single.get("--max-num-seqs", "256")),
+            cpu_offload_gb=float(offload_gb) if offload_gb is not None else None,
+            cpu_offload_params=parsed.multi.get("--cpu-offload-params", []),
+            ignored_flags=parsed.ignored,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"bad flag value: {exc}") from None
+    if not 0 <= cfg.port <= 65535:
+        raise ConfigError(f"--port {cfg.port} out of range")
+    if cfg.max_model_len < 1 or cfg.max_num_seqs < 1:
+        raise ConfigError("--max-model-len and --max-num-seqs must be >= 1")
+
+    cfg.load_seconds = _num(env, "STUB_LOAD_SECONDS", 2.0)
+    cfg.slow_start_seconds = _num(env, "STUB_SLOW_START_SECONDS", 30.0)
+    rate = _num(env, "STUB_DECODE_TOKENS_PER_S", 100.0, minimum=1e-6)
+    step_ms = env.get("STUB_STEP_MS", "").strip()
+    cfg.step_seconds = _num(env, "STUB_STEP_MS", 0.0, minimum=1e-6) / 1000.0 if step_ms else 1.0 / rate
+    cfg.num_speculative_tokens = _int(env, "STUB_NUM_SPECULATIVE_TOKENS", 5)
+    cfg.kv_cache_tokens = _int(env, "STUB_KV_CACHE_TOKENS", 4_400_013, minimum=1)
+    cfg.autotune_configs = _int(env, "STUB_AUTOTUNE_CONFIGS", 210)
+    cfg.autotune_stall = _flag(env, "STUB_AUTOTUNE_STALL")
+    cfg.token_seed = _int(env, "STUB_TOKEN_SEED", 0, minimum=-(2**63))
+    cfg.flip_every = _int(env, "STUB_FLIP_EVERY", 0)
+    cfg.fault_after_s = _num(env, "STUB_FAULT_AFTER_S", 0.0)
+    cfg.admin = _flag(env, "STUB_ADMIN")
+    cfg.oob_log_every = _int(env, "STUB_OOB_LOG_EVERY", 100, minimum=1)
+    cfg.stats_interval_s = _num(env, "STUB_STATS_INTERVAL_S", 10.0)
+    fault = env.get("STUB_FAULT", "").strip().lower()
+    if fault and fault != "none":
+        if fault not in FAULTS:
+            raise ConfigError(f"STUB_FAULT={fault!r}: expected one of {', '.join(FAULTS)}")
+        cfg.fault = fault
+    # Parsed like vLLM's envs.py parses them: an integer or the default, anything else is an error.
+    cfg.mega_splitkv = _int(env, "VLLM_DSV41_MEGA_SPLITKV", 0)
+    cfg.mega_splitkv_max_tokens = _int(env, "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS", 8)
+    return cfg

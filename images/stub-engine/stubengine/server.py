@@ -1,0 +1,210 @@
+"""The HTTP API: vLLM's OpenAI-compatible routes on a thread-per-connection server.
+
+Threads rather than asyncio because http.server gives correct HTTP/1.1 parsing and keep-alive for
+free, and a handler thread that only blocks on its request's event queue costs nothing while it
+waits; the timing that matters (one token per stream per step) lives in the engine thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import __version__, decoding, logs, protocol
+from .config import Config
+from .engine import Engine, EngineDeadError, Request
+from .faults import RUNTIME_FAULTS, FaultState
+from .metrics import Metrics
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+class StubHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # A benchmark opens 32 connections at once; the default backlog of 5 makes the kernel drop SYNs
+    # and the client retries a second later, which shows up as a bogus time to first token.
+    request_queue_size = 256
+
+    def __init__(self, cfg: Config, engine: Engine, metrics: Metrics, faults: FaultState) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.metrics = metrics
+        self.faults = faults
+        super().__init__((cfg.host, cfg.port), Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: StubHTTPServer
+    protocol_version = "HTTP/1.1"
+    # Tokens go out as one small write each; Nagle plus the client's delayed ACK would hold them ~40 ms.
+    disable_nagle_algorithm = True
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def version_string(self) -> str:
+        return "uvicorn"
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        try:
+            phrase = HTTPStatus(int(code)).phrase
+        except ValueError:
+            phrase = ""
+        host, port = self.client_address[:2]
+        logs.uvicorn.info('%s:%s - "%s" %s %s', host, port, self.requestline, code, phrase)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        pass  # parse errors are answered with a status line; the access line is enough
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj).encode())
+
+    def _error(self, err: protocol.ApiError) -> None:
+        self._json(err.status, err.body())
+
+    def _body(self) -> Any:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise protocol.ApiError(400, "bad Content-Length") from None
+        if length > MAX_BODY:
+            raise protocol.ApiError(413, "request body too large")
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw or b"null")
+        except ValueError as exc:
+            raise protocol.ApiError(400, f"invalid JSON body: {exc}") from None
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self._send(503 if self.server.faults.dead else 200, b"")
+        elif path == "/v1/models":
+            self._json(200, self._models())
+        elif path == "/metrics":
+            self._send(200, self.server.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/version":
+            self._json(200, {"version": __version__})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            if path in ("/v1/completions", "/v1/chat/completions"):
+                self._generate(chat=path == "/v1/chat/completions")
+            elif path == "/admin/fault" and self.server.cfg.admin:
+                self._admin_fault()
+            else:
+                self._body()  # drain it, or the next request on this connection would read it
+                self._json(404, {"detail": "Not Found"})
+        except protocol.ApiError as err:
+            self._error(err)
+
+    def _models(self) -> dict[str, Any]:
+        cfg = self.server.cfg
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm",
+                "root": cfg.model,
+                "parent": None,
+                "max_model_len": cfg.max_model_len,
+            }
+            for name in cfg.served_model_names
+        ]
+        return {"object": "list", "data": data}
+
+    def _admin_fault(self) -> None:
+        body = self._body()
+        fault = body.get("fault") if isinstance(body, dict) else None
+        if fault not in RUNTIME_FAULTS:
+            raise protocol.ApiError(400, f"fault must be one of {', '.join(RUNTIME_FAULTS)}", param="fault")
+        if fault == "crash":
+            # Answer first, so the caller learns the fault was accepted before the process dies.
+            self._json(200, {"fault": fault})
+            timer = threading.Timer(0.05, self.server.faults.apply, args=(fault, "POST /admin/fault"))
+            timer.start()
+            return
+        self.server.faults.apply(fault, "POST /admin/fault")
+        self._json(200, {"fault": fault, "mode": self.server.faults.mode})
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def _generate(self, chat: bool) -> None:
+        srv = self.server
+        gen = protocol.parse(
+            self._body(), chat=chat, served_names=srv.cfg.served_model_names, max_model_len=srv.cfg.max_model_len
+        )
+        tokens = decoding.TokenStream(gen.prompt, srv.cfg.token_seed, srv.cfg.flip_every)
+        request_id = srv.engine.next_id("chatcmpl" if chat else "cmpl")
+        req = Request(request_id, gen.prompt_tokens, gen.max_tokens, tokens)
+        try:
+            srv.engine.submit(req)
+        except EngineDeadError as exc:
+            raise protocol.ApiError(503, str(exc), "EngineDeadError") from None
+        render = protocol.Renderer(gen, request_id, tokens)
+        if gen.stream:
+            self._stream(req, render)
+        else:
+            self._complete(req, render)
+
+    def _complete(self, req: Request, render: protocol.Renderer) -> None:
+        while True:
+            event = req.events.get()
+            if event[0] == "error":
+                raise protocol.ApiError(503, event[1], "EngineDeadError")
+            _, index, finish = event
+            if finish is not None:
+                self._json(200, render.response(index + 1, finish))
+                return
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _sse(self, obj: Any) -> None:
+        self._chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    def _stream(self, req: Request, render: protocol.Renderer) -> None:
+        # Headers go out at once, as with Starlette's StreamingResponse; tokens follow as SSE events.
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            first = True
+            while True:
+                event = req.events.get()
+                if event[0] == "error":
+                    self._sse(protocol.ApiError(503, event[1], "EngineDeadError").body())
+                    break
+                _, index, finish = event
+                if first and render.gen.chat:
+                    self._sse(render.role_chunk())
+                first = False
+                self._sse(render.token_chunk(index, finish))
+                if finish is not None:
+                    if render.gen.include_usage:
+                        self._sse(render.usage_chunk(index + 1))
+                    break
+            self._chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            # The client went away: stop spending engine steps on it, as vLLM aborts the request.
+            self.server.engine.abort(req)
+            self.close_connection = True

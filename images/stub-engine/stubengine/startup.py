@@ -1,0 +1,127 @@
+"""Startup: the load phase with vLLM's log lines, then the API server, in vLLM's order.
+
+The HTTP port is bound only after loading, as with vLLM, whose API server does not accept
+connections until the engine core is up: a health gate sees "connection refused" while a lane loads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from . import faults, logs, splitkv
+from .config import Config
+from .engine import Engine, draft_steps
+from .faults import FaultState
+from .metrics import Metrics
+from .server import StubHTTPServer
+
+log = logs.get("startup")
+
+MODEL_GIB = 12.3
+AUTOTUNE_CACHE = "/root/.cache/vllm/flashinfer_autotune_cache/autotune_configs.json"
+
+
+def _describe_flags(ignored: list[tuple[str, list[str]]]) -> str:
+    return ", ".join(" ".join([name, *values]) for name, values in ignored)
+
+
+def announce(cfg: Config, attention: splitkv.DecodeAttention) -> None:
+    log.info(
+        "Starting vLLM API server (stub engine) pid=%d model=%s served_model_name=%s",
+        os.getpid(),
+        cfg.model,
+        ",".join(cfg.served_model_names),
+    )
+    if cfg.ignored_flags:
+        log.info("Ignoring vLLM flags the stub engine does not model: %s", _describe_flags(cfg.ignored_flags))
+    if cfg.mega_splitkv > 1 and not attention.available:
+        log.warning(attention.description)  # asked for and not delivered: worth a warning
+    else:
+        log.info(attention.description)
+    tokens = 1 + draft_steps(1, cfg.num_speculative_tokens)
+    if attention.num_splits > 1 and tokens > attention.max_tokens:
+        log.warning(
+            "Split-KV decode attention will never engage: %d query tokens per step > "
+            "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS=%d",
+            tokens,
+            attention.max_tokens,
+        )
+
+
+def load(cfg: Config) -> None:
+    """Sleep through the load phase, logging vLLM's milestones; may inject a start failure or a stall."""
+    total = cfg.slow_start_seconds if cfg.fault == "slow_start" else cfg.load_seconds
+    t0 = time.monotonic()
+
+    def until(fraction: float) -> float:
+        delay = t0 + fraction * total - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return time.monotonic() - t0
+
+    log.info("Starting to load model %s...", cfg.model)
+    elapsed = until(0.5)
+    if cfg.fault == "crash_on_start":
+        faults.crash_on_start("STUB_FAULT=crash_on_start")
+    log.info("Loading weights took %.2f seconds", elapsed)
+    if cfg.cpu_offload_gb is not None or cfg.cpu_offload_params:
+        log.info(
+            "Offloaded %.1f GiB of parameters to CPU (%s)",
+            cfg.cpu_offload_gb or 0.0,
+            ", ".join(cfg.cpu_offload_params) or "all parameters",
+        )
+    log.info("Model loading took %.1f GiB memory and %.6f seconds", MODEL_GIB, until(0.55))
+    until(0.7)
+    log.info("GPU KV cache size: %s tokens", f"{cfg.kv_cache_tokens:,}")
+    log.info(
+        "Maximum concurrency for %s tokens per request: %.2fx",
+        f"{cfg.max_model_len:,}",
+        cfg.kv_cache_tokens / cfg.max_model_len,
+    )
+    until(0.8)
+    if cfg.autotune_stall:
+        # A cache miss: FlashInfer retunes from scratch and the log goes silent for over an hour.
+        logs.flashinfer.info("[Autotuner]: Autotuning process starts ...")
+        threading.Event().wait()
+    # A cache hit loads the tuned configs and skips the tuning run, so "Autotuning process starts"
+    # appears only in the stall: a health rule may then forbid that line outright.
+    logs.flashinfer.info("[Autotuner]: Loaded %d configs from %s", cfg.autotune_configs, AUTOTUNE_CACHE)
+    until(0.9)
+    log.info("init engine (profile, create kv cache, warmup model) took %.2f seconds", until(1.0))
+
+
+def serve(cfg: Config) -> None:
+    """Load, bind, serve forever. Runs off the main thread, which waits for signals."""
+    attention = splitkv.select(cfg.mega_splitkv, cfg.mega_splitkv_max_tokens)
+    announce(cfg, attention)
+    load(cfg)
+    metrics = Metrics(cfg.served_model_name)
+    state = FaultState()
+    engine = Engine(
+        step_seconds=cfg.step_seconds,
+        max_num_seqs=cfg.max_num_seqs,
+        num_speculative_tokens=cfg.num_speculative_tokens,
+        kv_cache_tokens=cfg.kv_cache_tokens,
+        attention=attention,
+        metrics=metrics,
+        faults=state,
+        oob_log_every=cfg.oob_log_every,
+        stats_interval_s=cfg.stats_interval_s,
+    )
+    state.on_change = engine.wake
+    engine.start()
+    try:
+        httpd = StubHTTPServer(cfg, engine, metrics, state)
+    except OSError as exc:
+        log.error("Cannot bind the API server to %s:%d: %s", cfg.host, cfg.port, exc)
+        os._exit(1)
+    host, port = httpd.server_address[:2]
+    logs.uvicorn.info("Started server process [%d]", os.getpid())
+    logs.uvicorn.info("Waiting for application startup.")
+    logs.uvicorn.info("Application startup complete.")
+    logs.uvicorn.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
+    if cfg.fault and cfg.fault not in ("crash_on_start", "slow_start"):
+        state.schedule(cfg.fault, cfg.fault_after_s)
+    httpd.serve_forever(poll_interval=0.5)

@@ -1,0 +1,24 @@
+# Rendered by lanectl from images/vllm/Dockerfile.j2: lane h2-REF of recipe dsv41-flash-uva-dspark-sidecar.
+# The pinned vLLM image, plus side-built kernels and backported patches; ENTRYPOINT stays `vllm serve`.
+# Kernel side extension flashmla-splitkv: built in its own stage, installed beside the shipped module.
+FROM vllm/vllm-openai:deepseekv41-flash-0909@sha256:00d577a6a63281e15336029d5bcee4e9a2cf182214a4f20ba6111b1c8e79893d AS kernel-flashmla-splitkv
+ENV LANECTL_KERNEL_MODULE="_flashmla_splitkv_C"
+ENV LANECTL_KERNEL_OUT="/lanectl/kernel-out"
+ENV MAX_JOBS="8"
+ENV NVCC_THREADS="4"
+ENV TORCH_CUDA_ARCH_LIST="9.0a;10.0f"
+RUN ["/bin/sh", "-euc", "git init -q /lanectl/kernel-src\ncd /lanectl/kernel-src\ngit fetch -q --depth 1 https://github.com/vllm-project/FlashMLA.git 00e9393f353c1092ae687d13ab839b078f5c209a\ngit checkout -q FETCH_HEAD\ntest \"$(git rev-parse HEAD)\" = 00e9393f353c1092ae687d13ab839b078f5c209a\ngit submodule update -q --init --depth 1 -- csrc/cutlass"]
+WORKDIR /lanectl/kernel-src
+RUN ["/bin/sh", "-euc", "mkdir -p \"$LANECTL_KERNEL_OUT\"\ngrep -rl _flashmla_C csrc setup.py | xargs sed -i 's/_flashmla_C/_flashmla_splitkv_C/g'\nif grep -rn _flashmla_C csrc setup.py; then echo \"_flashmla_C left after the rename\" >&2; exit 1; fi\npython3 setup.py build_ext --inplace\ncp flash_mla/_flashmla_splitkv_C*.so \"$LANECTL_KERNEL_OUT/\"\nfor f in \"$LANECTL_KERNEL_OUT\"/*; do case \"${f##*/}\" in \"$LANECTL_KERNEL_MODULE\".*) ;; *) echo \"kernel flashmla-splitkv: build left ${f##*/} in its output; only $LANECTL_KERNEL_MODULE.* may be installed\" >&2; exit 1;; esac; done\nls \"$LANECTL_KERNEL_OUT\"/\"$LANECTL_KERNEL_MODULE\".* >/dev/null 2>&1 || { echo \"kernel flashmla-splitkv: build produced no $LANECTL_KERNEL_MODULE module\" >&2; exit 1; }"]
+
+FROM vllm/vllm-openai:deepseekv41-flash-0909@sha256:00d577a6a63281e15336029d5bcee4e9a2cf182214a4f20ba6111b1c8e79893d
+COPY lanectl-build/kernel_smoke.py /lanectl/kernel_smoke.py
+COPY --from=kernel-flashmla-splitkv /lanectl/kernel-out/ /usr/local/lib/python3.12/dist-packages/vllm/
+RUN ["python3", "/lanectl/kernel_smoke.py", "{\"imports\": [\"vllm._flashmla_C\", \"vllm._flashmla_splitkv_C\"], \"op_schema\": {\"argument\": \"mega_num_splits\", \"op\": \"torch.ops._flashmla_splitkv_C.fused_norm_rope_attn_rope_cast_decode\"}}"]
+COPY lanectl-build/patching.py /lanectl/patching.py
+COPY patches/ /lanectl/patches/
+RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/usr/local/lib/python3.12/dist-packages", "/lanectl/patches/vllm/60945-rejection-sampler-guard.patch"]
+ENV VLLM_DSV41_MEGA_SPLITKV="4"
+ENV VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS="6"
+ENV VLLM_LOGGING_LEVEL="INFO"
+CMD ["/model", "--served-model-name", "dsv41-flash-uva", "--trust-remote-code", "--tensor-parallel-size", "1", "--offload-backend", "uva", "--cpu-offload-gb", "60", "--cpu-offload-params", "routed_experts.w13_weight", "routed_experts.w2_weight", "--engram-config", "{\"cpu_offload\": true}", "--max-model-len", "1048576", "--max-num-seqs", "16", "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.97", "--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5,\"num_speculative_tokens_per_batch_size\":[[1,8,5],[9,32,3]]}", "--tool-call-parser", "deepseek_v41", "--reasoning-parser", "deepseek_v41", "--enable-auto-tool-choice", "--long-prefill-token-threshold", "6144", "--host", "0.0.0.0", "--port", "30006"]

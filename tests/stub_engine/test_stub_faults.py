@@ -1,0 +1,170 @@
+"""Injected faults, the admin endpoint and signal handling."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from .stubproc import free_port, metric, stream_events
+
+FATAL_CRASH = r"^ERROR \d\d-\d\d \d\d:\d\d:\d\d \[\w+\.py:\d+\] EngineCore encountered a fatal error\.$"
+FATAL_START = r"^ERROR \d\d-\d\d \d\d:\d\d:\d\d \[\w+\.py:\d+\] EngineCore failed to start\.$"
+FATAL_CUDA = r"^ERROR .*\] CUDA error: an illegal memory access was encountered$"
+
+
+def _complete(url: str, timeout: float = 10.0) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json={"prompt": "probe", "max_tokens": 3}, timeout=timeout)
+
+
+def test_crash_logs_fatal_error_and_exits_1(spawn) -> None:
+    p = spawn(env={"STUB_FAULT": "crash", "STUB_FAULT_AFTER_S": "0.3"})
+    assert httpx.get(p.url + "/health").status_code == 200  # alive until the fault fires
+    assert p.wait_exit(5) == 1
+    p.wait_line(FATAL_CRASH, 1)
+    p.wait_line(r"^Traceback \(most recent call last\):$", 1)
+    p.wait_line(r"^vllm\.v1\.engine\.exceptions\.EngineDeadError: ", 1)
+
+
+def test_crash_on_start_never_listens(spawn) -> None:
+    port = free_port()
+    p = spawn(env={"STUB_FAULT": "crash_on_start"}, port=port, ready=False)
+    assert p.wait_exit(5) == 1
+    p.wait_line(FATAL_START, 1)
+    assert "Starting to load model" in p.output
+    assert "Uvicorn running" not in p.output and "GPU KV cache size" not in p.output
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        pass
+
+
+def test_hang_keeps_health_but_generates_nothing(spawn) -> None:
+    p = spawn(env={"STUB_FAULT": "hang"})
+    time.sleep(0.1)  # the fault fires right after ready
+    assert httpx.get(p.url + "/health").status_code == 200
+    assert httpx.get(p.url + "/v1/models").status_code == 200
+    got: list[str] = []
+    with (
+        pytest.raises(httpx.ReadTimeout),
+        httpx.stream(
+            "POST",
+            p.url + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 3, "stream": True},
+            timeout=httpx.Timeout(5.0, read=2.0),
+        ) as resp,
+    ):
+        for line in resp.iter_lines():
+            got.append(line)
+    assert got == []
+    assert httpx.get(p.url + "/health").status_code == 200
+    assert p.proc.poll() is None
+
+
+def test_unhealthy_answers_503(spawn) -> None:
+    p = spawn(env={"STUB_FAULT": "unhealthy"})
+    p.wait_line(r"^WARNING .*Stub engine marked unhealthy")
+    assert httpx.get(p.url + "/health").status_code == 503
+    resp = _complete(p.url)
+    assert resp.status_code == 503 and resp.json()["error"]["type"] == "EngineDeadError"
+    assert p.proc.poll() is None
+    assert "EngineCore encountered a fatal error." not in p.output  # health alone must catch it
+
+
+def test_fatal_log_keeps_serving(spawn) -> None:
+    p = spawn(env={"STUB_FAULT": "fatal_log", "STUB_FAULT_AFTER_S": "0.1"})
+    p.wait_line(FATAL_CUDA, 3)
+    assert _complete(p.url).status_code == 200
+    assert httpx.get(p.url + "/health").status_code == 200
+
+
+def test_slow_start_uses_slow_start_seconds(spawn) -> None:
+    p = spawn(env={"STUB_FAULT": "slow_start", "STUB_SLOW_START_SECONDS": "1.2"}, ready=False)
+    time.sleep(0.6)
+    assert "Application startup complete." not in p.output  # STUB_LOAD_SECONDS (0.2) would be done by now
+    p.wait_ready(5)
+    assert time.monotonic() - p.started >= 1.2
+
+
+def test_autotune_stall_never_becomes_ready(spawn) -> None:
+    p = spawn(env={"STUB_AUTOTUNE_STALL": "1"}, ready=False)
+    p.wait_line(r"flashinfer\.jit: \[Autotuner\]: Autotuning process starts \.\.\.$", 3)
+    time.sleep(1.0)
+    assert p.proc.poll() is None
+    out = p.output
+    assert "Application startup complete." not in out
+    assert "Loaded 210 configs" not in out
+    assert out.rstrip().endswith("Autotuning process starts ...")
+    p.signal(signal.SIGTERM)  # a stalled load still stops at once
+    assert p.wait_exit(2) == 0
+
+
+def test_admin_endpoint_drives_faults(spawn) -> None:
+    p = spawn(env={"STUB_ADMIN": "1"})
+    admin = p.url + "/admin/fault"
+    assert httpx.post(admin, json={"fault": "bogus"}).status_code == 400
+
+    assert httpx.post(admin, json={"fault": "hang"}).json()["mode"] == "hang"
+    result: list[httpx.Response] = []
+    waiter = threading.Thread(target=lambda: result.append(_complete(p.url)))
+    waiter.start()
+    waiter.join(0.7)
+    assert waiter.is_alive() and httpx.get(p.url + "/health").status_code == 200
+    assert httpx.post(admin, json={"fault": "clear"}).json()["mode"] == "ok"
+    waiter.join(5)
+    assert result and result[0].status_code == 200
+
+    httpx.post(admin, json={"fault": "unhealthy"})
+    assert httpx.get(p.url + "/health").status_code == 503
+    httpx.post(admin, json={"fault": "clear"})
+    assert httpx.get(p.url + "/health").status_code == 200 and _complete(p.url).status_code == 200
+
+    httpx.post(admin, json={"fault": "fatal_log"})
+    p.wait_line(FATAL_CUDA, 2)
+
+    assert httpx.post(admin, json={"fault": "crash"}).status_code == 200
+    assert p.wait_exit(5) == 1
+    p.wait_line(FATAL_CRASH, 1)
+
+
+def test_unhealthy_fails_requests_in_flight(spawn) -> None:
+    p = spawn(env={"STUB_ADMIN": "1", "STUB_DECODE_TOKENS_PER_S": "50"})
+    events: list = []
+
+    def run() -> None:
+        events.extend(e for _, e in stream_events(p.url, "/v1/completions", {"prompt": "x", "max_tokens": 500}))
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.3)
+    httpx.post(p.url + "/admin/fault", json={"fault": "unhealthy"})
+    t.join(5)
+    assert not t.is_alive()
+    assert events[-2]["error"]["type"] == "EngineDeadError" and events[-1] == "[DONE]"
+    assert len(events) < 100
+
+
+@pytest.mark.parametrize("phase", ["ready", "loading", "streaming"])
+def test_sigterm_exits_0_promptly(spawn, phase: str) -> None:
+    if phase == "loading":
+        p = spawn(env={"STUB_LOAD_SECONDS": "30"}, ready=False)
+        p.wait_line("Starting to load model")
+    else:
+        p = spawn(env={"STUB_DECODE_TOKENS_PER_S": "20"})
+    if phase == "streaming":
+
+        def stream() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the server is killed mid-stream on purpose
+                stream_events(p.url, "/v1/completions", {"prompt": "x", "max_tokens": 500}, timeout=10)
+
+        threading.Thread(target=stream, daemon=True).start()
+        time.sleep(0.3)
+        assert metric(httpx.get(p.url + "/metrics").text, "vllm:num_requests_running") == 1
+    t0 = time.monotonic()
+    p.signal(signal.SIGTERM)
+    assert p.wait_exit(2) == 0
+    assert time.monotonic() - t0 < 0.5
+    p.wait_line(r"^INFO:     Shutting down$", 1)
