@@ -82,15 +82,17 @@ def lanes(as_json: JsonOption = False) -> None:
     if as_json:
         emit_json("lanes", {"lanes": rows, "note": note})
         return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for column in ("LANE", "RECIPE", "IMAGE", "BUILT", "COMPANIONS"):
-        table.add_column(column)
-    for row in rows:
-        built = {True: "yes", False: "no", None: "?"}[row["built"]]
-        table.add_row(row["lane"], row["recipe"], row["image"], built, ",".join(row["companions"]) or "-")
-    out.print(table)
+    header = ("LANE", "RECIPE", "IMAGE", "BUILT", "COMPANIONS")
+    table = [header] + [
+        (row["lane"], row["recipe"], row["image"], {True: "yes", False: "no", None: "?"}[row["built"]],
+         ",".join(row["companions"]) or "-")
+        for row in rows
+    ]
+    # Plain aligned columns: never truncated, whatever the terminal width (tags are long).
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        out.print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip(),
+                  markup=False)
     if note:
         err.print(note)
 

@@ -36,7 +36,8 @@ def demo(project: Path, engine: DockerEngine):
     """The shipped demo recipe under a unique id; yields (project root, recipe path, id)."""
     recipe_id = f"test-{uuid.uuid4().hex[:10]}"
     recipe = project / "recipes" / "stub.yaml"
-    recipe.write_text((REPO / "recipes" / "demo" / "stub.yaml").read_text().replace("id: demo-stub", f"id: {recipe_id}"))
+    shipped = (REPO / "recipes" / "demo" / "stub.yaml").read_text()
+    recipe.write_text(shipped.replace("id: demo-stub", f"id: {recipe_id}"))
     yield project, recipe, recipe_id
     for image in engine.client.images.list(filters={"label": f"io.lanectl.recipe={recipe_id}"}):
         engine.client.images.remove(image.id, force=True)

@@ -36,7 +36,8 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, console: Conso
         def show_plain(name: str, log: BuildLog, last_step: list[int] = last_step) -> None:
             if live and log.steps_total != last_step[0]:
                 last_step[0] = log.steps_total
-                console.print(f"{name}: step {log.steps_total}/{log.steps_planned}: {log.current_step}", markup=False)
+                step = log.current_step if len(log.current_step) <= 100 else log.current_step[:97] + "..."
+                console.print(f"{name}: step {log.steps_total}/{log.steps_planned}: {step}", markup=False)
 
         outcome = build_lane(engine, lane, no_cache=no_cache, push=push, on_progress=show_plain)
         outcomes.append(outcome)
