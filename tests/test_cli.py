@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 from tests.test_recipe_validation import GOOD
 
@@ -82,3 +84,31 @@ def test_schema_is_json_schema_for_recipes():
     assert schema["$schema"].endswith("2020-12/schema")
     assert "LanePartial" in schema["$defs"]
     assert schema["properties"]["schema"]["const"] == "lanectl/v1"
+
+
+@pytest.mark.network
+def test_patches_check_reports_each_patch_and_exit_codes(project, write_recipe):
+    """Against the real pinned vLLM source (downloaded once into the shared test cache)."""
+    import os
+
+    cache = os.environ.get("LANECTL_TEST_CACHE", str(Path.home() / ".cache" / "lanectl-test"))
+    ok = lanectl("patches", "check", "--json", cwd=project, env={"LANECTL_CACHE_DIR": cache})
+    assert ok.returncode == 0, ok.stderr
+    statuses = {p["patch"]: p["status"] for p in json.loads(ok.stdout)["data"]["patches"]}
+    assert statuses == {"stub-engine/0001-rejection-sampler-guard.patch": "applies",
+                        "vllm/60945-rejection-sampler-guard.patch": "applies"}
+    sampler = project / "images/stub-engine/stubengine/rejection_sampler.py"
+    patch = (project / "patches/stub-engine/0001-rejection-sampler-guard.patch").read_text()
+    added = [line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    removed = [line[1:] for line in patch.splitlines() if line.startswith("-") and not line.startswith("---")]
+    source = sampler.read_text()
+    sampler.write_text(source.replace("\n".join(removed), "\n".join(added)))
+    upstream = lanectl("patches", "check", cwd=project, env={"LANECTL_CACHE_DIR": cache})
+    assert upstream.returncode == 0
+    import re
+
+    assert re.search(r"^already-upstream +stub-engine/0001-rejection-sampler-guard.patch", upstream.stdout, re.M)
+    sampler.write_text(source.replace(removed[0], removed[0] + "  # drifted"))
+    conflict = lanectl("patches", "check", cwd=project, env={"LANECTL_CACHE_DIR": cache})
+    assert conflict.returncode == 1
+    assert "conflicts" in conflict.stdout and "@@" in conflict.stdout
