@@ -1,0 +1,253 @@
+"""The host's journal: one JSON record per line, appended, never rewritten (`state_dir/journal.jsonl`).
+
+Every mutating command writes what it intends, each step it completes and how it ended, so a
+command killed half-way leaves a trail the next one can read (`unfinished_intent`) and finish or undo.
+
+Records hold what the caller passes, verbatim. Callers must never pass environment values
+(an engine's `env`, `secret_env`, webhook URLs): the journal is kept forever and shown by
+`lanectl journal`. Name the variables if needed, never their values.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lanectl.errors import OperationFailed
+from lanectl.state_dir import create_state_dir, fsync_directory
+
+RESERVED_FIELDS = ("ts", "who", "pid", "kind")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def utc_timestamp(moment: datetime) -> str:
+    """ISO-8601 in UTC with milliseconds and a `Z`, e.g. `2026-11-30T12:03:11.042Z`: sortable as text."""
+    if moment.tzinfo is None:
+        raise ValueError(f"a timestamp needs a timezone-aware datetime, got naive {moment!r}")
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def current_user_at_host() -> str:
+    """`user@host` of the effective user, looked up by uid: `$USER` is whatever the caller's shell says."""
+    uid = os.geteuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a passwd entry, common in containers
+        user = str(uid)
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class JournalContents:
+    records: list[dict[str, Any]]
+    problems: list[str]
+
+
+class Journal:
+    # Blocks read backwards by `tail`; a typical record is ~200 bytes, so one block covers `tail 50`.
+    tail_block_bytes = 64 * 1024
+
+    def __init__(self, path: Path, *, clock: Callable[[], datetime] = utc_now):
+        self.path = path
+        self.clock = clock
+        self.who = current_user_at_host()
+
+    def append(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Write one record (`ts`, `who`, `pid`, `kind`, then `fields`) durably, and return it.
+
+        Raises TypeError for a value JSON cannot hold, ValueError for a field named like a header.
+        The caller keeps environment values out of `fields` (see the module docstring).
+        """
+        clash = [name for name in fields if name in RESERVED_FIELDS]
+        if clash:
+            raise ValueError(f"journal fields {clash} clash with the record header {list(RESERVED_FIELDS)}")
+        record: dict[str, Any] = {
+            "ts": utc_timestamp(self.clock()),
+            "who": self.who,
+            "pid": os.getpid(),
+            "kind": kind,
+            **fields,
+        }
+        try:
+            line = json.dumps(record, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+        except ValueError as exc:  # NaN/infinity or a circular reference: not JSON either
+            raise TypeError(f"journal record {kind!r} is not JSON-serialisable: {exc}") from exc
+        try:
+            self._append_line(line)
+        except OSError as exc:
+            raise OperationFailed(f"could not write the journal {self.path}: {exc.strerror or exc}") from exc
+        return record
+
+    def _append_line(self, line: bytes) -> None:
+        create_state_dir(self.path.parent)
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            # The flock makes "look at the last byte, then write" one step among lanectl processes
+            # (an `up` and the cron watchdog), so the newline repair below cannot double up.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not self._ends_with_newline():
+                line = b"\n" + line  # a writer was killed mid-line: start ours on a fresh one
+            written = os.write(fd, line)
+            # A short write happens only on a full disk or a signal; under the flock nobody can
+            # interleave, so finishing the line is safe.
+            while written < len(line):
+                written += os.write(fd, line[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created:
+            fsync_directory(self.path.parent)
+
+    def _ends_with_newline(self) -> bool:
+        with self.path.open("rb") as existing:
+            size = existing.seek(0, os.SEEK_END)
+            if size == 0:
+                return True
+            existing.seek(size - 1)
+            return existing.read(1) == b"\n"
+
+    def read(self) -> JournalContents:
+        """Every readable record, in order; each unreadable line is skipped and named in `problems`."""
+        records: list[dict[str, Any]] = []
+        problems: list[str] = []
+        try:
+            journal = self.path.open("rb")
+        except FileNotFoundError:
+            return JournalContents(records=[], problems=[])
+        with journal:
+            for number, raw in enumerate(journal, start=1):
+                line = raw.rstrip(b"\n")
+                if not line.strip():
+                    continue
+                record = _parse_record(line)
+                if record is None:
+                    problems.append(self._unreadable(f"line {number}", len(line)))
+                else:
+                    records.append(record)
+        return JournalContents(records=records, problems=problems)
+
+    def tail(self, count: int) -> JournalContents:
+        """The last `count` readable records, reading the file backwards block by block.
+
+        Unreadable lines among them are reported by their position from the end
+        (`line 3 from the end` is the first line `tail -n 3 journal.jsonl` shows): numbering them from
+        the start would mean reading the whole file, which is what `tail` exists to avoid.
+        """
+        records: list[dict[str, Any]] = []
+        problems: list[str] = []
+        if count <= 0:
+            return JournalContents(records=[], problems=[])
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return JournalContents(records=[], problems=[])
+        try:
+            for from_end, line in enumerate(_lines_backwards(fd, self.tail_block_bytes), start=1):
+                if not line.strip():
+                    continue
+                record = _parse_record(line)
+                if record is None:
+                    problems.append(self._unreadable(f"line {from_end} from the end", len(line)))
+                    continue
+                records.append(record)
+                if len(records) == count:
+                    break
+        finally:
+            os.close(fd)
+        records.reverse()
+        problems.reverse()
+        return JournalContents(records=records, problems=problems)
+
+    def _unreadable(self, where: str, size: int) -> str:
+        return f"{self.path.name} {where}: unreadable record (truncated or corrupt, {size} bytes); ignored"
+
+    # Switch bookkeeping: `up` and `rollback` write an intent before touching anything, a step after
+    # each one completes, and an outcome at the end. An intent without an outcome is a switch that
+    # was interrupted; its done steps say how far it got.
+
+    def record_intent(
+        self, *, action: str, from_lane: str | None, to_lane: str | None, why: str, steps: Sequence[str]
+    ) -> dict[str, Any]:
+        """Start a switch: returns the record, whose `switch` id the steps and the outcome refer to."""
+        fields = {"switch": uuid.uuid4().hex, "action": action, "from": from_lane, "to": to_lane,
+                  "why": why, "steps": list(steps)}
+        return self.append("intent", **fields)
+
+    def record_step(self, switch: str, step: str, detail: str = "") -> dict[str, Any]:
+        return self.append("step", switch=switch, step=step, detail=detail)
+
+    def record_outcome(self, switch: str, result: str, message: str = "") -> dict[str, Any]:
+        """`result` is e.g. "ok", "failed", "rolled-back", "undone", "finished"."""
+        return self.append("outcome", switch=switch, result=result, message=message)
+
+    def unfinished_intent(self) -> dict[str, Any] | None:
+        """The most recent intent that has no outcome, with `done_steps`: its recorded steps, in order."""
+        intents: dict[str, dict[str, Any]] = {}
+        done_steps: dict[str, list[str]] = {}
+        finished: set[str] = set()
+        for record in self.read().records:
+            switch = record.get("switch")
+            if not isinstance(switch, str):
+                continue
+            kind = record.get("kind")
+            if kind == "intent":
+                intents.pop(switch, None)  # re-inserted last: dicts keep insertion order
+                intents[switch] = record
+                done_steps[switch] = []
+            elif kind == "step" and switch in done_steps:
+                done_steps[switch].append(str(record.get("step")))
+            elif kind == "outcome":
+                finished.add(switch)
+        for switch in reversed(intents):
+            if switch not in finished:
+                return {**intents[switch], "done_steps": done_steps[switch]}
+        return None
+
+
+def _parse_record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:  # also UnicodeDecodeError
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _lines_backwards(fd: int, block_bytes: int) -> Iterator[bytes]:
+    """The file's lines, last first, without their newlines; reads only as far back as it is asked to.
+
+    A final newline ends the last line rather than starting an empty one, as for `tail -n`.
+    """
+    position = os.fstat(fd).st_size
+    carried: list[bytes] = []  # the start of the earliest line seen so far, its blocks last-read first
+    at_end = True
+    while position > 0:
+        size = min(block_bytes, position)
+        position -= size
+        block = os.pread(fd, size, position)
+        if at_end:
+            at_end = False
+            if block.endswith(b"\n"):
+                block = block[:-1]
+        if b"\n" not in block:
+            carried.append(block)
+            continue
+        # One join per block that holds a line break, so a huge single line is not rebuilt per block.
+        pieces = (block + b"".join(reversed(carried))).split(b"\n")
+        carried = [pieces[0]]
+        yield from reversed(pieces[1:])
+    if carried:
+        yield b"".join(reversed(carried))
+
