@@ -1,0 +1,176 @@
+"""The engine's HTTP endpoints as the health gate (and later the watchdog) asks them.
+
+Every answer, including a refused connection or a timeout, is a `ProbeResult`, never an exception:
+while a real vLLM loads (8+ minutes) it does not listen on its port at all, so "connection refused"
+is an ordinary answer that the caller weighs against its budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from lanectl.recipe.model import Health
+
+COMPLETIONS_PATH = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    ok: bool
+    detail: str
+    seconds: float
+
+
+class EndpointProbe:
+    """`/health`, `/v1/models` and a 1-3 token generation against one engine's base URL."""
+
+    def __init__(self, base_url: str, health: Health, client: httpx.Client | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.health = health
+        self._owns_client = client is None
+        self._client = client or httpx.Client(timeout=health.request_timeout_seconds)
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> EndpointProbe:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def health_ok(self) -> ProbeResult:
+        """`/health` answers 200.
+
+        vLLM answers 503 once the engine is dead, but can answer 200 while it is stuck (vllm#39863),
+        so this alone never proves the lane serves.
+        """
+        path = self.health.health_path
+        started = time.monotonic()
+        try:
+            response = self._client.get(self.base_url + path)
+        except httpx.HTTPError as exc:
+            return _failed(path, exc, self.health.request_timeout_seconds, started)
+        return ProbeResult(response.status_code == 200, _answered(path, response), time.monotonic() - started)
+
+    def models_lists_served_model(self) -> ProbeResult:
+        """`/v1/models` lists the recipe's served model name (vLLM answers it without the engine)."""
+        path, name = self.health.models_path, self.health.served_model_name
+        started = time.monotonic()
+        try:
+            response = self._client.get(self.base_url + path)
+        except httpx.HTTPError as exc:
+            return _failed(path, exc, self.health.request_timeout_seconds, started)
+        seconds = time.monotonic() - started
+        if response.status_code != 200:
+            return ProbeResult(False, _answered(path, response), seconds)
+        ids = _model_ids(response)
+        if ids is None:
+            return ProbeResult(False, f"{path} answered 200 but not with an OpenAI model list", seconds)
+        if name in ids:
+            return ProbeResult(True, f"{path} lists '{name}'", seconds)
+        return ProbeResult(False, f"{path} does not list '{name}' (it lists: {', '.join(ids) or 'nothing'})", seconds)
+
+    def generate(self) -> ProbeResult:
+        """A completion of at most 3 tokens: the only probe that proves the engine still steps."""
+        probe = self.health.generation_probe
+        started = time.monotonic()
+        try:
+            response = self._client.post(
+                self.base_url + COMPLETIONS_PATH,
+                json={
+                    "model": self.health.served_model_name,
+                    "prompt": probe.prompt,
+                    "max_tokens": probe.max_tokens,
+                    "temperature": 0,
+                    "stream": False,
+                },
+                timeout=probe.timeout_seconds,
+            )
+        except httpx.TimeoutException:
+            seconds = time.monotonic() - started
+            return ProbeResult(
+                False,
+                f"generation probe timed out after {probe.timeout_seconds:.1f} s ({self._health_while_stuck()})",
+                seconds,
+            )
+        except httpx.HTTPError as exc:
+            return _failed(COMPLETIONS_PATH, exc, probe.timeout_seconds, started)
+        seconds = time.monotonic() - started
+        if response.status_code != 200:
+            return ProbeResult(False, _answered(COMPLETIONS_PATH, response), seconds)
+        generated = _generated(response)
+        if generated is None:
+            return ProbeResult(False, f"{COMPLETIONS_PATH} answered 200 with no generated token", seconds)
+        return ProbeResult(True, f"{COMPLETIONS_PATH} generated {generated} in {seconds:.2f} s", seconds)
+
+    def _health_while_stuck(self) -> str:
+        # A timed-out generation with /health at 200 is the stuck engine of vllm#39863; say so.
+        health = self.health_ok()
+        return "health 200: engine stuck?" if health.ok else health.detail
+
+
+def _answered(path: str, response: httpx.Response) -> str:
+    message = _error_message(response) if response.status_code != 200 else ""
+    return f"{path} answered {response.status_code}" + (f": {message}" if message else "")
+
+
+def _error_message(response: httpx.Response) -> str:
+    """vLLM's `{"error": {"message": ...}}`, FastAPI's `{"detail": ...}`, or the start of the body."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return response.text.strip()[:200]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:200]
+        if body.get("detail"):
+            return str(body["detail"])[:200]
+    return ""
+
+
+def _failed(path: str, exc: httpx.HTTPError, timeout: float, started: float) -> ProbeResult:
+    if isinstance(exc, httpx.TimeoutException):
+        reason = f"no answer within {timeout:.1f} s"
+    elif isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower():
+        reason = "connection refused"
+    elif isinstance(exc, httpx.ConnectError):
+        reason = f"cannot connect ({exc})"
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    return ProbeResult(False, f"{path}: {reason}", time.monotonic() - started)
+
+
+def _model_ids(response: httpx.Response) -> list[str] | None:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item]
+
+
+def _generated(response: httpx.Response) -> str | None:
+    """What the completion generated ("3 tokens", or the text when usage is absent); None for nothing."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    usage = body.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, int) and not isinstance(tokens, bool):
+        return f"{tokens} token{'s' if tokens != 1 else ''}" if tokens > 0 else None
+    choices = body.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    text = first.get("text") if isinstance(first, dict) else None
+    return repr(text) if isinstance(text, str) and text else None

@@ -1,0 +1,173 @@
+"""The health gate against the real stub engine: a subprocess on 127.0.0.1, real HTTP, its real log lines,
+the real monotonic clock, and short budgets.
+
+The process stands in for the lane's container: its stdout is the log, its exit is the container's.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator, Mapping
+
+import pytest
+
+from lanectl.endpoint_probe import EndpointProbe
+from lanectl.health_gate import ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
+from lanectl.recipe.model import GenerationProbe, Health, StartupLog
+from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port
+
+EXPECT = [r"GPU KV cache size: [0-9,]+ tokens", r"\[Autotuner\]: Loaded [0-9]+ configs"]
+FORBID = ["Autotuning process starts"]
+
+
+class ProcessLog:
+    """The stub's stdout as a LogSource; once the process has exited, every line it wrote is returned."""
+
+    def __init__(self, stub: StubProcess) -> None:
+        self.stub = stub
+        self.returned = 0
+
+    def new_lines(self) -> list[str]:
+        if self.stub.proc.poll() is not None:
+            self.stub.wait_exit(timeout=5)  # joins the reader, so the last lines are in
+        lines = self.stub.output.splitlines()
+        new, self.returned = lines[self.returned :], len(lines)
+        return new
+
+
+class ProcessWatch:
+    def __init__(self, stub: StubProcess) -> None:
+        self.stub = stub
+
+    def status(self) -> ContainerStatus:
+        code = self.stub.proc.poll()
+        return ContainerStatus(True) if code is None else ContainerStatus(False, code, f"exited with code {code}")
+
+
+RunGate = Callable[..., tuple[GateResult, list[GateProgress]]]
+
+
+@pytest.fixture
+def run_gate() -> Iterator[RunGate]:
+    """run_gate(env, budget_minutes=0.5, **health) starts a stub on a free port and gates it from its first second."""
+    stubs: list[StubProcess] = []
+
+    def run(
+        env: Mapping[str, str], budget_minutes: float = 0.5, **health: object
+    ) -> tuple[GateResult, list[GateProgress]]:
+        settings = Health.model_validate(
+            {
+                "startup_budget_minutes": budget_minutes,
+                "poll_interval_seconds": 0.2,
+                "request_timeout_seconds": 2,
+                "served_model_name": MODEL_NAME,
+                "startup_log": StartupLog(expect=EXPECT, forbid=FORBID),
+                "generation_probe": GenerationProbe(timeout_seconds=0.5),
+                **health,
+            }
+        )
+        port = free_port()
+        stub = StubProcess({"STUB_LOAD_SECONDS": "1", **env}, (), STUB_DIR, port)
+        stubs.append(stub)
+        progress: list[GateProgress] = []
+        with EndpointProbe(f"http://127.0.0.1:{port}", settings) as endpoints:
+            logs, container = ProcessLog(stub), ProcessWatch(stub)
+            return HealthGate(settings, endpoints, logs, container, MonotonicClock(), progress.append).wait(), progress
+
+    yield run
+    for stub in stubs:
+        stub.kill()
+
+
+def test_a_healthy_engine_passes_after_refusing_while_it_loads(run_gate: RunGate) -> None:
+    result, progress = run_gate({})
+
+    assert result.passed, result
+    assert result.failed_check is None and result.missing == ()
+    assert 1 <= result.seconds < 5
+    assert "/v1/completions generated 3 tokens" in result.detail
+    assert any(line.endswith("Application startup complete.") for line in result.log_tail)
+    # It did not pass on the first poll: the engine was still loading and refused connections.
+    assert progress and "/health 200" in progress[0].missing
+
+
+def test_an_engine_that_fails_to_start_fails_fast_on_its_fatal_line(run_gate: RunGate) -> None:
+    result, _ = run_gate({"STUB_FAULT": "crash_on_start"})
+
+    assert result.failed_check == "fatal-engine-line"
+    assert result.seconds < 3
+    assert "EngineCore failed to start." in result.detail
+    assert any("Engine core initialization failed" in line for line in result.log_tail)
+
+
+def test_a_process_that_exits_without_a_fatal_line_is_a_container_exit(run_gate: RunGate) -> None:
+    # A port bound by another socket that does not listen: probes are refused, and once loaded the stub
+    # logs "Cannot bind" (not one of vLLM's fatal lines) and exits 1.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        settings = Health(startup_budget_minutes=0.5, poll_interval_seconds=0.2, served_model_name=MODEL_NAME)
+        stub = StubProcess({"STUB_LOAD_SECONDS": "0.3"}, (), STUB_DIR, port)
+        try:
+            with EndpointProbe(f"http://127.0.0.1:{port}", settings) as endpoints:
+                result = HealthGate(settings, endpoints, ProcessLog(stub), ProcessWatch(stub), MonotonicClock()).wait()
+        finally:
+            stub.kill()
+
+    assert result.failed_check == "container-exited", result
+    assert result.exit_code == 1
+    assert result.seconds < 3
+    assert any("Cannot bind the API server" in line for line in result.log_tail)
+
+
+def test_an_autotune_stall_fails_on_the_forbidden_line(run_gate: RunGate) -> None:
+    result, _ = run_gate({"STUB_AUTOTUNE_STALL": "1"})
+
+    assert result.failed_check == "startup-log-forbidden"
+    assert result.seconds < 3
+    assert result.detail.startswith("startup log line matches forbidden 'Autotuning process starts': ")
+    assert result.detail.endswith("[Autotuner]: Autotuning process starts ...")
+    assert "/health 200" in result.missing
+
+
+def test_a_hung_engine_fails_the_generation_check_not_the_budget(run_gate: RunGate) -> None:
+    result, _ = run_gate({"STUB_FAULT": "hang"})
+
+    assert result.failed_check == "generation"
+    assert result.seconds < 8  # the budget is 30 s
+    assert result.detail.endswith("last: generation probe timed out after 0.5 s (health 200: engine stuck?)")
+    assert result.missing == ("/v1/completions generates a token",)
+
+
+def test_an_unhealthy_engine_runs_out_the_budget_waiting_for_health(run_gate: RunGate) -> None:
+    result, progress = run_gate({"STUB_FAULT": "unhealthy"}, budget_minutes=0.05)
+
+    assert result.failed_check == "startup-budget"
+    assert result.missing == ("/health 200",)
+    assert result.detail == "after 3 s still waiting for: /health 200. Last answers: /health answered 503"
+    assert 3 <= result.seconds < 4
+    assert all(p.elapsed < 3 for p in progress)
+
+
+def test_a_served_model_name_that_differs_is_missing_from_the_model_list(run_gate: RunGate) -> None:
+    result, _ = run_gate({}, budget_minutes=0.04, served_model_name="dsv41-flash-uva")
+
+    assert result.failed_check == "startup-budget"
+    assert result.missing == ("/v1/models lists 'dsv41-flash-uva'",)
+    assert result.detail == (
+        "after 2.4 s still waiting for: /v1/models lists 'dsv41-flash-uva'. "
+        f"Last answers: /v1/models does not list 'dsv41-flash-uva' (it lists: {MODEL_NAME})"
+    )
+
+
+def test_a_closed_port_is_connection_refused_not_an_error() -> None:
+    settings = Health(startup_budget_minutes=1, served_model_name=MODEL_NAME)
+    with EndpointProbe(f"http://127.0.0.1:{free_port()}", settings) as endpoints:
+        results = [endpoints.health_ok(), endpoints.models_lists_served_model(), endpoints.generate()]
+
+    assert [r.detail for r in results] == [
+        "/health: connection refused",
+        "/v1/models: connection refused",
+        "/v1/completions: connection refused",
+    ]
+    assert not any(r.ok for r in results)
