@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,10 @@ from lanectl import __version__
 from lanectl.errors import EXIT_FAILED, LanectlError, RecipeInvalid
 from lanectl.project import Project
 from lanectl.recipe.catalog import Catalog, load_catalog
+
+if TYPE_CHECKING:
+    from lanectl.health_gate import GateProgress
+    from lanectl.switching import SwitchOutcome
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Run GPU LLM serving lanes safely: recipes to images, switches, rollback, watchdog.")
@@ -178,7 +182,235 @@ def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", 
         raise typer.Exit(EXIT_FAILED)
 
 
+class ConsoleReporter:
+    """Switch progress for people on stderr: one line per step, a live line while the gate waits."""
+
+    def __init__(self, console: Console, quiet: bool = False):
+        self.console = console
+        self.quiet = quiet
+        self.last_gate_print = 0.0
+
+    def step(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[green]✓[/] {text}", highlight=False)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[yellow]![/] {text}", highlight=False)
+
+    def gate(self, progress: GateProgress) -> None:
+        import time
+
+        if self.quiet:
+            return
+        now = time.monotonic()
+        # A line every 5 s (not every poll): readable in a terminal, a CI log and the cron mail alike.
+        if now - self.last_gate_print < 5 and progress.missing:
+            return
+        self.last_gate_print = now
+        waiting = "; ".join(progress.missing) or "all checks satisfied"
+        self.console.print(f"  gate {progress.elapsed:5.0f}/{progress.budget:.0f} s  waiting for: {waiting}",
+                           markup=False, highlight=False)
+
+
+LockWaitOption = Annotated[str, typer.Option("--lock-wait", help="How long to wait for another lanectl "
+                                                                 "command holding the host lock (e.g. 60s).")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the planned steps; change nothing.")]
+NoGpuOption = Annotated[bool, typer.Option("--no-gpu", help="Run without the recipe's GPU requests (demo, tests).")]
+
+
+def _finish(outcome: SwitchOutcome, as_json: bool) -> None:
+    if as_json:
+        emit_json("switch", {"result": outcome.result, "message": outcome.message, "lane": outcome.lane,
+                             "steps": list(outcome.steps), "diagnostics": outcome.diagnostics})
+    else:
+        colour = "green" if outcome.exit_code == 0 else "red"
+        out.print(f"[{colour}]{outcome.result}[/]: {outcome.message}", highlight=False)
+        if outcome.diagnostics.get("log_tail"):
+            err.print("[bold]last log lines of the failed lane:[/]")
+            for line in outcome.diagnostics["log_tail"][-15:]:
+                err.print(f"  {line}", markup=False, highlight=False)
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.")],
+       dry_run: DryRunOption = False,
+       no_rollback: Annotated[bool, typer.Option(
+           "--no-rollback", help="On a failed gate, leave the new lane stopped for debugging.")] = False,
+       lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
+    """Switch the box to LANE: stop what conflicts, start LANE, hold it to its health gate, or go back."""
+    from lanectl.commands.switch import dry_run_up, run
+    from lanectl.durations import parse_duration
+
+    loaded = catalog()
+    target = loaded.lane(lane)
+    if dry_run:
+        for line in dry_run_up(loaded, target):
+            out.print(line, markup=False)
+        return
+    outcome = run(lambda lanes: lanes.up(target, rollback_on_failure=not no_rollback), loaded, f"lanectl up {lane}",
+                  lock_wait=parse_duration(lock_wait, option="--lock-wait"), reporter=ConsoleReporter(err),
+                  no_gpu=no_gpu)
+    _finish(outcome, as_json)
+
+
+@app.command()
+def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go back to (default: the last "
+                                                                 "known-good lane before the active one).")] = None,
+             dry_run: DryRunOption = False, lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False,
+             as_json: JsonOption = False) -> None:
+    """Go back to the last known-good lane, through the same health-gated path as up."""
+    from lanectl.commands.switch import dry_run_rollback, run
+    from lanectl.durations import parse_duration
+
+    loaded = catalog()
+    target = loaded.lane(to) if to else None
+    if dry_run:
+        for line in dry_run_rollback(loaded, target):
+            out.print(line, markup=False)
+        return
+    outcome = run(lambda lanes: lanes.rollback(target), loaded, "lanectl rollback" + (f" --to {to}" if to else ""),
+                  lock_wait=parse_duration(lock_wait, option="--lock-wait"), reporter=ConsoleReporter(err),
+                  no_gpu=no_gpu)
+    _finish(outcome, as_json)
+
+
+@app.command()
+def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default: the active lane).")] = None,
+         lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
+    """Stop a lane (companions first, then the primary); its containers are kept for a later start."""
+    from lanectl.commands.switch import run
+    from lanectl.durations import parse_duration
+    from lanectl.errors import BadInput
+    from lanectl.lane_state import LaneStateStore
+    from lanectl.state_dir import state_dir
+
+    loaded = catalog()
+    name = lane or LaneStateStore(state_dir() / "state.json").load().active
+    if name is None:
+        raise BadInput("no active lane; name the lane to stop")
+    target = loaded.lane(name)
+    outcome = run(lambda lanes: lanes.down(target), loaded, f"lanectl down {name}",
+                  lock_wait=parse_duration(lock_wait, option="--lock-wait"), reporter=ConsoleReporter(err))
+    _finish(outcome, as_json)
+
+
+@app.command()
+def status(as_json: JsonOption = False) -> None:
+    """Lanes, containers, health, builds, the active and known-good lanes, the watchdog, unfinished switches."""
+    from lanectl.commands.status import lane_status
+
+    data = lane_status(catalog())
+    if as_json:
+        emit_json("status", data)
+        return
+    for lane in data["lanes"]:
+        marks = ("[bold green]active[/] " if lane["active"] else "") + ("known-good " if lane["known_good"] else "")
+        health = f"  health: {lane['health']}" if lane["health"] else ""
+        out.print(f"[bold]{lane['lane']}[/]  {marks}{lane['image']}{'' if lane['built'] else ' (not built)'}{health}",
+                  highlight=False)
+        for c in lane["containers"]:
+            detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
+            if c["exit_code"] not in (None, 0):
+                detail += f" (exit {c['exit_code']})"
+            stale = "" if c["current_build"] else f"  [yellow]older build {c['image']}[/]"
+            out.print(f"    {c['role']:<8} {c['name']:<40} {detail:<14} restarts {c['restarts']}{stale}",
+                      highlight=False)
+    watchdog = data["watchdog"]
+    lease = watchdog["lease"]
+    lease_text = (f"; lease until {lease['until']} ({lease['reason']}){' expired' if lease['expired'] else ''}"
+                  if lease else "")
+    out.print(f"watchdog: {'armed' if watchdog['armed'] else 'disarmed'}{lease_text}", highlight=False)
+    out.print(f"known-good: {', '.join(data['known_good']) or '-'}", highlight=False)
+    if data["unfinished_switch"]:
+        u = data["unfinished_switch"]
+        out.print(f"[red]unfinished {u['action']}[/] {u['from'] or '-'} -> {u['to'] or '-'} since {u['ts']} "
+                  f"({len(u['done_steps'])}/{len(u['steps'])} steps); the next up/rollback finishes or undoes it",
+                  highlight=False)
+    for problem in data["journal_problems"]:
+        err.print(f"journal: {problem}", markup=False)
+    for name in data["unknown_containers"]:
+        err.print(f"container {name} has lanectl labels but its lane is not in the recipes", markup=False)
+
+
+@app.command()
+def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.")],
+         role: Annotated[str, typer.Option("--role", help="primary, or a companion role such as rtx.")] = "primary",
+         follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+         since: Annotated[str | None, typer.Option("--since", help="Only lines newer than, e.g., 10m.")] = None,
+         ) -> None:
+    """The container logs of a lane's primary or companion."""
+    import time
+
+    from lanectl.docker_engine import ContainerEngine
+    from lanectl.durations import parse_duration
+    from lanectl.errors import BadInput
+
+    target = catalog().lane(lane)
+    if role not in target.roles:
+        raise BadInput(f"lane {lane} has no role {role!r}; it has: {', '.join(target.roles)}")
+    name = target.container_name(role)
+    engine = ContainerEngine()
+    if engine.container(name) is None:
+        raise BadInput(f"{name} does not exist; `lanectl up {lane}` creates it")
+    since_ts = time.time() - parse_duration(since, option="--since") if since else None
+    if follow:
+        for chunk in engine.follow_logs(name, since=since_ts):
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+    else:
+        sys.stdout.write(engine.logs(name, since=since_ts))
+
+
+@app.command()
+def history(count: Annotated[int, typer.Option("-n", help="How many records.")] = 50,
+            as_json: JsonOption = False) -> None:
+    """The journal: who switched what, when, why, every step and the outcome."""
+    from lanectl.commands.history import describe, journal_tail
+
+    data = journal_tail(count)
+    if as_json:
+        emit_json("history", data)
+        return
+    for record in data["records"]:
+        out.print(describe(record), markup=False, highlight=False)
+    for problem in data["problems"]:
+        err.print(f"journal: {problem}", markup=False)
+
+
+@app.command()
+def doctor(as_json: JsonOption = False) -> None:
+    """The host's readiness to run lanes; each finding with its fix. Exit 1 on any error."""
+    from lanectl.commands.doctor import as_json as findings_json
+    from lanectl.commands.doctor import diagnose
+
+    try:
+        loaded: Catalog | None = catalog()
+    except LanectlError:
+        loaded = None
+    findings = diagnose(loaded)
+    if as_json:
+        emit_json("doctor", {"findings": findings_json(findings)})
+    else:
+        colours = {"ok": "green", "warn": "yellow", "error": "red"}
+        for f in findings:
+            out.print(f"[{colours[f.severity]}]{f.severity:<5}[/] {f.check}: {f.detail}", highlight=False)
+            if f.fix:
+                out.print(f"      fix: {f.fix}", highlight=False)
+    if any(f.severity == "error" for f in findings):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Python's default SIGTERM kills without running `finally`: the host lock would be left held.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Click handles usage errors (exit 2) and typer.Exit itself; domain errors arrive here.
     try:
         app()

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 
+from lanectl.containers import ContainerSpec
 from lanectl.errors import OperationFailed
 
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
@@ -119,3 +122,150 @@ class DockerEngine:
                 raise OperationFailed(f"push of {ref} failed: {chunk['error']}")
             if "status" in chunk:
                 on_line(f"{chunk.get('id', '')} {chunk['status']}".strip())
+
+
+GPU_DRIVER_MISSING = re.compile(r"could not select device driver .* with capabilities: \[\[gpu\]\]")
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A lanectl container as the engine reports it; labels are the truth of what exists."""
+
+    name: str
+    id: str
+    lane: str
+    role: str
+    recipe: str
+    inputs: str
+    image: str
+    status: str  # created | running | restarting | paused | exited | dead
+    exit_code: int | None
+    started_at: str | None
+    finished_at: str | None
+    restart_count: int
+    device_requests: tuple[dict[str, Any], ...]
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def started_epoch(self) -> float | None:
+        """When the current (or last) run started, as a UNIX time; None if it never started."""
+        if not self.started_at or self.started_at.startswith("0001-"):
+            return None
+        # Docker reports nanoseconds ("2026-11-30T08:48:03.123456789Z"); datetime takes microseconds.
+        head, _, fraction = self.started_at.rstrip("Z").partition(".")
+        return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00").timestamp()
+
+
+class NoGpuRuntime(OperationFailed):
+    pass
+
+
+class ContainerEngine(DockerEngine):
+    """Container operations on lane containers, all addressed by name."""
+
+    def lane_containers(self, recipe: str | None = None) -> list[ContainerState]:
+        label = f"io.lanectl.recipe={recipe}" if recipe else "io.lanectl.lane"
+        raw = self.client.api.containers(all=True, filters={"label": label})
+        # One inspect per container: `containers()` lacks exit code, start time and restart count.
+        return [self._state(self.client.api.inspect_container(item["Id"])) for item in raw]
+
+    def container(self, name: str) -> ContainerState | None:
+        try:
+            return self._state(self.client.api.inspect_container(name))
+        except docker.errors.NotFound:
+            return None
+
+    @staticmethod
+    def _state(attrs: dict[str, Any]) -> ContainerState:
+        labels = attrs["Config"].get("Labels") or {}
+        state = attrs["State"]
+        return ContainerState(
+            name=attrs["Name"].lstrip("/"),
+            id=attrs["Id"],
+            lane=labels.get("io.lanectl.lane", ""),
+            role=labels.get("io.lanectl.role", ""),
+            recipe=labels.get("io.lanectl.recipe", ""),
+            inputs=labels.get("io.lanectl.inputs", ""),
+            image=attrs["Config"].get("Image", ""),
+            status=state.get("Status", ""),
+            exit_code=state.get("ExitCode") if state.get("Status") in ("exited", "dead") else None,
+            started_at=state.get("StartedAt"),
+            finished_at=state.get("FinishedAt"),
+            restart_count=int(attrs.get("RestartCount") or 0),
+            device_requests=tuple(attrs["HostConfig"].get("DeviceRequests") or ()),
+        )
+
+    def create(self, spec: ContainerSpec, *, with_gpus: bool, environ: Mapping[str, str]) -> str:
+        """Create (not start) a container from a spec; secret values are read from `environ` here only."""
+        env = dict(spec.env)
+        for name in spec.secret_env:
+            if name not in environ:
+                raise OperationFailed(f"{spec.name}: secret {name} is not set in lanectl's environment")
+            env[name] = environ[name]
+        port_bindings = {f"{p['container']}/{p['protocol']}": (p["host_ip"], p["host"]) for p in spec.ports}
+        binds = {
+            (v.get("source") or v["volume"]): {"bind": v["target"], "mode": "ro" if v.get("read_only") else "rw"}
+            for v in spec.volumes
+        }
+        device_requests = []
+        if with_gpus and spec.gpus:
+            if "device_ids" in spec.gpus:
+                request = docker.types.DeviceRequest(device_ids=spec.gpus["device_ids"], capabilities=[["gpu"]])
+            else:
+                count = spec.gpus["count"]
+                request = docker.types.DeviceRequest(count=-1 if count == "all" else count, capabilities=[["gpu"]])
+            device_requests.append(request)
+        # The low-level API: the high-level `containers.create` has no stop_timeout, and the stop
+        # timeout must live on the container so `docker stop` by hand also gives the engine its time.
+        host_config = self.client.api.create_host_config(
+            port_bindings=port_bindings, binds=binds, device_requests=device_requests or None,
+            shm_size=spec.shm_size, ipc_mode=spec.ipc, init=spec.init,
+        )
+        created = self.client.api.create_container(
+            spec.image, command=spec.command, entrypoint=spec.entrypoint, name=spec.name, environment=env,
+            ports=[(p["container"], p["protocol"]) for p in spec.ports], labels=spec.labels, user=spec.user,
+            stop_timeout=spec.stop_timeout_seconds, host_config=host_config, detach=True,
+        )
+        return str(created["Id"])
+
+    def start(self, name: str) -> None:
+        try:
+            self.client.api.start(name)
+        except docker.errors.APIError as exc:
+            if GPU_DRIVER_MISSING.search(str(exc)):
+                # Docker creates the container and only fails at start; leave nothing behind.
+                self.remove(name)
+                raise NoGpuRuntime(
+                    f"{name}: this host has no NVIDIA container runtime (Docker: {exc.explanation}); install "
+                    "the NVIDIA Container Toolkit, or run the lane without GPUs with --no-gpu"
+                ) from None
+            raise OperationFailed(f"{name}: start failed: {exc.explanation or exc}") from None
+
+    def stop(self, name: str, timeout: int) -> None:
+        try:
+            self.client.api.stop(name, timeout=timeout)
+        except docker.errors.NotFound:
+            pass
+
+    def remove(self, name: str) -> None:
+        try:
+            self.client.api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str:
+        kwargs: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": False}
+        if since is not None:
+            kwargs["since"] = since
+        if tail is not None:
+            kwargs["tail"] = tail
+        try:
+            return self.client.api.logs(name, **kwargs).decode(errors="replace")
+        except docker.errors.NotFound:
+            return ""
+
+    def follow_logs(self, name: str, *, since: float | None = None, tail: int | str = "all") -> Iterator[bytes]:
+        return self.client.api.logs(name, stream=True, follow=True, since=since, tail=tail)

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from typing import Any
+
+from lanectl.journal import Journal
+from lanectl.state_dir import state_dir
+
+
+def journal_tail(count: int) -> dict[str, Any]:
+    contents = Journal(state_dir() / "journal.jsonl").tail(count)
+    return {"records": contents.records, "problems": contents.problems}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line per record for people; --json gives the records as written."""
+    kind = record.get("kind", "?")
+    if kind == "intent":
+        text = f"{record.get('action')} {record.get('from') or '-'} -> {record.get('to') or '-'} ({record.get('why')})"
+    elif kind == "step":
+        text = f"  {record.get('step')}  {record.get('detail', '')}"
+    elif kind == "outcome":
+        text = f"{record.get('result')}: {record.get('message', '')}"
+    elif kind == "diagnostics":
+        text = f"  diagnostics: {record.get('failed')} (exit code {record.get('exit_code')})"
+    else:
+        text = str(record.get("message", ""))
+    return f"{record.get('ts', '?')}  {record.get('who', '?'):<20} {kind:<11} {text}"

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from lanectl.docker_engine import ContainerEngine, ContainerState
+from lanectl.journal import Journal
+from lanectl.lane_state import LaneStateStore
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
+from lanectl.render import plan_image
+from lanectl.state_dir import state_dir
+
+
+def lane_status(catalog: Catalog) -> dict[str, Any]:
+    """Everything an operator asks at 3 a.m.: what runs, is it healthy, which build, and is a way back there.
+
+    The JSON shape (version 1 of the envelope) is documented in the README.
+    """
+    from lanectl.endpoint_probe import EndpointProbe
+    from lanectl.switching import probe_base_url
+
+    directory = state_dir()
+    engine = ContainerEngine()
+    state = LaneStateStore(directory / "state.json").load()
+    journal = Journal(directory / "journal.jsonl")
+    containers = engine.lane_containers()
+    by_lane: dict[tuple[str, str], list[ContainerState]] = {}
+    for container in containers:
+        by_lane.setdefault((container.recipe, container.lane), []).append(container)
+    now = datetime.now(UTC)
+    lanes = []
+    for lane in sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name)):
+        tag = plan_image(lane).tag
+        order = {role: index for index, role in enumerate(lane.roles)}
+        own = sorted(by_lane.get((lane.recipe.id, lane.name), []), key=lambda c: order.get(c.role, len(order)))
+        health = None
+        primary = next((c for c in own if c.role == ROLE_PRIMARY), None)
+        if primary is not None and primary.running:
+            with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
+                probe = endpoints.health_ok()
+            health = "ok" if probe.ok else probe.detail
+        image_labels = engine.image_labels(primary.image) if primary else None
+        lanes.append({
+            "lane": lane.name,
+            "recipe": lane.recipe.id,
+            "active": state.active == lane.name,
+            "known_good": lane.name in state.known_good,
+            "image": tag,
+            "built": engine.image_labels(tag) is not None,
+            "health": health,
+            "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
+                           if k.startswith("io.lanectl.")},
+            "containers": [_container(c, tag, now) for c in own],
+        })
+    known = {(lane.recipe.id, lane.name) for lane in catalog.lanes.values()}
+    lease = state.watchdog_lease
+    return {
+        "state_dir": str(directory),
+        "active": state.active,
+        "known_good": list(state.known_good),
+        "watchdog": {
+            "armed": state.watchdog_armed,
+            "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
+                                                 "expired": state.lease_expired(now)},
+        },
+        "unfinished_switch": _unfinished(journal),
+        "journal_problems": journal.tail(200).problems,
+        "lanes": lanes,
+        "unknown_containers": [c.name for c in containers if (c.recipe, c.lane) not in known],
+    }
+
+
+def _unfinished(journal: Journal) -> dict[str, Any] | None:
+    intent = journal.unfinished_intent()
+    if intent is None:
+        return None
+    return {key: intent.get(key) for key in ("switch", "action", "from", "to", "ts", "who", "steps", "done_steps")}
+
+
+def _container(state: ContainerState, tag: str, now: datetime) -> dict[str, Any]:
+    started = state.started_epoch
+    uptime = round(now.timestamp() - started) if state.running and started else None
+    return {
+        "name": state.name,
+        "role": state.role,
+        "status": state.status,
+        "exit_code": state.exit_code,
+        "image": state.image,
+        "current_build": state.image == tag or state.role != ROLE_PRIMARY,
+        "uptime_seconds": uptime,
+        "restarts": state.restart_count,
+    }

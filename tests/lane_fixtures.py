@@ -1,0 +1,97 @@
+"""A lane project on the real engine, shared by the lane tests: the demo recipe under a unique id,
+unique container names and free host ports, with extra lanes that fail their gate in each way.
+Images are built once per session; containers and images are removed at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import REPO
+
+FAULT_LANES = """
+  t-crash:
+    description: crashes while loading (EngineCore failed to start)
+    engine:
+      env: {STUB_FAULT: crash_on_start}
+  t-unhealthy:
+    description: /health answers 503 for ever
+    engine:
+      env: {STUB_FAULT: unhealthy}
+    health:
+      startup_budget_minutes: 0.1
+  t-autotune:
+    description: logs a forbidden line (the 74-minute retune) and stalls
+    engine:
+      env: {STUB_AUTOTUNE_STALL: "1"}
+  t-hang:
+    description: /health 200 but never generates a token
+    engine:
+      env: {STUB_FAULT: hang}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LaneProject:
+    root: Path
+    recipe_id: str
+    prefix: str
+
+    def env(self, state: Path) -> dict[str, str]:
+        environment = {key: value for key, value in os.environ.items() if not key.startswith("LANECTL_")}
+        environment.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(self.root / "recipes"),
+                            "COLUMNS": "200"})
+        return environment
+
+    def cli(self, *args: str, state: Path, check: bool = False, timeout: float = 180,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([sys.executable, "-m", "lanectl", *args], cwd=self.root, capture_output=True,
+                                text=True, timeout=timeout, env={**self.env(state), **(extra_env or {})})
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"lanectl {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def container(self, lane: str, role: str = "primary") -> str:
+        return f"{self.prefix}-{lane}" + ("" if role == "primary" else f"-{role}")
+
+
+def make_lane_project(base: Path) -> LaneProject:
+    unique = uuid.uuid4().hex[:8]
+    root = base / "lanes-project"
+    for part in ("images", "kernels", "patches"):
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "recipes").mkdir()
+    text = (REPO / "recipes" / "demo" / "stub.yaml").read_text()
+    primary_port, rtx_port = free_port(), free_port()
+    text = (text.replace("id: demo-stub", f"id: lt-{unique}")
+            .replace('container: "lanectl-demo-{lane}"', f'container: "lt-{unique}-{{lane}}"')
+            .replace("host: 18000", f"host: {primary_port}").replace("host: 18001", f"host: {rtx_port}")
+            .replace('STUB_LOAD_SECONDS: "2"', 'STUB_LOAD_SECONDS: "0.3"')
+            .replace('STUB_LOAD_SECONDS: "1"', 'STUB_LOAD_SECONDS: "0.2"')
+            .replace("poll_interval_seconds: 0.5", "poll_interval_seconds: 0.2"))
+    assert f"host: {primary_port}" in text and f"lt-{unique}" in text
+    (root / "recipes" / "lanes.yaml").write_text(text.rstrip() + "\n" + FAULT_LANES)
+    return LaneProject(root=root, recipe_id=f"lt-{unique}", prefix=f"lt-{unique}")
+
+
+def remove_everything(project: LaneProject) -> None:
+    import docker
+
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
+        container.remove(force=True)
+    for image in client.images.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
+        client.images.remove(image.id, force=True)
