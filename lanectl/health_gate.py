@@ -46,6 +46,7 @@ FATAL_ENGINE_LINES: tuple[re.Pattern[str], ...] = tuple(
 
 GENERATION_ATTEMPTS = 3
 LOG_TAIL_LINES = 30
+PROBE_ACCESS_LINE = re.compile(r'"(GET|POST) /(health|v1/models|v1/completions) HTTP/[0-9.]+" [0-9]{3}')
 
 STARTUP_LOG_FORBIDDEN = "startup-log-forbidden"
 FATAL_ENGINE_LINE = "fatal-engine-line"
@@ -168,7 +169,9 @@ class HealthGate:
             # last words, so a crash that explains itself is reported by its fatal line, not as a bare exit.
             status = self.container.status()
             lines = self.logs.new_lines()
-            seen.tail.extend(lines)
+            # The gate's own polls fill the engine's access log; keep them out of the tail, where
+            # they would push out the lines that say what went wrong.
+            seen.tail.extend(line for line in lines if not PROBE_ACCESS_LINE.search(line))
             exit_code = None if status.running else status.exit_code
             exited = "" if status.running else f"; container {status.detail}"
             for line in lines:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from lanectl.containers import ContainerSpec, plan_containers
 from lanectl.docker_engine import ContainerEngine, ContainerState, NoGpuRuntime
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.health_gate import ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
+from lanectl.health_gate import PROBE_ACCESS_LINE, ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
 from lanectl.journal import Journal
 from lanectl.lane_state import LaneState, LaneStateStore
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -266,8 +266,9 @@ class LaneSwitcher:
             "check": result.failed_check if result else None,
             "exit_code": (result.exit_code if result and result.exit_code is not None
                           else state.exit_code if state else None),
-            "log_tail": list(result.log_tail) if result else self.engine.logs(lane.container_name(), tail=30)
-            .splitlines(),
+            "log_tail": [line for line in (result.log_tail if result else
+                                           self.engine.logs(lane.container_name(), tail=60).splitlines())
+                         if not PROBE_ACCESS_LINE.search(line)][-30:],
         }
         self.journal.append("diagnostics", switch=switch, lane=lane.name, **diagnostics)
         for step in stop_steps(lane, {s.name: s for s in self.engine.lane_containers()}):

@@ -16,6 +16,10 @@ from pathlib import Path
 from tests.conftest import REPO
 
 FAULT_LANES = """
+  t-spare:
+    description: a third healthy lane
+    engine:
+      env: {STUB_TOKEN_SEED: "7"}
   t-crash:
     description: crashes while loading (EngineCore failed to start)
     engine:

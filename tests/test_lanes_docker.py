@@ -20,7 +20,7 @@ from tests.lane_fixtures import LaneProject, make_lane_project, remove_everythin
 
 pytestmark = pytest.mark.docker
 
-LANES = ["demo-h1", "demo-h2", "t-crash", "t-unhealthy", "t-autotune", "t-hang"]
+LANES = ["demo-h1", "demo-h2", "t-spare", "t-crash", "t-unhealthy", "t-autotune", "t-hang"]
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +283,21 @@ def test_logs_down_and_doctor(lanes, state):
     doctor = json.loads(lanes.cli("doctor", "--json", state=state).stdout)["data"]["findings"]
     assert {f["check"] for f in doctor} >= {"docker engine", "nvidia runtime", "gpus", "state dir", "cron"}
     assert next(f for f in doctor if f["check"] == "docker engine")["severity"] == "ok"
+
+
+def test_stopped_containers_of_only_the_last_few_lanes_are_kept(lanes, state):
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    original = recipe.read_text()
+    try:
+        recipe.write_text(original.replace("keep_stopped_lanes: 3", "keep_stopped_lanes: 1"))
+        for lane in ("demo-h1", "demo-h2", "t-spare"):
+            lanes.cli("up", lane, "--no-gpu", state=state, check=True)
+        data = status(lanes, state)
+        assert lane_row(data, "demo-h1")["containers"] == [], "older than the last lane kept"
+        assert [c["status"] for c in lane_row(data, "demo-h2")["containers"]] == ["exited", "exited"]
+        assert serving(lanes, data, "t-spare")
+        images = {tag for image in docker.from_env().images.list(
+            filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"}) for tag in image.tags}
+        assert lane_row(data, "demo-h1")["image"] in images, "images are never pruned"
+    finally:
+        recipe.write_text(original)

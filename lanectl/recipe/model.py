@@ -23,7 +23,10 @@ PORT = Annotated[int, Field(ge=1, le=65535)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
-SECRET_LOOKING = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|WEBHOOK)(_|$)", re.IGNORECASE)
+SECRET_LOOKING = re.compile(
+    r"(^|_)SECRET(_|$)|(^|_)(TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|WEBHOOK|WEBHOOK_URL|CREDENTIALS?)$",
+    re.IGNORECASE,
+)
 
 
 def _env_name(name: str) -> str:

@@ -1,0 +1,66 @@
+"""The Docker engine restarted between two lanectl commands (a host reboot, a dockerd upgrade).
+
+Restarts the real dockerd of this machine, as CI runs it (scripts/setup-host.sh): root only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import docker
+import pytest
+
+from tests.lane_fixtures import make_lane_project, remove_everything
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("dockerd") is None,
+                       reason="restarting the engine needs root and a dockerd this test may restart"),
+]
+
+
+def restart_dockerd() -> None:
+    pids = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    assert len(pids) == 1, f"expected one dockerd, found {pids}"
+    subprocess.run(["kill", "-TERM", pids[0]], check=True)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "dockerd did not stop"
+        time.sleep(0.2)
+    environment = {**os.environ, "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}
+    with open("/var/log/lanectl-dockerd.log", "ab") as log:
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, env=environment, start_new_session=True)
+    while True:
+        if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+            return
+        assert time.monotonic() < deadline + 60, "dockerd did not come back"
+        time.sleep(0.3)
+
+
+def test_lanes_survive_an_engine_restart_between_commands(tmp_path):
+    lanes = make_lane_project(tmp_path)
+    state = tmp_path / "state"
+    try:
+        lanes.cli("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
+        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        lanes.cli("up", "demo-h2", "--no-gpu", state=state, check=True)
+        restart_dockerd()
+        data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+        row = next(r for r in data["lanes"] if r["lane"] == "demo-h2")
+        assert row["active"] and row["health"] is None
+        assert {c["status"] for c in row["containers"]} == {"exited"}, "no restart policy: the engine stopped it"
+
+        again = lanes.cli("up", "demo-h2", "--no-gpu", state=state)
+        assert again.returncode == 0, again.stderr
+        assert "start " + lanes.container("demo-h2") in again.stderr
+        back = lanes.cli("rollback", "--no-gpu", state=state)
+        assert back.returncode == 0, back.stderr
+        data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+        assert next(r for r in data["lanes"] if r["lane"] == "demo-h1")["health"] == "ok"
+    finally:
+        docker.from_env().ping()
+        remove_everything(lanes)
