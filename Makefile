@@ -26,6 +26,7 @@ lint:
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/lanes.py
 
 # Removes every image lanectl built (not the base images).
 clean-images:

@@ -7,6 +7,7 @@ value can start a new instruction.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -79,7 +80,9 @@ def env_value(value: str) -> str:
     return f'"{escaped}"'
 
 
+@functools.lru_cache(maxsize=8)
 def _environment(images_dir: Path) -> SandboxedEnvironment:
+    """One environment per images folder: it caches compiled templates (re-read when a file changes)."""
     env = SandboxedEnvironment(
         loader=FileSystemLoader(str(images_dir)),
         undefined=StrictUndefined,

@@ -1,0 +1,131 @@
+"""Figures for lanes (issue: Lanes), each against the raw Docker sequence measured in the same run.
+
+  switch: `lanectl up B` from A  vs  stop A (companion, primary); start B (primary, companion);
+          poll B's /health at the recipe's poll interval until 200
+  rollback to kept containers  vs  the same raw sequence back
+  status: `lanectl status`  vs  `docker ps`
+Both the library call (what lanectl adds) and the CLI (what an operator waits for, Python
+start-up and imports included) are shown.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lanectl.docker_engine import ContainerEngine  # noqa: E402
+from lanectl.journal import Journal  # noqa: E402
+from lanectl.lane_state import LaneStateStore  # noqa: E402
+from lanectl.project import Project  # noqa: E402
+from lanectl.recipe.catalog import load_catalog  # noqa: E402
+from lanectl.switching import LaneSwitcher  # noqa: E402
+from tests.lane_fixtures import make_lane_project, remove_everything  # noqa: E402
+
+REPEAT = 3
+
+
+class Quiet:
+    def step(self, text: str) -> None: ...
+
+    def gate(self, progress: object) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+def raw_switch(client: docker.DockerClient, stop: list[str], start: list[str], url: str, interval: float) -> float:
+    started = time.perf_counter()
+    for name in stop:
+        client.api.stop(name, timeout=10)
+    for name in start:
+        client.api.start(name)
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return time.perf_counter() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def main() -> int:
+    client = docker.from_env()
+    with tempfile.TemporaryDirectory(prefix="lanectl-bench-lanes-") as tmp:
+        lanes = make_lane_project(Path(tmp))
+        state = Path(tmp) / "state"
+        try:
+            lanes.cli("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
+            os.environ["LANECTL_STATE_DIR"] = str(state)
+            catalog = load_catalog(Project.locate(lanes.root / "recipes"))
+            a, b = catalog.lane("demo-h1"), catalog.lane("demo-h2")
+            state.mkdir(parents=True, exist_ok=True)
+            switcher = LaneSwitcher(catalog, ContainerEngine(), Journal(state / "journal.jsonl"),
+                                    LaneStateStore(state / "state.json"), reporter=Quiet(), no_gpu=True)
+            assert switcher.up(a).result == "ok" and switcher.up(b).result == "ok"  # both lanes' containers exist
+            interval = b.spec.health.poll_interval_seconds
+            url = f"http://127.0.0.1:{b.spec.engine.ports[0].published}/health"
+
+            def names(lane):
+                return [lane.container_name(role) for role in lane.roles]
+
+            ours, raw, cli, rollback_cli = [], [], [], []
+            for _ in range(REPEAT):
+                # b is serving: library switch to a, raw back to b, CLI to a, raw back to b.
+                started = time.perf_counter()
+                assert switcher.up(a).result == "ok"
+                ours.append(time.perf_counter() - started)
+                raw.append(raw_switch(client, names(a)[::-1], names(b), url, interval))
+                switcher.states.update(lambda s: s.with_active("demo-h2"))
+                started = time.perf_counter()
+                lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+                cli.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                lanes.cli("rollback", "--no-gpu", state=state, check=True)
+                rollback_cli.append(time.perf_counter() - started)
+            raw_back = [raw_switch(client, names(b)[::-1], names(a), url, interval) for _ in range(1)]
+            switcher.states.update(lambda s: s.with_active("demo-h1"))
+
+            def line(label: str, ours_s: float, raw_s: float) -> str:
+                return (f"{label:<38} lanectl {ours_s:6.2f} s   raw docker {raw_s:6.2f} s   "
+                        f"ratio {ours_s / raw_s:5.2f}x   overhead {1000 * (ours_s - raw_s):+7.0f} ms")
+
+            print(f"switch A->B, {REPEAT} runs each, medians (poll interval {interval} s, stub load 0.3 s):")
+            print(line("  library call LaneSwitcher.up", median(ours), median(raw)))
+            print(line("  CLI `lanectl up`", median(cli), median(raw)))
+            print(line("  CLI `lanectl rollback` (kept)", median(rollback_cli), median(raw + raw_back)))
+
+            status_runs, ps_runs = [], []
+            for _ in range(5):
+                started = time.perf_counter()
+                lanes.cli("status", state=state, check=True)
+                status_runs.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                subprocess.run(["docker", "ps"], capture_output=True, check=True)
+                ps_runs.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import lanectl.cli, lanectl.commands.status"], check=True)
+            imports = time.perf_counter() - started
+            print(f"status: `lanectl status` {median(status_runs) * 1000:6.0f} ms   `docker ps` "
+                  f"{median(ps_runs) * 1000:5.0f} ms   ratio {median(status_runs) / median(ps_runs):5.1f}x   "
+                  f"(Python start-up + imports alone: {imports * 1000:.0f} ms; target 300 ms)")
+        finally:
+            remove_everything(lanes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
