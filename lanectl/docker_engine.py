@@ -170,7 +170,14 @@ class ContainerEngine(DockerEngine):
         label = f"io.lanectl.recipe={recipe}" if recipe else "io.lanectl.lane"
         raw = self.client.api.containers(all=True, filters={"label": label})
         # One inspect per container: `containers()` lacks exit code, start time and restart count.
-        return [self._state(self.client.api.inspect_container(item["Id"])) for item in raw]
+        # A container removed between the list and its inspect (by an operator, another tool) is gone.
+        states = []
+        for item in raw:
+            try:
+                states.append(self._state(self.client.api.inspect_container(item["Id"])))
+            except docker.errors.NotFound:
+                continue
+        return states
 
     def container(self, name: str) -> ContainerState | None:
         try:

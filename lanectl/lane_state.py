@@ -10,8 +10,6 @@ Load, change and save (`update`) is not atomic between processes: callers hold t
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
@@ -20,7 +18,7 @@ from typing import Any
 
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.journal import utc_now, utc_timestamp
-from lanectl.state_dir import create_state_dir, fsync_directory
+from lanectl.state_dir import write_atomically
 
 STATE_VERSION = 1
 
@@ -133,28 +131,10 @@ class LaneStateStore:
         stamped = replace(state, updated=utc_timestamp(self.now()))
         text = json.dumps(asdict(stamped), indent=2) + "\n"
         try:
-            self._replace_atomically(text.encode())
+            write_atomically(self.path, text.encode())
         except OSError as exc:
             raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc
         return stamped
-
-    def _replace_atomically(self, content: bytes) -> None:
-        directory = self.path.parent
-        create_state_dir(directory)
-        fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            try:
-                view = memoryview(content)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)  # the contents must be on disk before the rename makes them the state
-            finally:
-                os.close(fd)
-            os.replace(temp_name, self.path)
-        except BaseException:
-            Path(temp_name).unlink(missing_ok=True)
-            raise
-        fsync_directory(directory)
 
 
 def _state_from_json(data: dict[str, Any]) -> LaneState:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 SYSTEM_STATE_DIR = Path("/var/lib/lanectl")
@@ -43,3 +44,26 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomically(path: Path, content: bytes) -> None:
+    """Replace `path` whole: a reader, or the next command after a crash, sees the old or the new file.
+
+    Temp file in the same folder, fsync, rename over, fsync the folder.
+    """
+    directory = path.parent
+    create_state_dir(directory)
+    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)  # the contents must be on disk before the rename makes them the state
+        finally:
+            os.close(fd)
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    fsync_directory(directory)

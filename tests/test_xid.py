@@ -1,0 +1,179 @@
+"""Xid lines as drivers print them (kernel_rc.c's format strings) and as they were reported in public issues."""
+
+from __future__ import annotations
+
+import pytest
+
+from lanectl.xid import (
+    DEFAULT_APPLICATION_CODES,
+    DEFAULT_HARDWARE_CODES,
+    XID_DESCRIPTIONS,
+    XidClass,
+    XidEvent,
+    classify,
+    parse_xid,
+)
+
+MMU_FAULT = (
+    "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. "
+    "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE"
+)
+
+
+def event(line: str, **fields: object) -> XidEvent:
+    values: dict[str, object] = dict(
+        pci=None, gpu_instance=None, compute_instance=None, pid=None, process=None, line=line, cursor=""
+    )
+    values.update(fields)
+    return XidEvent(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        pytest.param(
+            "NVRM: Xid (PCI:0000:01:00): 31, pid=1234, name=python3, " + MMU_FAULT,
+            dict(code=31, pci="0000:01:00", pid=1234, process="python3", message=MMU_FAULT),
+            id="current driver, with process",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:01:00 GPU-I:05 GPU-CI:00): 43, pid=2001, name=pt_main_thread, Ch 00000008",
+            dict(
+                code=43,
+                pci="0000:01:00",
+                gpu_instance=5,
+                compute_instance=0,
+                pid=2001,
+                process="pt_main_thread",
+                message="Ch 00000008",
+            ),
+            id="MIG: GPU and compute instance",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:81:00 GPU-I:13): 31, pid=77, name=python3, Ch 00000001",
+            dict(code=31, pci="0000:81:00", gpu_instance=13, pid=77, process="python3", message="Ch 00000001"),
+            id="MIG: GPU instance only",
+        ),
+        pytest.param(
+            "NVRM: Xid (0000:01:00): 79, GPU has fallen off the bus.",
+            dict(code=79, pci="0000:01:00", message="GPU has fallen off the bus."),
+            id="old driver: no PCI: and no process",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:c1:00): 79, GPU has fallen off the bus.",
+            dict(code=79, pci="0000:c1:00", message="GPU has fallen off the bus."),
+            id="no process",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000000 intr 00004000",
+            dict(code=32, pci="0000:01:00", message="Channel ID 00000000 intr 00004000"),
+            id="Bumblebee#677 (2015)",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No",
+            dict(code=94, pci="0000:00:08", message="Contained: SM (0x1). RST: No, D-RST: No"),
+            id="unknown pid and name (akash-network/support#244)",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
+            dict(
+                code=45,
+                pci="0000:dc:00",
+                pid=1818990,
+                process="python3",
+                message="Ch 00000001 caused by previous Xid 149",
+            ),
+            id="preemptive cleanup with root cause (open-gpu-kernel-modules#1150)",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, "
+            "errorString CTX SWITCH TIMEOUT, Info 0x58005",
+            dict(
+                code=109,
+                pci="0000:cb:00",
+                pid=1797828,
+                process="pt_main_thread",
+                message="Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005",
+            ),
+            id="leptonai/gpud#46",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:0000:01:00): 13, pid=42, name=python3, ",
+            dict(code=13, pci="0000:01:00", pid=42, process="python3", message=""),
+            id="empty message",
+        ),
+        pytest.param(
+            "NVRM: Xid (PCI:10000:01:00): 48, An uncorrectable double bit error (DBE) has been detected on GPU.",
+            dict(
+                code=48, pci="10000:01:00", message="An uncorrectable double bit error (DBE) has been detected on GPU."
+            ),
+            id="five-digit PCI domain",
+        ),
+    ],
+)
+def test_parse_xid_forms(line: str, expected: dict[str, object]) -> None:
+    assert parse_xid(line, "c1") == event(line, cursor="c1", **expected)
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        pytest.param("", id="bare (/dev/kmsg)"),
+        pytest.param("[12345.678901] ", id="dmesg"),
+        pytest.param("[Mon Aug  5 03:54:13 2024] ", id="dmesg -T"),
+        pytest.param("kernel: ", id="kernel:"),
+        pytest.param("Apr 29 19:24:11 gpu-1 kernel: [ 1843.308145] ", id="syslog kern.log"),
+        pytest.param("2024-08-05T03:54:13.123456+00:00 gpu-1 kernel: ", id="rsyslog ISO timestamp"),
+    ],
+)
+def test_parse_xid_ignores_log_prefixes(prefix: str) -> None:
+    line = prefix + "NVRM: Xid (PCI:0000:00:07): 31, pid=2512125, name=python3.10, " + MMU_FAULT
+    assert parse_xid(line + "\n") == event(
+        line, code=31, pci="0000:00:07", pid=2512125, process="python3.10", message=MMU_FAULT
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "NVRM: GPU at PCI:0000:00:05: GPU-efbdfde9-5798-a6e7-4c46-12518fa15375",
+        "NVRM: GPU Board Serial Number: 1650423013443",
+        "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024",
+        "NVRM: GPU at 0000:01:00.0 has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:01:00): thirty-one, pid=1, name=x, y",
+        "nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing",
+        "docker0: port 1(veth2d84eb1) entered disabled state",
+        "NVRM Xid (PCI:0000:01:00): 31, pid=1, name=x, y",
+    ],
+)
+def test_parse_xid_rejects_other_lines(line: str) -> None:
+    assert parse_xid(line) is None
+
+
+def test_default_classification() -> None:
+    def classes(codes: list[int]) -> list[XidClass]:
+        return [classify(event("", code=code, message="")) for code in codes]
+
+    assert classes([13, 31, 43, 45, 109]) == [XidClass.APPLICATION] * 5
+    assert classes([48, 64, 74, 79, 95, 119, 120]) == [XidClass.HARDWARE] * 7
+    assert classes([32, 63, 92, 94, 149]) == [XidClass.UNKNOWN] * 5
+    assert DEFAULT_APPLICATION_CODES == {13, 31, 43, 45, 109}
+    assert DEFAULT_HARDWARE_CODES == {48, 64, 74, 79, 95, 119, 120}
+
+
+def test_custom_classification() -> None:
+    xid_94 = event("", code=94, message="")
+    xid_13 = event("", code=13, message="")
+    assert classify(xid_94, [13], [94]) == XidClass.HARDWARE
+    assert classify(xid_94, [94], [79]) == XidClass.APPLICATION
+    assert classify(xid_13, [31], [79]) == XidClass.UNKNOWN
+    assert classify(xid_13, [], []) == XidClass.UNKNOWN
+    assert classify(xid_13, [13], [13]) == XidClass.HARDWARE
+
+
+def test_descriptions() -> None:
+    assert sorted(XID_DESCRIPTIONS) == [13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 109, 119, 120]
+    assert XID_DESCRIPTIONS[79] == "GPU has fallen off the bus"
+    assert event("", code=119, message="").description == "GSP RPC timeout"
+    assert event("", code=149, message="").description == "unlisted Xid"
