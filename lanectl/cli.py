@@ -26,6 +26,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Run GPU LLM serving lanes safely: recipes to images, switches, rollback, watchdog.")
 patches_app = typer.Typer(no_args_is_help=True, help="Backported patches and the upstream source they target.")
 app.add_typer(patches_app, name="patches")
+watchdog_app = typer.Typer(no_args_is_help=True, help="The health watchdog of the active lane.")
+app.add_typer(watchdog_app, name="watchdog")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -400,6 +402,124 @@ def doctor(as_json: JsonOption = False) -> None:
                 out.print(f"      fix: {f.fix}", highlight=False)
     if any(f.severity == "error" for f in findings):
         raise typer.Exit(EXIT_FAILED)
+
+
+KernelLogOption = Annotated[str | None, typer.Option(
+    "--kernel-log", help="Where Xid lines come from: kmsg (default), file:/var/log/kern.log or 'cmd:dmesg'. "
+                         "Default: $LANECTL_KERNEL_LOG, else kmsg.")]
+
+
+def _watchdog(kernel_log: str | None = None, *, need_engine: bool = True):  # type: ignore[no-untyped-def]
+    import os
+
+    from lanectl.commands.watchdog import open_watchdog
+
+    spec = kernel_log or os.environ.get("LANECTL_KERNEL_LOG")
+    return open_watchdog(catalog(), spec, explicit=spec is not None, reporter=ConsoleReporter(err),
+                         need_engine=need_engine)
+
+
+@watchdog_app.command("check")
+def watchdog_check(kernel_log: KernelLogOption = None, as_json: JsonOption = False) -> None:
+    """One pass, for cron: exit 0 healthy, 1 acted or unhealthy, 2 misconfigured."""
+    watchdog = _watchdog(kernel_log)
+    result = watchdog.check()
+    if as_json:
+        emit_json("watchdog.check", result.as_dict())
+    else:
+        line = f"{result.lane or '-'}: {result.action}: {result.reason}"
+        out.print(line + (f" -> {result.outcome}" if result.outcome else ""), markup=False, highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+@watchdog_app.command("run")
+def watchdog_run(kernel_log: KernelLogOption = None) -> None:
+    """Long-running and event-driven (Docker events, kernel log, probe interval): for a service manager."""
+    import threading
+
+    watchdog = _watchdog(kernel_log)
+    stop = threading.Event()
+
+    def show(result, why: str) -> None:  # type: ignore[no-untyped-def]
+        if result.exit_code != 0 or why != "interval":
+            err.print(f"[{why}] {result.lane or '-'}: {result.action}: {result.reason}"
+                      + (f" -> {result.outcome}" if result.outcome else ""), markup=False, highlight=False)
+
+    try:
+        watchdog.run(stop, on_pass=show)
+    except (KeyboardInterrupt, SystemExit):
+        stop.set()
+
+
+@watchdog_app.command("arm")
+def watchdog_arm() -> None:
+    """Arm the watchdog now (ends any maintenance lease)."""
+    _watchdog(need_engine=False).arm()
+    out.print("armed")
+
+
+@watchdog_app.command("rearm")
+def watchdog_rearm() -> None:
+    """For cron: re-arm only when the maintenance lease has expired; idempotent."""
+    _, message = _watchdog(need_engine=False).rearm()
+    out.print(message, markup=False)
+
+
+@watchdog_app.command("disarm")
+def watchdog_disarm(
+    duration: Annotated[str, typer.Option("--for", help="How long, e.g. 2h; the lease ends on its own.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why, for the journal and status.")],
+) -> None:
+    """Observe and record only, until the lease ends (or `watchdog arm`)."""
+    from lanectl.durations import parse_duration
+    from lanectl.journal import current_user_at_host
+
+    state = _watchdog(need_engine=False).disarm(parse_duration(duration, option="--for"), reason,
+                                                current_user_at_host())
+    lease = state.watchdog_lease
+    out.print(f"disarmed until {lease.until if lease else '?'} ({reason})", markup=False)
+
+
+@watchdog_app.command("status")
+def watchdog_status(as_json: JsonOption = False) -> None:
+    """Armed?, lease, last pass, last action, heartbeat age, counters."""
+    from lanectl.commands.watchdog import watchdog_status as status_data
+
+    data = status_data()
+    if as_json:
+        emit_json("watchdog.status", data)
+        return
+    lease = data["lease"]
+    out.print(f"watchdog: {'armed' if data['armed'] else 'disarmed'}"
+              + (f"; lease until {lease['until']} ({lease['reason']}, by {lease['by']})" if lease else ""),
+              markup=False)
+    out.print(f"active lane: {data['active'] or '-'}", markup=False)
+    age = data["heartbeat_age_seconds"]
+    out.print(f"last pass: {data['last_pass'] or 'never'} ({data['last_pass_result'] or '-'}); heartbeat "
+              + (f"{age:.0f} s ago" if age is not None else "never"), markup=False)
+    if data["last_action"]:
+        action = data["last_action"]
+        out.print(f"last action: {action['ts']} {action['action']}: {action['reason']} -> {action['outcome']}",
+                  markup=False)
+    out.print(f"restarts: {data['restarts_total'] or 0}; rollbacks: {data['rollbacks_total']}; "
+              f"Xid: {data['xid_total'] or 0} (hardware {data['xid_hardware_total']})", markup=False)
+    for problem in data["problems"]:
+        err.print(problem, markup=False)
+
+
+@watchdog_app.command("install")
+def watchdog_install(
+    cron: Annotated[bool, typer.Option("--cron", help="Write /etc/cron.d/lanectl.")] = False,
+    systemd: Annotated[bool, typer.Option("--systemd", help="Write a systemd service for `watchdog run`.")] = False,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Write the cron file or systemd unit from the watchdog/ templates and say what was written."""
+    from lanectl.commands.watchdog import install_units
+
+    if cron == systemd:
+        raise typer.BadParameter("choose --cron or --systemd")
+    for message in install_units(cron=cron, dry_run=dry_run, recipes_dir=Project.locate(state.recipes).recipes_dir):
+        out.print(message, markup=False)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -168,6 +168,46 @@ class LaneSwitcher:
         target = to or rollback_target(self.catalog, state)
         return self.up(target, why=f"rollback from {state.active or 'no active lane'}")
 
+    def restart(self, lane: Lane, *, before_start: Callable[[], str] = lambda: "") -> SwitchOutcome:
+        """The watchdog's restart: stop the lane, let `before_start` wait (GPU memory), start it, gate it.
+
+        Uses the images the containers already run: a restart repairs, it does not upgrade. A lane
+        that fails its gate after a restart is stopped again, so the next watchdog pass counts it.
+        """
+        self.reconcile()
+        observed = {s.name: s for s in self.engine.lane_containers()}
+        primary = observed.get(lane.container_name())
+        tag = primary.image if primary is not None else built_tag(self.engine, lane)
+        stops = stop_steps(lane, observed)
+        stopped = {name: _as_stopped(state) for name, state in observed.items()}
+        steps = [*stops, *bring_up_steps(lane, tag, stopped), Step("gate", lane.name)]
+        intent = self.journal.record_intent(action="restart", from_lane=lane.name, to_lane=lane.name,
+                                            why="watchdog restart", steps=[s.key for s in steps])
+        switch = intent["switch"]
+        result: GateResult | None = None
+        failure = None
+        try:
+            for step in stops:
+                self._execute(switch, step, lane)
+            waited = before_start()
+            if waited:
+                self.journal.record_step(switch, "gpu-memory", waited)
+                self.reporter.note(waited)
+            for step in steps[len(stops):]:
+                result = self._execute(switch, step, lane, tag=tag)
+        except Exception as exc:  # the lane must not be left half-started
+            failure = f"{type(exc).__name__}: {exc}"
+        if failure is None and result is not None and result.passed:
+            self.journal.record_outcome(switch, "ok", f"{lane.name} restarted and passed its gate")
+            return SwitchOutcome("ok", f"{lane.name} restarted and passed its gate", lane.name)
+        if failure is None and result is not None:
+            failure = f"{lane.name} failed its health gate after the restart ({result.failed_check}): {result.detail}"
+        for step in stop_steps(lane, {s.name: s for s in self.engine.lane_containers()}):
+            self._execute(switch, step, lane)
+        message = f"{failure}; {lane.name} is stopped"
+        self.journal.record_outcome(switch, "failed", message)
+        return SwitchOutcome("failed", message, None)
+
     def down(self, lane: Lane) -> SwitchOutcome:
         self.reconcile()
         observed = {s.name: s for s in self.engine.lane_containers()}
@@ -381,6 +421,12 @@ class LaneSwitcher:
                 continue
             self.engine.remove(container.name)
             self.reporter.note(f"removed {container.name}: older than the last {keep} lanes kept for rollback")
+
+
+def _as_stopped(state: ContainerState) -> ContainerState:
+    from dataclasses import replace
+
+    return replace(state, status="exited")
 
 
 def _who() -> str:

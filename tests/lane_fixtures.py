@@ -20,6 +20,16 @@ FAULT_LANES = """
     description: a third healthy lane
     engine:
       env: {STUB_TOKEN_SEED: "7"}
+  t-crashloop:
+    description: passes its gate, then crashes 3 s after every start
+    engine:
+      env: {STUB_FAULT: crash, STUB_FAULT_AFTER_S: "3"}
+  t-slow:
+    description: takes 8 s to load, inside a 30 s budget
+    engine:
+      env: {STUB_FAULT: slow_start, STUB_SLOW_START_SECONDS: "8"}
+    health:
+      startup_budget_minutes: 0.5
   t-crash:
     description: crashes while loading (EngineCore failed to start)
     engine:
@@ -85,7 +95,13 @@ def make_lane_project(base: Path) -> LaneProject:
             .replace("host: 18000", f"host: {primary_port}").replace("host: 18001", f"host: {rtx_port}")
             .replace('STUB_LOAD_SECONDS: "2"', 'STUB_LOAD_SECONDS: "0.3"')
             .replace('STUB_LOAD_SECONDS: "1"', 'STUB_LOAD_SECONDS: "0.2"')
-            .replace("poll_interval_seconds: 0.5", "poll_interval_seconds: 0.2"))
+            .replace("poll_interval_seconds: 0.5", "poll_interval_seconds: 0.2")
+            # The watchdog tests drive faults through the stub's admin endpoint, probe generation on
+            # every pass, and restart without backoff waits, at most twice before a rollback.
+            .replace('STUB_DECODE_TOKENS_PER_S: "100"', 'STUB_DECODE_TOKENS_PER_S: "100"\n      STUB_ADMIN: "1"')
+            .replace("interval_seconds: 10", "interval_seconds: 0.1")
+            .replace("max_restarts: 3", "max_restarts: 2")
+            .replace("backoff_initial_seconds: 1", "backoff_initial_seconds: 0"))
     assert f"host: {primary_port}" in text and f"lt-{unique}" in text
     (root / "recipes" / "lanes.yaml").write_text(text.rstrip() + "\n" + FAULT_LANES)
     return LaneProject(root=root, recipe_id=f"lt-{unique}", prefix=f"lt-{unique}")

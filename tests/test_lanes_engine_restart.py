@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import docker
@@ -62,5 +63,38 @@ def test_lanes_survive_an_engine_restart_between_commands(tmp_path):
         data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
         assert next(r for r in data["lanes"] if r["lane"] == "demo-h1")["health"] == "ok"
     finally:
+        docker.from_env().ping()
+        remove_everything(lanes)
+
+
+def test_watchdog_run_survives_an_engine_restart_and_brings_the_lane_back(tmp_path):
+    lanes = make_lane_project(tmp_path)
+    state = tmp_path / "state"
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    run = None
+    try:
+        lanes.cli("build", "demo-h1", state=state, check=True, timeout=600)
+        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
+                                f"file:{kernel_log}"], cwd=lanes.root, env=lanes.env(state),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        restart_dockerd()  # the engine stops the lane's containers (no restart policy)
+        deadline = time.monotonic() + 90
+        restarted = False
+        while time.monotonic() < deadline and not restarted:
+            time.sleep(0.5)
+            status = lanes.cli("watchdog", "status", "--json", state=state)
+            if status.returncode == 0:
+                restarted = bool(json.loads(status.stdout)["data"]["restarts_total"].get("demo-h1"))
+        assert run.poll() is None, "the watchdog must outlive the engine restart"
+        assert restarted, "the watchdog did not bring the lane back after the engine restart"
+        data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+        assert next(r for r in data["lanes"] if r["lane"] == "demo-h1")["health"] == "ok"
+    finally:
+        if run is not None:
+            run.terminate()
+            run.communicate(timeout=30)
         docker.from_env().ping()
         remove_everything(lanes)

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lanectl.errors import LanectlError
+from lanectl.lane_state import LaneStateStore
+from lanectl.recipe.catalog import Catalog
+from lanectl.state_dir import create_state_dir, state_dir
+from lanectl.switching import Reporter
+from lanectl.watchdog_runner import Watchdog
+from lanectl.watchdog_state import WatchdogStateStore
+
+
+def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bool, reporter: Reporter,
+                  need_engine: bool = True) -> Watchdog:
+    """The default kernel log (/dev/kmsg) needs root: without it the watchdog still watches the
+    lane and says that Xid lines are not read; a source the user named must work (exit 2 if not)."""
+    from lanectl.kernel_log import open_kernel_log
+
+    directory = state_dir()
+    create_state_dir(directory)
+    kernel_log, problem = None, None
+    try:
+        kernel_log = open_kernel_log(kernel_log_spec or "kmsg")
+        kernel_log.read_new(None)  # fails now, not in the middle of a pass, when it cannot be read
+    except LanectlError as exc:
+        if explicit:
+            raise
+        kernel_log, problem = None, f"Xid lines are not read: {exc}"
+    engine: Any = None
+    if need_engine:
+        from lanectl.docker_engine import ContainerEngine
+
+        engine = ContainerEngine()
+    watchdog = Watchdog(catalog, directory, engine=engine, reporter=reporter, kernel_log=kernel_log,
+                        kernel_log_problem=problem)
+    if problem:
+        reporter.note(problem)
+    return watchdog
+
+
+def watchdog_status() -> dict[str, Any]:
+    directory = state_dir()
+    state = LaneStateStore(directory / "state.json").load()
+    memory_store = WatchdogStateStore(directory / "watchdog.json")
+    record = memory_store.load()
+    now = datetime.now(UTC)
+    heartbeat_age = None
+    if record.heartbeat:
+        heartbeat_age = round(now.timestamp() - datetime.fromisoformat(record.heartbeat).timestamp(), 1)
+    lease = state.watchdog_lease
+    return {
+        "armed": state.watchdog_armed or state.lease_expired(now),
+        "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
+                                             "expired": state.lease_expired(now)},
+        "active": state.active,
+        "last_pass": record.last_pass,
+        "last_pass_result": record.last_pass_result,
+        "last_pass_seconds": record.last_pass_seconds,
+        "last_action": record.last_action,
+        "heartbeat": record.heartbeat,
+        "heartbeat_age_seconds": heartbeat_age,
+        "consecutive_failures": record.memory.consecutive_failures,
+        "restarts_in_window": list(record.memory.restarts),
+        "restarts_total": record.restarts_total,
+        "rollbacks_total": record.rollbacks_total,
+        "xid_total": record.xid_total,
+        "xid_hardware_total": record.xid_hardware_total,
+        "problems": [p for p in (memory_store.problem,) if p],
+    }
+
+
+def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = Path("/")) -> list[str]:
+    """The units carry where the state and the recipes are, so cron's bare environment finds them."""
+    import os
+
+    from lanectl.watchdog_install import install, render_cron, render_systemd, running_lanectl_command
+
+    environ = {**os.environ, "LANECTL_STATE_DIR": str(state_dir()), "LANECTL_RECIPES": str(recipes_dir)}
+    command = running_lanectl_command()
+    unit = render_cron(command, environ) if cron else render_systemd(command, environ)
+    messages = install([unit], dry_run=dry_run, root=root)
+    if dry_run:
+        messages += [f"--- {unit.path} ---", unit.content.rstrip("\n")]
+    elif not cron:
+        messages.append("now: systemctl daemon-reload && systemctl enable --now lanectl-watchdog")
+    return messages

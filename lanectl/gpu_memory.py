@@ -1,0 +1,52 @@
+"""Waiting for a crashed engine's GPU memory to be released before relaunching onto the GPU.
+
+On unified-memory boxes each crash/restart cycle can leak GPU memory until the box needs a
+reset (eugr/spark-vllm-docker#257): relaunching while the old allocation is still held makes it
+worse. Without nvidia-smi there is nothing to ask; the wait is skipped and the journal says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+
+# What a GPU holds with no process on it (driver, display); above this, memory is still in use.
+RELEASED_BELOW_MIB = 1024
+
+
+def used_mib(device_ids: list[str] | None) -> dict[str, int] | None:
+    """Used memory per GPU index, or None when nvidia-smi is not there to ask."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    command = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+    if device_ids:
+        command += ["-i", ",".join(device_ids)]
+    answer = subprocess.run(command, capture_output=True, text=True, timeout=15)
+    if answer.returncode != 0:
+        return None
+    usage = {}
+    for line in answer.stdout.strip().splitlines():
+        index, _, used = line.partition(",")
+        usage[index.strip()] = int(float(used.strip()))
+    return usage
+
+
+def wait_for_release(device_ids: list[str] | None, timeout_seconds: float, *,
+                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                     query: Callable[[list[str] | None], dict[str, int] | None] = used_mib) -> str:
+    """Wait until every GPU of the lane holds less than RELEASED_BELOW_MIB; returns what happened, for the journal."""
+    if timeout_seconds <= 0:
+        return "not waiting for GPU memory release (timeout 0 in the recipe)"
+    started = clock()
+    while True:
+        usage = query(device_ids)
+        if usage is None:
+            return "nvidia-smi not found: cannot tell whether GPU memory was released; not waiting"
+        held = {gpu: mib for gpu, mib in usage.items() if mib >= RELEASED_BELOW_MIB}
+        if not held:
+            return f"GPU memory released after {clock() - started:.0f} s"
+        if clock() - started >= timeout_seconds:
+            return f"GPU memory still held after {timeout_seconds:.0f} s ({held} MiB); relaunching anyway"
+        sleep(2.0)

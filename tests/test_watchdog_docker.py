@@ -1,0 +1,247 @@
+"""The watchdog against real stub-engine lanes on the real engine, faults injected for real:
+a killed container, the stub's admin endpoint (hang, fatal line, crash), Xid lines through the
+real /dev/kmsg, and alerts received by a real local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from tests.lane_fixtures import LaneProject, make_lane_project, remove_everything
+
+pytestmark = pytest.mark.docker
+
+LANES = ["demo-h1", "demo-h2", "t-crashloop", "t-slow"]
+KMSG_WRITABLE = os.access("/dev/kmsg", os.W_OK)
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory):
+    project = make_lane_project(tmp_path_factory.mktemp("watchdog"))
+    project.cli("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
+    yield project
+    remove_everything(project)
+
+
+class AlertSink:
+    """A webhook receiver on loopback that records what it is sent."""
+
+    def __init__(self) -> None:
+        received: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("Content-Length", 0))
+                received.append(json.loads(self.rfile.read(length)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.received = received
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T000/SECRET-TOKEN"
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def sink():
+    receiver = AlertSink()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture
+def state(lanes: LaneProject, tmp_path: Path):
+    yield tmp_path / "state"
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"}):
+        container.remove(force=True)
+
+
+def check(lanes: LaneProject, state: Path, sink: AlertSink | None = None, kernel_log: str = "") -> dict:
+    env = {"LANECTL_ALERT_WEBHOOK": sink.url} if sink else {}
+    if kernel_log:
+        env["LANECTL_KERNEL_LOG"] = kernel_log
+    result = lanes.cli("watchdog", "check", "--json", state=state, extra_env=env)
+    assert result.returncode in (0, 1), result.stderr
+    data = json.loads(result.stdout)["data"]
+    assert data["exit_code"] == result.returncode
+    return data
+
+
+def admin(lanes: LaneProject, fault: str) -> None:
+    recipe = (lanes.root / "recipes" / "lanes.yaml").read_text()
+    port = int(recipe.split("host: ", 1)[1].split(",", 1)[0])
+    httpx.post(f"http://127.0.0.1:{port}/admin/fault", json={"fault": fault}, timeout=5).raise_for_status()
+
+
+def primary_running(lanes: LaneProject, lane: str) -> bool:
+    return docker.from_env().containers.get(lanes.container(lane)).status == "running"
+
+
+def watchdog_status(lanes: LaneProject, state: Path) -> dict:
+    return json.loads(lanes.cli("watchdog", "status", "--json", state=state, check=True).stdout)["data"]
+
+
+def empty_kernel_log(tmp_path: Path) -> str:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    return f"file:{log}"
+
+
+def test_healthy_lane_passes_and_leaves_a_heartbeat(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
+    assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
+    status = watchdog_status(lanes, state)
+    assert status["armed"] and status["heartbeat_age_seconds"] < 30 and status["last_pass_result"] == "none: healthy"
+
+
+def test_a_crash_is_restarted(lanes, state, sink, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    docker.from_env().containers.get(lanes.container("demo-h1")).kill()
+    data = check(lanes, state, sink, kernel_log=empty_kernel_log(tmp_path))
+    assert data["exit_code"] == 1 and data["action"] == "restart"
+    assert data["reason"].startswith("primary exited (exit code 137); restart 1 of at most 2")
+    assert data["outcome"].startswith("ok: demo-h1 restarted and passed its gate")
+    assert primary_running(lanes, "demo-h1")
+    assert check(lanes, state, kernel_log=empty_kernel_log(tmp_path))["exit_code"] == 0
+    assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}
+    assert sink.received and sink.received[0]["alert"]["severity"] == "warning"
+
+
+def test_a_crash_loop_rolls_back_to_the_known_good_lane(lanes, state, sink, tmp_path):
+    kernel_log = empty_kernel_log(tmp_path)
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.cli("up", "t-crashloop", "--no-gpu", state=state, check=True)
+    actions = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        data = check(lanes, state, sink, kernel_log=kernel_log)
+        if data["action"] != "none":
+            actions.append(data["action"])
+        if data["action"] == "rollback":
+            break
+    assert actions == ["restart", "restart", "rollback"], actions
+    assert primary_running(lanes, "demo-h1") and not primary_running(lanes, "t-crashloop")
+    assert json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]["active"] == "demo-h1"
+    assert sink.received[-1]["alert"]["severity"] == "critical"
+
+
+def test_a_hang_is_caught_by_the_generation_probe(lanes, state, tmp_path):
+    kernel_log = empty_kernel_log(tmp_path)
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    admin(lanes, "hang")
+    first, second, third = (check(lanes, state, kernel_log=kernel_log) for _ in range(3))
+    assert (first["action"], first["exit_code"]) == ("none", 1)
+    assert first["reason"].startswith("probe failed 1/3: generation probe timed out")
+    assert second["reason"].startswith("probe failed 2/3")
+    assert third["action"] == "restart" and third["outcome"].startswith("ok:")
+    assert check(lanes, state, kernel_log=kernel_log)["exit_code"] == 0
+
+
+def test_a_fatal_engine_line_is_restarted(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    kernel_log = empty_kernel_log(tmp_path)
+    assert check(lanes, state, kernel_log=kernel_log)["exit_code"] == 0
+    admin(lanes, "fatal_log")
+    data = check(lanes, state, kernel_log=kernel_log)
+    assert data["action"] == "restart"
+    assert "fatal engine line" in data["reason"] and "illegal memory access" in data["reason"]
+
+
+@pytest.mark.skipif(not KMSG_WRITABLE, reason="writing Xid lines to /dev/kmsg needs root")
+def test_an_application_xid_restarts_and_a_hardware_xid_stops_and_alerts(lanes, state, sink):
+    from lanectl.kernel_log import write_kmsg
+
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    assert check(lanes, state, sink, kernel_log="kmsg")["exit_code"] == 0  # sets the cursor to "now"
+    tag = uuid.uuid4().hex[:6]
+    write_kmsg(f"NVRM: Xid (PCI:0000:01:00): 31, pid=4242, name=python3-{tag}, Ch 00000008, MMU Fault")
+    data = check(lanes, state, sink, kernel_log="kmsg")
+    assert data["action"] == "restart" and "application Xid 31" in data["reason"]
+    assert primary_running(lanes, "demo-h1")
+
+    write_kmsg(f"NVRM: Xid (PCI:0000:01:00): 79, pid=4242, name=python3-{tag}, GPU has fallen off the bus.")
+    data = check(lanes, state, sink, kernel_log="kmsg")
+    assert data["action"] == "stop" and data["reason"].startswith("hardware Xid 79")
+    assert not primary_running(lanes, "demo-h1"), "never restarted onto a GPU that needs attention"
+    critical = [a for a in sink.received if a["alert"]["severity"] == "critical"]
+    assert critical and critical[-1]["alert"]["facts"]["xid"] == "79"
+    assert check(lanes, state, sink, kernel_log="kmsg")["reason"] == "no active lane: nothing to watch"
+    journal = (state / "journal.jsonl").read_text()
+    assert "SECRET-TOKEN" not in journal, "the webhook URL never reaches the journal"
+
+
+def test_a_lease_observes_only_and_rearm_rearms_after_it_expires(lanes, state, tmp_path):
+    kernel_log = empty_kernel_log(tmp_path)
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    disarmed = time.monotonic()
+    lanes.cli("watchdog", "disarm", "--for", "10s", "--reason", "bench h2-REF", state=state, check=True)
+    assert lanes.cli("watchdog", "rearm", state=state, check=True).stdout.startswith("still disarmed until")
+    docker.from_env().containers.get(lanes.container("demo-h1")).kill()
+    data = check(lanes, state, kernel_log=kernel_log)
+    assert data["exit_code"] == 1 and data["outcome"] is None
+    assert "(disarmed: observed only, would restart)" in data["reason"]
+    assert not primary_running(lanes, "demo-h1")
+    time.sleep(max(0.0, 10.5 - (time.monotonic() - disarmed)))
+    assert lanes.cli("watchdog", "rearm", state=state, check=True).stdout.startswith("re-armed")
+    assert lanes.cli("watchdog", "rearm", state=state, check=True).stdout.strip() == "armed", "idempotent"
+    assert check(lanes, state, kernel_log=kernel_log)["action"] == "restart"
+    assert primary_running(lanes, "demo-h1")
+
+
+def test_a_slow_starting_lane_is_never_killed_inside_its_budget(lanes, state, tmp_path):
+    kernel_log = empty_kernel_log(tmp_path)
+    lanes.cli("up", "t-slow", "--no-gpu", state=state, check=True)
+    docker.from_env().containers.get(lanes.container("t-slow")).restart(timeout=5)
+    reasons = []
+    started = time.monotonic()
+    while time.monotonic() - started < 6:  # the stub loads for 8 s
+        data = check(lanes, state, kernel_log=kernel_log)
+        assert data["action"] == "none", data
+        reasons.append(data["reason"])
+    assert reasons and all(r.startswith("starting (inside its startup budget)") for r in reasons), reasons
+    time.sleep(max(0.0, 9 - (time.monotonic() - started)))
+    assert check(lanes, state, kernel_log=kernel_log)["reason"] == "healthy"
+
+
+def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
+                            empty_kernel_log(tmp_path)], cwd=lanes.root, env=lanes.env(state),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        docker.from_env().containers.get(lanes.container("demo-h1")).kill()
+        killed = time.monotonic()
+        deadline = killed + 30
+        while time.monotonic() < deadline:
+            if watchdog_status(lanes, state)["restarts_total"].get("demo-h1"):
+                break
+            time.sleep(0.2)
+        assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}
+        assert primary_running(lanes, "demo-h1")
+    finally:
+        run.terminate()
+        _, stderr = run.communicate(timeout=30)
+    # Woken by the die event or by the probe interval (0.2 s here), whichever comes first.
+    assert "demo-h1: restart: primary exited" in stderr, stderr
+    assert run.returncode in (0, 143)
