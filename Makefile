@@ -27,6 +27,7 @@ lint:
 bench: setup
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/lanes.py
+	$(BIN)/python benchmarks/watchdog.py
 
 # Removes every image lanectl built (not the base images).
 clean-images:

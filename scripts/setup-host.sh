@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v cron >/dev/null 2>&1 || need+=(cron)  # the watchdog's re-arm and check run from cron
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then echo "setup: need root to install ${need[*]} (apt-get)" >&2; exit 1; fi
