@@ -19,6 +19,11 @@ say "lanectl up demo-broken --no-gpu   # never becomes healthy: lanectl brings d
 $lanectl up demo-broken --no-gpu || echo "(exit code $?: the switch failed, and the way back worked)"
 run rollback --no-gpu
 run status
+say "docker kill lanectl-demo-demo-h1   # the active lane's engine crashes"
+docker kill lanectl-demo-demo-h1 >/dev/null
+say "lanectl watchdog check --kernel-log file:/dev/null   # one cron pass: it restarts the lane"
+$lanectl watchdog check --kernel-log file:/dev/null || echo "(exit code $?: the watchdog acted)"
+run watchdog status
 run history -n 12
 say "lanectl down   # the demo is over; containers are kept for the next run"
 $lanectl down

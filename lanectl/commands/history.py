@@ -20,6 +20,13 @@ def describe(record: dict[str, Any]) -> str:
         text = f"  {record.get('step')}  {record.get('detail', '')}"
     elif kind == "outcome":
         text = f"{record.get('result')}: {record.get('message', '')}"
+    elif kind == "watchdog" and record.get("event") == "alert":
+        text = (f"alert ({record.get('severity')}): {record.get('title')}; "
+                f"{'delivered' if record.get('delivered') else 'not delivered'}: {record.get('detail')}")
+    elif kind == "watchdog":
+        action = record.get("action")
+        text = f"{record.get('event')}: " + (f"{action}: {record.get('reason')}" if action else
+                                             str(record.get("message", "")))
     elif kind == "diagnostics":
         text = f"  diagnostics: {record.get('failed')} (exit code {record.get('exit_code')})"
     else:
