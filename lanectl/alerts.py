@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attem
 from tenacity.wait import wait_base
 
 from lanectl.errors import OperationFailed
+from lanectl.state_dir import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -357,15 +357,7 @@ class PrometheusTextfile:
             return
         target = self.directory / self.name
         try:
-            fd, temp_name = tempfile.mkstemp(dir=self.directory, prefix=f".{self.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                    stream.write(render_metrics(metrics))
-                    # mkstemp makes the file 0600; node_exporter usually runs as its own user.
-                    os.fchmod(stream.fileno(), 0o644)
-                os.replace(temp_name, target)
-            except BaseException:
-                Path(temp_name).unlink(missing_ok=True)
-                raise
+            # 0644: node_exporter usually runs as its own user.
+            write_atomically(target, render_metrics(metrics).encode(), mode=0o644)
         except OSError as exc:
             raise OperationFailed(f"could not write metrics to {target}: {exc.strerror or exc}") from exc

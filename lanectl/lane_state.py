@@ -18,7 +18,7 @@ from typing import Any
 
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.journal import utc_now, utc_timestamp
-from lanectl.state_dir import write_atomically
+from lanectl.state_dir import create_state_dir, write_atomically
 
 STATE_VERSION = 1
 
@@ -131,6 +131,7 @@ class LaneStateStore:
         stamped = replace(state, updated=utc_timestamp(self.now()))
         text = json.dumps(asdict(stamped), indent=2) + "\n"
         try:
+            create_state_dir(self.path.parent)
             write_atomically(self.path, text.encode())
         except OSError as exc:
             raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc

@@ -46,20 +46,21 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, content: bytes) -> None:
+def write_atomically(path: Path, content: bytes, *, mode: int = 0o600) -> None:
     """Replace `path` whole: a reader, or the next command after a crash, sees the old or the new file.
 
-    Temp file in the same folder, fsync, rename over, fsync the folder.
+    Temp file in the same folder (a dot name with a .tmp suffix, which cron, systemd and
+    node_exporter all skip), fsync, rename over, fsync the folder. The folder must exist.
     """
     directory = path.parent
-    create_state_dir(directory)
     fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
         try:
+            os.fchmod(fd, mode)
             view = memoryview(content)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)  # the contents must be on disk before the rename makes them the state
+            os.fsync(fd)  # the contents must be on disk before the rename makes them the file
         finally:
             os.close(fd)
         os.replace(temp_name, path)

@@ -9,11 +9,9 @@ stay in an operator-made env file that the files name but never read.
 from __future__ import annotations
 
 import errno
-import os
 import re
 import shlex
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.state_dir import fsync_directory
+from lanectl.state_dir import write_atomically
 
 # The repo's `watchdog/` folder; lanectl runs from its checkout (an editable install keeps `__file__` there).
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "watchdog"
@@ -212,28 +210,10 @@ def _already_installed(target: Path, file: InstalledFile) -> bool:
 
 
 def _write_atomically(target: Path, content: bytes, mode: int) -> None:
-    """Temp file in the same folder, then `os.replace`: cron and systemd never read half a file.
-
-    The temp name starts with a dot and has a suffix, so neither cron (which skips names with dots)
-    nor systemd (which reads only unit suffixes) picks it up meanwhile.
-    """
+    """Cron and systemd never read half a file (see `write_atomically`)."""
     try:
         target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            try:
-                os.fchmod(fd, mode)
-                view = memoryview(content)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp_name, target)
-        except BaseException:
-            Path(temp_name).unlink(missing_ok=True)
-            raise
-        fsync_directory(target.parent)
+        write_atomically(target, content, mode=mode)
     except OSError as exc:
         hint = " (installing the watchdog needs root)" if exc.errno in (errno.EACCES, errno.EPERM) else ""
         raise OperationFailed(f"could not write {target}: {exc.strerror or exc}{hint}") from exc

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lanectl.state_dir import write_atomically
+from lanectl.state_dir import create_state_dir, write_atomically
 from lanectl.watchdog_policy import WatchdogMemory
 
 WATCHDOG_STATE_VERSION = 1
@@ -56,4 +56,5 @@ class WatchdogStateStore:
             return WatchdogRecord()
 
     def save(self, record: WatchdogRecord) -> None:
+        create_state_dir(self.path.parent)
         write_atomically(self.path, (json.dumps(asdict(record), indent=2, sort_keys=True) + "\n").encode())

@@ -107,11 +107,18 @@ def make_lane_project(base: Path) -> LaneProject:
     return LaneProject(root=root, recipe_id=f"lt-{unique}", prefix=f"lt-{unique}")
 
 
-def remove_everything(project: LaneProject) -> None:
+def remove_containers(project: LaneProject) -> None:
     import docker
 
     client = docker.from_env()
     for container in client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
         container.remove(force=True)
+
+
+def remove_everything(project: LaneProject) -> None:
+    import docker
+
+    remove_containers(project)
+    client = docker.from_env()
     for image in client.images.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
         client.images.remove(image.id, force=True)

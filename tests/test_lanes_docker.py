@@ -16,7 +16,7 @@ import docker
 import httpx
 import pytest
 
-from tests.lane_fixtures import LaneProject, make_lane_project, remove_everything
+from tests.lane_fixtures import LaneProject, make_lane_project, remove_containers, remove_everything
 
 pytestmark = pytest.mark.docker
 
@@ -35,9 +35,7 @@ def lanes(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def state(lanes: LaneProject, tmp_path: Path):
     yield tmp_path / "state"
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"}):
-        container.remove(force=True)
+    remove_containers(lanes)
 
 
 def status(lanes: LaneProject, state: Path) -> dict:
