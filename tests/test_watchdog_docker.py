@@ -103,12 +103,25 @@ def empty_kernel_log(tmp_path: Path) -> str:
     return f"file:{log}"
 
 
-def test_healthy_lane_passes_and_leaves_a_heartbeat(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
-    assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
-    status = watchdog_status(lanes, state)
-    assert status["armed"] and status["heartbeat_age_seconds"] < 30 and status["last_pass_result"] == "none: healthy"
+def test_healthy_lane_passes_and_leaves_a_heartbeat_and_metrics(lanes, state, tmp_path):
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    original = recipe.read_text()
+    metrics_dir = tmp_path / "textfiles"
+    metrics_dir.mkdir()
+    try:
+        alert = f"  watchdog:\n    alert: {{textfile_dir: {metrics_dir}}}\n"
+        recipe.write_text(original.replace("  watchdog:\n", alert, 1))
+        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
+        assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
+        status = watchdog_status(lanes, state)
+        assert status["armed"] and status["heartbeat_age_seconds"] < 30
+        assert status["last_pass_result"] == "none: healthy"
+        metrics = (metrics_dir / "lanectl.prom").read_text()
+        assert 'lanectl_watchdog_lane_up{lane="demo-h1"} 1' in metrics
+        assert "lanectl_watchdog_armed 1" in metrics
+    finally:
+        recipe.write_text(original)
 
 
 def test_a_crash_is_restarted(lanes, state, sink, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -307,14 +308,26 @@ def test_a_real_cron_runs_the_rendered_file(running_cron: None, tmp_path: Path) 
     state = work / "state"
     rendered = render_cron([str(fake)], {"LANECTL_STATE_DIR": str(state)}, env_file=env_file, log_file=log)
     cron_file = dataclasses.replace(rendered, path=Path(f"/etc/cron.d/lanectl-test-{uuid.uuid4().hex[:12]}"))
+    # And this very lanectl, end to end, in the same minute: its pass leaves a heartbeat.
+    real_state, real_log = tmp_path / "real-state", tmp_path / "real.log"
+    real = render_cron(running_lanectl_command(), {"LANECTL_STATE_DIR": str(real_state),
+                                                   "LANECTL_RECIPES": str(Path(__file__).parent.parent / "recipes")},
+                       env_file=env_file, log_file=real_log)
+    real_file = dataclasses.replace(real, path=Path(f"/etc/cron.d/lanectl-test-{uuid.uuid4().hex[:12]}"))
 
     try:
-        assert install([cron_file], dry_run=False) == [f"wrote {cron_file.path} (0644)"]
-        deadline = time.monotonic() + 130  # the next minute, or the one after if the file landed on the boundary
-        while time.monotonic() < deadline and len(_lines(calls)) < 2:
+        assert install([cron_file, real_file], dry_run=False) == [f"wrote {cron_file.path} (0644)",
+                                                                 f"wrote {real_file.path} (0644)"]
+        deadline = time.monotonic() + 150  # the next minute, or the one after if the file landed on the boundary
+        while time.monotonic() < deadline and (len(_lines(calls)) < 2 or "nothing to watch" not in
+                                               "".join(_lines(real_log))):
             time.sleep(1)
     finally:
         cron_file.path.unlink(missing_ok=True)
+        real_file.path.unlink(missing_ok=True)
+
+    assert "no active lane: nothing to watch" in real_log.read_text(), real_log.read_text()
+    assert json.loads((real_state / "watchdog.json").read_text())["heartbeat"]
 
     hook = "https://hooks.example/T0/SECRET?a=1&b=2"
     assert _lines(calls)[:2] == [f"watchdog rearm state={state} hook={hook}",

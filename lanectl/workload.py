@@ -1,0 +1,134 @@
+"""Workloads: the prompts `bench` and `gate` send, grouped in classes, as `lanectl-workload/v1` YAML.
+
+A workload file lives under `recipes/workloads/` but declares its own schema, so recipe discovery
+(which only picks files declaring `schema: lanectl/...`) never reads it as a recipe::
+
+    schema: lanectl-workload/v1
+    name: coding
+    description: ...
+    max_tokens: 128
+    temperature: 0
+    classes:
+      prose: ["prompt", ...]
+      code: ["prompt", ...]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from lanectl.errors import BadInput, Problem
+from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, load_yaml
+
+WORKLOAD_SCHEMA = "lanectl-workload/v1"
+WORKLOADS_DIR = "workloads"
+
+Prompt = Annotated[str, StringConstraints(min_length=1)]
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: Literal["lanectl-workload/v1"] = Field(alias="schema", description="Always lanectl-workload/v1.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="What `--workload` calls it.")
+    description: str = ""
+    max_tokens: int = Field(ge=1, le=1_000_000, description="Output tokens per request.")
+    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature; 0 makes runs comparable.")
+    classes: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")],
+                  Annotated[list[Prompt], Field(min_length=1)]] = Field(
+        min_length=1, description="Prompt class -> its prompts; the gate judges each class on its own."
+    )
+
+    def prompts(self, class_name: str) -> list[str]:
+        try:
+            return list(self.classes[class_name])
+        except KeyError:
+            known = ", ".join(self.classes)
+            raise BadInput(f"workload {self.name} has no class {class_name!r}; it has: {known}") from None
+
+
+class WorkloadInvalid(BadInput):
+    """Every problem found in one workload file."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = sorted(set(problems))
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def prefixed(prompt: str, arm_id: str) -> str:
+    """The prompt as arm `arm_id` of a bracket sends it: `[run ARM_ID] ` prepended.
+
+    vLLM's automatic prefix cache keeps the KV blocks of earlier prompts, and a later arm that sends
+    the same text skips their prefill: its throughput and first-token times look better for a reason
+    that has nothing to do with its configuration (vllm#52884). Each block's cache key chains its
+    parent's, so a prefix that differs in the first block makes every block of the prompt a miss.
+    The prefix is the same length for arms with ids of the same length, so arms stay comparable.
+    Give every arm of every bracket its own id (e.g. the bracket's start time plus A1/B/A2).
+
+    Throughput only: the prefix changes the text the model continues, so a fidelity comparison
+    (same tokens for the same prompt) must send the unprefixed prompts to every arm.
+    """
+    if not arm_id or any(ch in arm_id for ch in "\r\n]"):
+        raise ValueError(f"arm id must be non-empty, one line, without ']': {arm_id!r}")
+    return f"[run {arm_id}] {prompt}"
+
+
+def workload_file(recipes_dir: Path, name_or_path: str) -> Path:
+    """`--workload coding` -> recipes/workloads/coding.yaml; an existing file path is taken as given."""
+    given = Path(name_or_path)
+    if given.suffix in (".yaml", ".yml") and given.is_file():
+        return given
+    folder = recipes_dir / WORKLOADS_DIR
+    candidate = folder / f"{name_or_path}.yaml"
+    if "/" not in name_or_path and candidate.is_file():
+        return candidate
+    known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    hint = f"; known workloads: {', '.join(known)}" if known else f"; no workloads in {folder}"
+    raise BadInput(f"no workload {name_or_path!r}{hint}")
+
+
+def load_workload(path: Path, shown: str | None = None) -> Workload:
+    """Read and validate one workload file; raise `WorkloadInvalid` naming file, line and field of each problem."""
+    shown = shown or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"{shown}: cannot read workload file: {exc.strerror or exc}") from None
+    try:
+        doc = load_yaml(text, shown)
+    except YamlSyntaxError as exc:
+        raise WorkloadInvalid([exc.problem]) from None
+    if not isinstance(doc.data, dict):
+        raise WorkloadInvalid([Problem(shown, 1, 1, "", "a workload is a YAML mapping with schema, name, "
+                                                         "max_tokens and classes")])
+    try:
+        return Workload.model_validate(doc.data)
+    except ValidationError as exc:
+        raise WorkloadInvalid(_problems(exc, doc)) from None
+
+
+def _problems(exc: ValidationError, doc: YamlDocument) -> list[Problem]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        # A bad class name is reported by pydantic at (..., name, "[key]"); point at the key itself.
+        loc: PathKey = tuple(part for part in error["loc"] if part != "[key]")
+        is_key = error["type"] == "extra_forbidden" or "[key]" in error["loc"]
+        line, column = doc.position(loc, key=is_key)
+        problems.append(Problem(doc.file, line, column, format_path(loc), _message(error)))
+    return problems
+
+
+def _message(error: Any) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = ", ".join(f.alias or name for name, f in Workload.model_fields.items())
+        return f"unknown key; expected one of: {allowed}"
+    if kind == "missing":
+        return "required key is missing"
+    message = str(error["msg"])
+    if "input" in error and not isinstance(error["input"], dict | list):
+        message += f", got {error['input']!r}"
+    return message

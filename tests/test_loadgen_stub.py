@@ -1,0 +1,158 @@
+"""The load generator against real stub-engine processes on 127.0.0.1.
+
+Rate bounds are loose (10-15%): these machines are shared and noisy. Exact figures belong to
+benchmarks/bench_client.py; these tests catch a client that measures the wrong thing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+
+import pytest
+
+from lanectl.bench_stats import CONFIDENT_P, fidelity
+from lanectl.loadgen import run_arm
+from lanectl.workload import load_workload
+from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port
+from tests.test_workload import WORKLOADS
+
+Spawn = Callable[..., StubProcess]
+PROMPTS = [f"Explain step {i} of a rolling restart." for i in range(8)]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    procs: list[StubProcess] = []
+
+    def _spawn(env: Mapping[str, str] | None = None) -> StubProcess:
+        p = StubProcess({"STUB_STATS_INTERVAL_S": "0", **(env or {})}, [], STUB_DIR, 0)
+        procs.append(p)
+        p.wait_ready()
+        return p
+
+    yield _spawn
+    for p in procs:
+        p.kill()
+
+
+def test_one_and_eight_streams_measure_the_configured_rate(spawn: Spawn) -> None:
+    stub = spawn({"STUB_DECODE_TOKENS_PER_S": "100"})
+    one = run_arm(stub.url, MODEL_NAME, PROMPTS, concurrency=1, requests=2, max_tokens=100, warmup=1)
+    assert (one.failed, one.requests, one.cut) == (0, 2, 0)
+    assert [r.output_tokens for r in one.results] == [100, 100]
+    assert one.output_tok_per_s == pytest.approx(100, rel=0.10)
+    assert one.decode_tok_per_s == pytest.approx(100, rel=0.10)
+    assert one.ms_per_step == pytest.approx(10.0, rel=0.10)
+    assert one.ttft_p50_ms is not None and one.ttft_p50_ms < 100
+
+    eight = run_arm(stub.url, MODEL_NAME, PROMPTS, concurrency=8, requests=8, max_tokens=100, warmup=8)
+    assert (eight.failed, eight.requests) == (0, 8)
+    assert eight.output_tok_per_s == pytest.approx(800, rel=0.12)
+    # Every stream keeps the single-stream step: concurrent streams share engine steps.
+    assert eight.decode_tok_per_s == pytest.approx(100, rel=0.10)
+    assert eight.ms_per_step == pytest.approx(10.0, rel=0.10)
+    assert {r.prompt_index for r in eight.results} == set(range(8))
+
+
+def test_the_window_closes_at_the_last_request_and_cuts_the_rest(spawn: Spawn) -> None:
+    stub = spawn({"STUB_DECODE_TOKENS_PER_S": "500"})
+    seen: list[tuple[int, int]] = []
+    arm = run_arm(stub.url, MODEL_NAME, PROMPTS, concurrency=4, requests=6, max_tokens=20, warmup=0,
+                  on_progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(n, 6) for n in range(1, 7)]
+    assert arm.requests == 6 and arm.failed == 0
+    # Every stream starts its next request the moment one finishes, so when the 6th finishes the
+    # other three streams are mid-request: they are cut, and their tokens so far still count.
+    assert arm.cut == 3
+    assert 0 <= arm.cut_output_tokens <= 3 * 20
+    assert arm.output_tokens == 6 * 20 + arm.cut_output_tokens
+    assert all(r.finished_s <= arm.wall_time_s + 1e-6 for r in arm.results)
+
+
+def test_a_closed_port_fails_every_request_without_crashing() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    arm = run_arm(url, MODEL_NAME, PROMPTS, concurrency=2, requests=5, max_tokens=10, warmup=1, timeout=5)
+    assert (arm.requests, arm.failed, arm.output_tokens) == (5, 5, 0)
+    assert arm.output_tok_per_s == 0.0
+    assert arm.decode_tok_per_s is None and arm.ttft_p50_ms is None
+    assert all(r.error is not None and r.error.startswith("cannot connect") for r in arm.results)
+
+
+def test_a_server_killed_mid_arm_counts_failures(spawn: Spawn) -> None:
+    stub = spawn({"STUB_DECODE_TOKENS_PER_S": "100"})
+    killer = threading.Timer(0.5, stub.kill)
+    killer.start()
+    try:
+        arm = run_arm(stub.url, MODEL_NAME, PROMPTS, concurrency=2, requests=6, max_tokens=100, warmup=0, timeout=10)
+    finally:
+        killer.cancel()
+    assert arm.requests == 6
+    assert arm.failed == 6
+    assert arm.wall_time_s < 5
+    errors = [r.error or "" for r in arm.results]
+    # The two streams in flight lose their connection; the requests after them find nobody listening.
+    assert sum(e.startswith(("connection failed mid-request", "stream ended without [DONE]")) for e in errors) == 2
+    assert sum(e.startswith("cannot connect") for e in errors) == 4
+    assert all(r.chunk_times_s for r in arm.results[:2])  # they had streamed tokens before the kill
+
+
+def test_a_hung_engine_times_out(spawn: Spawn) -> None:
+    stub = spawn({"STUB_FAULT": "hang"})
+    arm = run_arm(stub.url, MODEL_NAME, PROMPTS, concurrency=2, requests=2, max_tokens=10, warmup=0, timeout=1)
+    assert arm.failed == 2
+    assert all("1 s" in (r.error or "") for r in arm.results), [r.error for r in arm.results]
+    assert arm.wall_time_s < 3
+
+
+def test_http_errors_are_failed_requests(spawn: Spawn) -> None:
+    stub = spawn()
+    arm = run_arm(stub.url, "no-such-model", PROMPTS, concurrency=1, requests=2, max_tokens=4, warmup=0)
+    assert arm.failed == 2
+    assert arm.results[0].error == "HTTP 404: The model `no-such-model` does not exist."
+
+
+def test_logprobs_arrive_per_position(spawn: Spawn) -> None:
+    stub = spawn({"STUB_DECODE_TOKENS_PER_S": "1000"})
+    arm = run_arm(stub.url, MODEL_NAME, PROMPTS[:2], concurrency=2, requests=2, max_tokens=8, warmup=0, logprobs=3)
+    assert arm.failed == 0
+    for r in arm.results:
+        assert len(r.choices) == r.output_tokens == 8
+        assert [c.token for c in r.choices] == list(r.texts)
+        for c in r.choices:
+            assert len(c.top) == 3
+            assert c.top[c.token] == c.logprob == max(c.top.values())
+    assert set(arm.choices_by_prompt()) == {0, 1}
+
+
+def fidelity_run(url: str, prompts: list[str]) -> dict[int, tuple]:
+    arm = run_arm(url, MODEL_NAME, prompts, concurrency=3, requests=len(prompts), max_tokens=16, warmup=0,
+                  logprobs=5)
+    assert arm.failed == 0
+    return arm.choices_by_prompt()
+
+
+def test_fidelity_between_stubs(spawn: Spawn) -> None:
+    prompts = load_workload(WORKLOADS / "coding.yaml").prompts("tool_json")
+    rate = {"STUB_DECODE_TOKENS_PER_S": "1000"}
+    control = fidelity_run(spawn({**rate, "STUB_TOKEN_SEED": "0"}).url, prompts)
+    same = fidelity_run(spawn({**rate, "STUB_TOKEN_SEED": "0"}).url, prompts)
+    other_seed = fidelity_run(spawn({**rate, "STUB_TOKEN_SEED": "7"}).url, prompts)
+    flipping = fidelity_run(spawn({**rate, "STUB_FLIP_EVERY": "4"}).url, prompts)
+
+    unchanged = fidelity(control, same)
+    assert (unchanged.prompts, unchanged.positions, unchanged.confident_flips) == (len(prompts), 16 * len(prompts), 0)
+    assert unchanged.divergences == ()
+
+    changed = fidelity(control, other_seed)
+    assert changed.prompts == len(prompts)
+    assert changed.confident_flips > 0
+    assert len(changed.divergences) == len(prompts)  # a new seed changes nearly every token
+
+    # STUB_FLIP_EVERY=4 emits the control's runner-up at every 4th position where it is confident.
+    flips = fidelity(control, flipping)
+    assert flips.confident_flips == len(flips.divergences) > 0
+    for d in flips.divergences:
+        assert d.position % 4 == 3
+        assert d.control_p >= CONFIDENT_P
+        assert d.candidate_token in control[d.prompt][d.position].top
