@@ -28,6 +28,7 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/lanes.py
 	$(BIN)/python benchmarks/watchdog.py
+	$(BIN)/python benchmarks/bench_client.py
 
 # Removes every image lanectl built (not the base images).
 clean-images:

@@ -39,7 +39,9 @@ def timed(action, repeat: int) -> float:
 
 
 def bench_render(project: Project) -> None:
-    files = sorted(project.recipes_dir.rglob("*.yaml"))
+    from lanectl.recipe.catalog import recipe_files
+
+    files = recipe_files(project)
 
     def render_all() -> None:
         catalog = load_catalog(project)

@@ -64,16 +64,18 @@ def cell_verdict(
     ratio = B / mean(A1, A2) (mean(A1, A2) / B when lower is better, e.g. ms/step), so ratio > 1
     always means the candidate is better. band = |A1 - A2| / mean(A1, A2): the controls ran the same
     configuration, so their drift is the noise of this bracket, and the candidate's ratio is only
-    known to within ±band. The rule:
+    known to within ±band. With floor = min(bar, 1 / bar):
 
-        PASS          ratio - band >= bar   the bar holds even at the pessimistic end of the noise
-        FAIL          ratio + band <  bar   the bar is missed even at the optimistic end
-        INCONCLUSIVE  otherwise             the bar lies inside the noise: rerun, do not promote
+        PASS          ratio - band >= bar     the gain holds even at the pessimistic end of the noise
+        FAIL          ratio + band <  floor   a loss at least as large as the gain the bar asks for,
+                                              even at the optimistic end (for a "no worse than" bar
+                                              below 1, floor is the bar itself)
+        INCONCLUSIVE  otherwise               no clear gain and no clear loss: rerun, do not promote
 
-    With steady controls (band 0) this is simply ratio >= bar. Only PASS may promote. The rule
-    works unchanged for a "no worse than" bar below 1 (e.g. 0.98 for cells that must not regress).
+    A candidate as fast as its controls is therefore INCONCLUSIVE, not FAIL: it did not lose, it
+    just did not earn a promotion. Only PASS may promote.
     Release note: controls 467.5 and 467.5, candidate 484.5 -> 1.036x, PASS at a 1.025x bar;
-    8 splits at 477.8 -> 1.022x, FAIL.
+    8 splits at 477.8 -> 1.022x, INCONCLUSIVE: not promoted.
     """
     figures = {"control_first": control_first, "control_last": control_last, "candidate": candidate, "bar": bar}
     for name, value in figures.items():
@@ -91,7 +93,7 @@ def cell_verdict(
     band = abs(control_first - control_last) / mean
     if ratio - band >= bar:
         verdict = Verdict.PASS
-    elif ratio + band < bar:
+    elif ratio + band < min(bar, 1 / bar):
         verdict = Verdict.FAIL
     else:
         verdict = Verdict.INCONCLUSIVE

@@ -522,6 +522,88 @@ def watchdog_install(
         out.print(message, markup=False)
 
 
+def _levels(text: str) -> list[int]:
+    from lanectl.errors import BadInput
+
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(level < 1 for level in levels):
+        raise BadInput(f"--concurrency {text!r}: expected positive whole numbers separated by commas, e.g. 1,8,32")
+    return levels
+
+
+WorkloadOption = Annotated[str, typer.Option("--workload", help="A file under recipes/workloads/ (name) or a path.")]
+ConcurrencyOption = Annotated[str, typer.Option("--concurrency", help="Concurrent streams per cell, e.g. 1,8,32.")]
+OutOption = Annotated[Path | None, typer.Option("--out", help="Write results (JSON, and a plot for gate) here.")]
+
+
+@app.command()
+def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (default: the active one).")] = None,
+          workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
+          as_json: JsonOption = False) -> None:
+    """Measure the serving lane: tok/s, ms/step, TTFT and ITL per workload class and concurrency."""
+    from lanectl.commands.gate import bench as run_bench
+
+    loaded = catalog()
+    data = run_bench(loaded, loaded.lane(lane) if lane else None, workload, _levels(concurrency), out_dir,
+                     progress=lambda text: err.print(text, markup=False, highlight=False))
+    if as_json:
+        emit_json("bench", data)
+        return
+    out.print(f"{'cell':<22} {'tok/s':>9} {'ms/step':>8} {'TTFT p50':>9} {'ITL p99':>8} {'failed':>6}", markup=False)
+    for key, cell in data["bench"]["cells"].items():
+        out.print(f"{key:<22} {cell['output_tok_per_s']:>9.1f} {cell['ms_per_step'] or 0:>8.2f} "
+                  f"{cell['ttft_p50_ms'] or 0:>8.1f}m {cell['itl_p99_ms'] or 0:>7.1f}m {cell['failed']:>6}",
+                  markup=False)
+    for note in data["bench"]["notes"]:
+        err.print(note, markup=False)
+    if data.get("run_dir"):
+        err.print(f"results in {data['run_dir']}", markup=False)
+
+
+@app.command()
+def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g. h2-REF.")],
+         control: Annotated[str, typer.Option("--control", help="The control lane, e.g. h1-REF.")],
+         bar: Annotated[float, typer.Option("--bar", help="Required candidate/control ratio, e.g. 1.025.")] = 1.025,
+         promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving.")] = False,
+         workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
+         lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
+    """A/B/A bracket: control, candidate, control; PASS only above the bar and the controls' noise.
+    Exit 0 on PASS, 1 on FAIL or INCONCLUSIVE."""
+    from lanectl.commands.gate import gate as run_gate_command
+    from lanectl.commands.gate import report_table
+    from lanectl.durations import parse_duration
+
+    loaded = catalog()
+    report, run_dir = run_gate_command(
+        loaded, loaded.lane(candidate), loaded.lane(control), workload, _levels(concurrency), bar, promote, out_dir,
+        parse_duration(lock_wait, option="--lock-wait"), no_gpu, ConsoleReporter(err, quiet=True),
+        progress=lambda text: err.print(text, markup=False, highlight=False))
+    data = report.as_dict()
+    if as_json:
+        emit_json("gate", {**data, "run_dir": str(run_dir) if run_dir else None})
+    else:
+        for line in report_table(data):
+            out.print(line, markup=False, highlight=False)
+        if run_dir:
+            err.print(f"results and plot in {run_dir}", markup=False)
+    raise typer.Exit(0 if report.verdict.value == "pass" else EXIT_FAILED)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `lanectl gate --out`.")]) -> None:
+    """The table of a gate run again, and its plot redrawn (ratios.png)."""
+    from lanectl.commands.gate import load_report, plot, report_table
+
+    data = load_report(run_dir)
+    for line in report_table(data):
+        out.print(line, markup=False, highlight=False)
+    plot(data, run_dir / "ratios.png")
+    err.print(f"plot: {run_dir / 'ratios.png'}", markup=False)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Python's default SIGTERM kills without running `finally`: the host lock would be left held.
     raise SystemExit(128 + signum)

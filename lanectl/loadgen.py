@@ -192,6 +192,9 @@ def run_arm(
         "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
+        # vLLM's extension: every request generates exactly max_tokens, so arms compare equal work
+        # (at temperature 0 an early end-of-sequence would otherwise vary the lengths between lanes).
+        "ignore_eos": True,
     }
     if logprobs is not None:
         body["logprobs"] = logprobs
@@ -293,6 +296,8 @@ class _Sender:
                         if stream.done:
                             # The body ends right after [DONE]; reading that end returns the connection to the
                             # pool, where leaving it unread closes it and the next request pays a new connect.
+                            if now > deadline:
+                                break
                             continue
                         ended = stream.feed(line, now)
                         if (ended and not stream.done) or cancel.is_set():
@@ -303,11 +308,11 @@ class _Sender:
                     if stream.error is None and not stream.done and not cancel.is_set():
                         stream.error = "stream ended without [DONE]"
         except httpx.TimeoutException as exc:
-            stream.error = f"timed out ({type(exc).__name__}) after {self.timeout:g} s"
+            stream.fail(f"timed out ({type(exc).__name__}) after {self.timeout:g} s")
         except httpx.ConnectError as exc:
-            stream.error = f"cannot connect: {exc}"
+            stream.fail(f"cannot connect: {exc}")
         except (httpx.HTTPError, OSError) as exc:
-            stream.error = f"connection failed mid-request: {type(exc).__name__}: {exc}"
+            stream.fail(f"connection failed mid-request: {type(exc).__name__}: {exc}")
         return stream.result(self.prompt_class, index, sent=sent, t0=t0)
 
 
@@ -321,6 +326,11 @@ class _Stream:
         self.usage_tokens: int | None = None
         self.error: str | None = None
         self.done = False
+
+    def fail(self, error: str) -> None:
+        # After [DONE] the answer is complete; losing the connection while draining its end is no failure.
+        if not self.done:
+            self.error = error
 
     def feed(self, line: str, now: float) -> bool:
         """Take one SSE line; True when the stream is over ([DONE] or an error event)."""

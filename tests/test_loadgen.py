@@ -159,7 +159,8 @@ def test_request_body_and_warm_up_prefix() -> None:
     arm = run_arm("http://engine:8000/", "m", ["first", "second"], concurrency=1, requests=3, max_tokens=4,
                   warmup=1, logprobs=5, temperature=0.5, prompt_class="prose", client_factory=client_for(handler))
     assert bodies[0] == {"model": "m", "max_tokens": 4, "temperature": 0.5, "stream": True,
-                         "stream_options": {"include_usage": True}, "logprobs": 5, "prompt": WARMUP_PREFIX + "first"}
+                         "stream_options": {"include_usage": True}, "ignore_eos": True, "logprobs": 5,
+                         "prompt": WARMUP_PREFIX + "first"}
     assert [b["prompt"] for b in bodies[1:]] == ["first", "second", "first"]
     assert [(r.prompt_class, r.prompt_index) for r in arm.results] == [("prose", 0), ("prose", 1), ("prose", 0)]
 
@@ -169,3 +170,15 @@ def test_bad_arguments_are_refused() -> None:
         run_arm("http://x", "m", [], concurrency=1, requests=1, max_tokens=1, warmup=0)
     with pytest.raises(ValueError, match="concurrency"):
         run_arm("http://x", "m", ["p"], concurrency=0, requests=1, max_tokens=1, warmup=0)
+
+
+def test_a_connection_lost_after_done_is_no_failure() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        def pieces() -> Iterator[bytes]:
+            yield sse(chunk(" a"), usage(1), b"[DONE]")
+            raise httpx.ReadError("connection reset while reading the body's end")
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=pieces())
+
+    r = one_request(handler)
+    assert (r.ok, r.error, r.output_tokens) == (True, None, 1)

@@ -91,10 +91,12 @@ def test_a_server_killed_mid_arm_counts_failures(spawn: Spawn) -> None:
     assert arm.failed == 6
     assert arm.wall_time_s < 5
     errors = [r.error or "" for r in arm.results]
-    # The two streams in flight lose their connection; the requests after them find nobody listening.
-    assert sum(e.startswith(("connection failed mid-request", "stream ended without [DONE]")) for e in errors) == 2
-    assert sum(e.startswith("cannot connect") for e in errors) == 4
-    assert all(r.chunk_times_s for r in arm.results[:2])  # they had streamed tokens before the kill
+    # The two streams in flight lose their connection (so may a request that raced the dying listener);
+    # the requests after them find nobody listening.
+    mid_stream = sum(e.startswith(("connection failed mid-request", "stream ended without [DONE]")) for e in errors)
+    refused = sum(e.startswith("cannot connect") for e in errors)
+    assert mid_stream >= 2 and refused >= 3 and mid_stream + refused == 6, errors
+    assert sum(1 for r in arm.results if r.chunk_times_s) == 2  # the two had streamed tokens before the kill
 
 
 def test_a_hung_engine_times_out(spawn: Spawn) -> None:
