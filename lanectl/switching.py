@@ -240,6 +240,7 @@ class LaneSwitcher:
             if lane is not None:
                 for step in stop_steps(lane, {s.name: s for s in self.engine.lane_containers()}):
                     self._execute(switch, step, lane)
+            self.states.update(lambda s: s.with_inactive() if s.active == from_name else s)
             message = f"finished the interrupted down of {from_name}"
             self.journal.record_outcome(switch, "finished", message)
             return message
@@ -249,6 +250,7 @@ class LaneSwitcher:
                 result = self.gate(self.engine, target, self.reporter)
                 if result.passed:
                     self._mark_serving(target)
+                    self.states.update(LaneState.armed)  # the killed switch's lease would outlive it
                     message = f"finished the interrupted switch: {target.name} passed its gate"
                     self.journal.record_outcome(switch, "finished", message)
                     self.reporter.note(message)
@@ -259,6 +261,8 @@ class LaneSwitcher:
         message = f"undid the interrupted switch to {to_name}"
         if previous is not None:
             restored = self._restore(switch, previous)
+            if restored.passed:
+                self.states.update(LaneState.armed)
             message += f"; {previous.name} " + ("is serving again" if restored.passed
                                                  else f"did not come back: {restored.detail}")
         self.journal.record_outcome(switch, "undone", message)
