@@ -9,6 +9,7 @@ need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v cron >/dev/null 2>&1 || need+=(cron)  # the watchdog's re-arm and check run from cron
+command -v ip >/dev/null 2>&1 || need+=(iproute2)  # the fleet tests put a second engine in a network namespace
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then echo "setup: need root to install ${need[*]} (apt-get)" >&2; exit 1; fi
