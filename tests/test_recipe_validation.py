@@ -154,6 +154,30 @@ def test_the_good_recipe_loads(project, write_recipe):
         ["recipes/r.yaml:13:15: defaults.engine.volumes[0]: give exactly one of 'source' (a host path) or "
          "'volume' (a named volume)"],
         id="volume-without-source"),
+    pytest.param(
+        ("  b:\n    engine:\n      env: {X: \"1\"}\n",
+         "  b:\n    placement: {nodes: [station-1]}\n"),
+        ["recipes/r.yaml:19:16: lanes.b.placement: nodes, node_labels and canary place a lane on Swarm; add "
+         "'backend: swarm'"],
+        id="placement-nodes-without-swarm"),
+    pytest.param(
+        ("  b:\n    engine:\n      env: {X: \"1\"}\n",
+         "  b:\n    placement: {backend: swarm, nodes: [station-1], canary: station-2}\n"),
+        ["recipes/r.yaml:19:16: lanes.b.placement: canary 'station-2' is not one of the lane's nodes "
+         "['station-1']"],
+        id="canary-not-a-node"),
+    pytest.param(
+        ("  b:\n    engine:\n      env: {X: \"1\"}\n",
+         "  b:\n    placement: {backend: swarm}\n    engine: {ipc: host}\n"),
+        ["recipes/r.yaml:19:5: lanes.b: primary: Swarm services cannot set an IPC mode (Docker API 1.41); remove "
+         "'ipc' for a Swarm lane (shm_size still applies, as a tmpfs at /dev/shm)"],
+        id="ipc-on-swarm"),
+    pytest.param(
+        ("  b:\n    engine:\n      env: {X: \"1\"}\n",
+         "  b:\n    placement: {backend: swarm}\n    engine: {gpus: {count: all}}\n"),
+        ["recipes/r.yaml:19:5: lanes.b: primary: Swarm reserves GPUs by number; give gpus.count or "
+         "gpus.device_ids, not 'all'"],
+        id="all-gpus-on-swarm"),
 ])
 def test_bad_recipe_is_reported_exactly(project, write_recipe, change, expected):
     old, new = change

@@ -258,6 +258,60 @@ class WatchdogPolicy(Strict):
     alert: Alert = Alert()
 
 
+NODE_HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+NODE_LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+class Placement(Strict):
+    """Where a lane runs: this box's engine, or Docker Swarm services across a fleet of boxes."""
+
+    backend: Literal["local", "swarm"] = Field(
+        "local", description="'local': containers on this engine. 'swarm': one Swarm service per role and node."
+    )
+    nodes: list[str] = Field(
+        default_factory=list,
+        description="Swarm node hostnames the lane runs on; default: every ready node matching node_labels.",
+    )
+    node_labels: dict[str, str] = Field(
+        default_factory=dict, description="Swarm node labels a node must carry (node.labels.<key> == <value>)."
+    )
+    canary: str | None = Field(None, description="The node updated and gated first; default: the first node.")
+    gpu_resource: str = Field(
+        "NVIDIA-GPU", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="The generic resource kind the nodes advertise for their GPUs (dockerd --node-generic-resource).",
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _hostnames(cls, value: list[str]) -> list[str]:
+        for node in value:
+            if not re.fullmatch(NODE_HOSTNAME, node):
+                raise ValueError(f"{node!r} is not a node hostname")
+        if len(set(value)) != len(value):
+            raise ValueError("lists a node twice")
+        return value
+
+    @field_validator("node_labels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label_value in value.items():
+            if not re.fullmatch(NODE_LABEL_KEY, key):
+                raise ValueError(f"{key!r} is not a node label key")
+            if CONTROL_CHARACTER.search(label_value) or "==" in label_value or "!=" in label_value:
+                raise ValueError(f"label {key}: {label_value!r} cannot be used in a placement constraint")
+        return value
+
+    @model_validator(mode="after")
+    def _swarm_only(self) -> Placement:
+        # A lane that says `backend: local` may inherit a Swarm placement's nodes from the recipe's defaults;
+        # nodes given without any backend are a Swarm placement missing its switch.
+        if "backend" not in self.model_fields_set and (self.nodes or self.node_labels or self.canary):
+            raise ValueError("nodes, node_labels and canary place a lane on Swarm; add 'backend: swarm'")
+        if self.canary is not None and self.nodes and self.canary not in self.nodes:
+            raise ValueError(f"canary {self.canary!r} is not one of the lane's nodes {self.nodes}")
+        return self
+
+
 class LaneSpec(Strict):
     """A lane after the recipe's defaults were merged in."""
 
@@ -269,6 +323,7 @@ class LaneSpec(Strict):
     companions: dict[str, Companion] = Field(default_factory=dict)
     health: Health
     watchdog: WatchdogPolicy = WatchdogPolicy()
+    placement: Placement = Placement()
 
     @field_validator("companions")
     @classmethod
@@ -279,6 +334,21 @@ class LaneSpec(Strict):
             if role == "primary":
                 raise ValueError("'primary' is the lane's own container; name the companion otherwise")
         return value
+
+    @model_validator(mode="after")
+    def _swarm_placeable(self) -> LaneSpec:
+        if self.placement.backend != "swarm":
+            return self
+        if not self.engine.ports:
+            raise ValueError("a lane on Swarm must publish a port: lanectl gates each node through it")
+        for role, engine in [("primary", self.engine), *((r, c.engine) for r, c in self.companions.items())]:
+            if engine.ipc is not None:
+                raise ValueError(f"{role}: Swarm services cannot set an IPC mode (Docker API 1.41); remove 'ipc' "
+                                 "for a Swarm lane (shm_size still applies, as a tmpfs at /dev/shm)")
+            if engine.gpus is not None and engine.gpus.count == "all":
+                raise ValueError(f"{role}: Swarm reserves GPUs by number; give gpus.count or gpus.device_ids, "
+                                 "not 'all'")
+        return self
 
 
 class Naming(Strict):
