@@ -124,6 +124,7 @@ class DockerEngine:
                 on_line(f"{chunk.get('id', '')} {chunk['status']}".strip())
 
 
+SWARM_TASK_LABEL = "com.docker.swarm.task.id"
 GPU_DRIVER_MISSING = re.compile(r"could not select device driver .* with capabilities: \[\[gpu\]\]")
 
 
@@ -173,6 +174,8 @@ class ContainerEngine(DockerEngine):
         # A container removed between the list and its inspect (by an operator, another tool) is gone.
         states = []
         for item in raw:
+            if SWARM_TASK_LABEL in (item.get("Labels") or {}):
+                continue  # a Swarm task inherits the image's lane labels, but Swarm runs it, not the local lane code
             try:
                 states.append(self._state(self.client.api.inspect_container(item["Id"])))
             except docker.errors.NotFound:

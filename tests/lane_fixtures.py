@@ -112,7 +112,10 @@ def remove_containers(project: LaneProject) -> None:
 
     client = docker.from_env()
     for container in client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
-        container.remove(force=True)
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass  # a Swarm task container its service's removal took away meanwhile
 
 
 def remove_everything(project: LaneProject) -> None:
