@@ -28,6 +28,8 @@ patches_app = typer.Typer(no_args_is_help=True, help="Backported patches and the
 app.add_typer(patches_app, name="patches")
 watchdog_app = typer.Typer(no_args_is_help=True, help="The health watchdog of the active lane.")
 app.add_typer(watchdog_app, name="watchdog")
+fleet_app = typer.Typer(no_args_is_help=True, help="Lanes on a fleet of boxes, run by Docker Swarm.")
+app.add_typer(fleet_app, name="fleet")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -219,6 +221,35 @@ LockWaitOption = Annotated[str, typer.Option("--lock-wait", help="How long to wa
                                                                  "command holding the host lock (e.g. 60s).")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the planned steps; change nothing.")]
 NoGpuOption = Annotated[bool, typer.Option("--no-gpu", help="Run without the recipe's GPU requests (demo, tests).")]
+FleetOption = Annotated[bool, typer.Option("--fleet", help="On Docker Swarm: every node the lane is placed on, "
+                                                           "canary first, one at a time.")]
+NodesOption = Annotated[str | None, typer.Option("--nodes", help="With --fleet: the nodes, by hostname, "
+                                                                 "comma-separated (default: the recipe's).")]
+CanaryOption = Annotated[str | None, typer.Option("--canary", help="With --fleet: the node updated and gated "
+                                                                   "first (default: the recipe's, else the first).")]
+
+
+def _node_list(nodes: str | None, canary: str | None, fleet: bool) -> list[str]:
+    from lanectl.errors import BadInput
+
+    if (nodes or canary) and not fleet:
+        raise BadInput("--nodes and --canary choose Swarm nodes; add --fleet")
+    return [n.strip() for n in (nodes or "").split(",") if n.strip()]
+
+
+def _finish_fleet(outcome: Any, as_json: bool) -> None:
+    if as_json:
+        emit_json("fleet-switch", outcome.as_dict())
+    else:
+        colour = "green" if outcome.exit_code == 0 else "red"
+        for node in outcome.nodes:
+            out.print(f"  {node.node:<24} {node.result:<22} {node.detail}", markup=False, highlight=False)
+        out.print(f"[{colour}]{outcome.result}[/]: {outcome.message}", highlight=False)
+        if outcome.diagnostics.get("log_tail"):
+            err.print("[bold]last log lines of the failed node's service:[/]")
+            for line in outcome.diagnostics["log_tail"][-15:]:
+                err.print(f"  {line}", markup=False, highlight=False)
+    raise typer.Exit(outcome.exit_code)
 
 
 def _finish(outcome: SwitchOutcome, as_json: bool) -> None:
@@ -240,13 +271,32 @@ def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.")],
        dry_run: DryRunOption = False,
        no_rollback: Annotated[bool, typer.Option(
            "--no-rollback", help="On a failed gate, leave the new lane stopped for debugging.")] = False,
-       lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
-    """Switch the box to LANE: stop what conflicts, start LANE, hold it to its health gate, or go back."""
+       lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, fleet: FleetOption = False,
+       nodes: NodesOption = None, canary: CanaryOption = None, as_json: JsonOption = False) -> None:
+    """Switch the box (or with --fleet, the Swarm nodes) to LANE, health-gated, or go back."""
     from lanectl.commands.switch import dry_run_up, run
     from lanectl.durations import parse_duration
+    from lanectl.fleet import require_placement
 
     loaded = catalog()
     target = loaded.lane(lane)
+    chosen = _node_list(nodes, canary, fleet)
+    require_placement(target, fleet)
+    if fleet:
+        from lanectl.commands import fleet as fleet_commands
+
+        if no_rollback:
+            from lanectl.errors import BadInput
+
+            raise BadInput("--no-rollback is for local lanes; on Swarm a failed update is always rolled back")
+        if dry_run:
+            for line in fleet_commands.dry_run_up(loaded, target, chosen, canary):
+                out.print(line, markup=False)
+            return
+        fleet_outcome = fleet_commands.run(
+            lambda rollout: rollout.up(target, nodes=chosen, canary=canary), loaded, f"lanectl up {lane} --fleet",
+            lock_wait=parse_duration(lock_wait, option="--lock-wait"), reporter=ConsoleReporter(err), no_gpu=no_gpu)
+        _finish_fleet(fleet_outcome, as_json)
     if dry_run:
         for line in dry_run_up(loaded, target):
             out.print(line, markup=False)
@@ -261,13 +311,30 @@ def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.")],
 def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go back to (default: the last "
                                                                  "known-good lane before the active one).")] = None,
              dry_run: DryRunOption = False, lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False,
+             fleet: FleetOption = False, nodes: NodesOption = None, canary: CanaryOption = None,
              as_json: JsonOption = False) -> None:
-    """Go back to the last known-good lane, through the same health-gated path as up."""
+    """Go back to the last known-good lane, through the same health-gated path as up (--fleet: Swarm's rollback)."""
     from lanectl.commands.switch import dry_run_rollback, run
     from lanectl.durations import parse_duration
 
     loaded = catalog()
     target = loaded.lane(to) if to else None
+    chosen = _node_list(nodes, canary, fleet)
+    if fleet:
+        from lanectl.commands import fleet as fleet_commands
+        from lanectl.errors import BadInput
+        from lanectl.fleet import require_placement
+
+        if target is not None:
+            require_placement(target, fleet=True)
+        if dry_run:
+            raise BadInput("--dry-run is not offered for rollback --fleet; `lanectl fleet status` shows each "
+                           "node's previous lane")
+        fleet_outcome = fleet_commands.run(
+            lambda rollout: rollout.rollback(target, nodes=chosen, canary=canary), loaded,
+            "lanectl rollback --fleet", lock_wait=parse_duration(lock_wait, option="--lock-wait"),
+            reporter=ConsoleReporter(err), no_gpu=no_gpu)
+        _finish_fleet(fleet_outcome, as_json)
     if dry_run:
         for line in dry_run_rollback(loaded, target):
             out.print(line, markup=False)
@@ -336,6 +403,41 @@ def status(as_json: JsonOption = False) -> None:
         err.print(f"container {name} has lanectl labels but its lane is not in the recipes", markup=False)
 
 
+@fleet_app.command("status")
+def fleet_status(as_json: JsonOption = False) -> None:
+    """Every Swarm node, its GPUs and labels, which lane runs where, and whether it answers. Exit 1 if degraded."""
+    from lanectl.commands.fleet import status as fleet_status_data
+
+    try:
+        loaded: Catalog | None = catalog()
+    except LanectlError:
+        loaded = None  # the fleet is what it is, whatever the local recipes say
+    data = fleet_status_data(loaded)
+    if as_json:
+        emit_json("fleet-status", data)
+    else:
+        for node in data["nodes"]:
+            colour = "green" if node["state"] == "ready" else "red"
+            gpus = ", ".join(f"{k}={v}" for k, v in node["gpus"].items()) or "no GPUs advertised"
+            labels = ", ".join(f"{k}={v}" for k, v in sorted(node["labels"].items())) or "-"
+            out.print(f"[bold]{node['hostname']}[/] [{colour}]{node['state']}[/] {node['availability']} "
+                      f"{node['role']} {node['addr']}  {gpus}  labels: {labels}", highlight=False)
+            if node["lease"]:
+                out.print(f"    being changed by {node['lease']}", markup=False)
+            for lane in node["lanes"]:
+                health = f"  health: {lane['health']}" if lane["health"] else ""
+                update = f"  last update: {lane['update']}" if lane["update"] else ""
+                problem = f"  [red]{lane['problem']}[/]" if lane["problem"] else ""
+                out.print(f"    {lane['lane']:<20} {lane['role']:<8} task {lane['task']:<9}{health}{update}{problem}",
+                          highlight=False)
+            if not node["lanes"]:
+                out.print("    no lanectl lanes", markup=False)
+        for problem in data["problems"]:
+            err.print(f"[red]problem:[/] {problem}", highlight=False)
+    if not data["healthy"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
 @app.command()
 def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.")],
          role: Annotated[str, typer.Option("--role", help="primary, or a companion role such as rtx.")] = "primary",
@@ -367,11 +469,12 @@ def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.")],
 
 @app.command()
 def history(count: Annotated[int, typer.Option("-n", help="How many records.")] = 50,
-            as_json: JsonOption = False) -> None:
+            fleet: Annotated[bool, typer.Option("--fleet", help="The fleet journal (Swarm rollouts, per node).")]
+            = False, as_json: JsonOption = False) -> None:
     """The journal: who switched what, when, why, every step and the outcome."""
     from lanectl.commands.history import describe, journal_tail
 
-    data = journal_tail(count)
+    data = journal_tail(count, fleet=fleet)
     if as_json:
         emit_json("history", data)
         return

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from lanectl.containers import ContainerSpec, plan_containers
-from lanectl.docker_engine import ContainerEngine, ContainerState, NoGpuRuntime
+from lanectl.docker_engine import ContainerEngine, ContainerState, DockerEngine, NoGpuRuntime
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health_gate import PROBE_ACCESS_LINE, ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
 from lanectl.journal import Journal
@@ -82,7 +82,7 @@ class DockerContainerWatch:
                                detail=f"{state.status} with code {state.exit_code}")
 
 
-def built_tag(engine: ContainerEngine, lane: Lane) -> str:
+def built_tag(engine: DockerEngine, lane: Lane) -> str:
     """The lane's current image tag; refuses, before any change, when it has not been built."""
     tag = plan_image(lane).tag
     if engine.image_labels(tag) is None:

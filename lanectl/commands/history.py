@@ -6,8 +6,10 @@ from lanectl.journal import Journal
 from lanectl.state_dir import state_dir
 
 
-def journal_tail(count: int) -> dict[str, Any]:
-    contents = Journal(state_dir() / "journal.jsonl").tail(count)
+def journal_tail(count: int, *, fleet: bool = False) -> dict[str, Any]:
+    from lanectl.commands.fleet import FLEET_JOURNAL
+
+    contents = Journal(state_dir() / (FLEET_JOURNAL if fleet else "journal.jsonl")).tail(count)
     return {"records": contents.records, "problems": contents.problems}
 
 
@@ -18,6 +20,8 @@ def describe(record: dict[str, Any]) -> str:
         text = f"{record.get('action')} {record.get('from') or '-'} -> {record.get('to') or '-'} ({record.get('why')})"
     elif kind == "step":
         text = f"  {record.get('step')}  {record.get('detail', '')}"
+        if record.get("node") and not str(record.get("step", "")).startswith(str(record["node"])):
+            text = f"  [{record['node']}]{text}"
     elif kind == "outcome":
         text = f"{record.get('result')}: {record.get('message', '')}"
     elif kind == "watchdog" and record.get("event") == "alert":

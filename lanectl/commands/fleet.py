@@ -1,0 +1,62 @@
+"""Plumbing for the --fleet verbs: the manager's engine, the host lock and the fleet journal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from lanectl.fleet import FleetOutcome, FleetRollout
+from lanectl.host_lock import HostLock
+from lanectl.journal import Journal
+from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.state_dir import create_state_dir, state_dir
+from lanectl.switching import Reporter
+
+FLEET_JOURNAL = "fleet-journal.jsonl"
+
+
+@contextmanager
+def fleet_rollout(catalog: Catalog, command: str, *, lock_wait: float, reporter: Reporter,
+                  no_gpu: bool) -> Iterator[FleetRollout]:
+    """The host lock keeps this box's own switches and fleet rollouts from interleaving; node leases keep
+    two managers from changing one node at once."""
+    from lanectl.swarm_engine import SwarmEngine
+
+    directory = state_dir()
+    create_state_dir(directory)
+    swarm = SwarmEngine()
+    with HostLock(directory / "lock", command).held(lock_wait):
+        yield FleetRollout(catalog, swarm, Journal(directory / FLEET_JOURNAL), reporter=reporter, no_gpu=no_gpu)
+
+
+def run(action: Callable[[FleetRollout], FleetOutcome], catalog: Catalog, command: str, *, lock_wait: float,
+        reporter: Reporter, no_gpu: bool) -> FleetOutcome:
+    with fleet_rollout(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as rollout:
+        return action(rollout)
+
+
+def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | None) -> list[str]:
+    """What `up --fleet` would do; changes nothing and takes no lock."""
+    from lanectl.containers import plan_containers
+    from lanectl.fleet_plan import choose_nodes, service_name
+    from lanectl.render import plan_image
+    from lanectl.swarm_engine import SwarmEngine
+
+    order = choose_nodes(lane, SwarmEngine().nodes(), nodes, canary)
+    roles = [c.role for c in plan_containers(lane, plan_image(lane))]
+    lines = []
+    for index, node in enumerate(order):
+        label = "canary" if index == 0 else f"then {node.hostname}"
+        services = ", ".join(service_name(lane, role, node.hostname) for role in roles)
+        lines.append(f"would update {label} {node.hostname}: {services} (stop-first, Swarm rolls back a failed "
+                     f"health check), then hold {lane.name} to its gate")
+    lines.append("on a failure: stop the rollout and roll back every node changed so far")
+    return lines
+
+
+def status(catalog: Catalog | None) -> dict[str, Any]:
+    from lanectl.fleet_status import observe
+    from lanectl.swarm_engine import SwarmEngine
+
+    return observe(SwarmEngine(), catalog)

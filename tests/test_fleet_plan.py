@@ -1,0 +1,231 @@
+"""The pure fleet core: node choice and order, the ServiceSpec each role runs as, reading Swarm's answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from lanectl.containers import plan_containers
+from lanectl.errors import BadInput, OperationFailed
+from lanectl.fleet_plan import (
+    LEASE_LABEL,
+    NodeInfo,
+    TaskInfo,
+    choose_nodes,
+    current_task,
+    last_task_error,
+    plan_service,
+    service_name,
+    spec_matches,
+    task_problem,
+)
+from lanectl.fleet_status import Probe, summarize
+from lanectl.project import Project
+from lanectl.recipe.catalog import load_catalog
+from lanectl.render import plan_image
+from lanectl.swarm_engine import ServiceState
+
+RECIPE = """
+schema: lanectl/v1
+id: fleet-t
+defaults:
+  image:
+    template: stub-engine
+    base: lanectl/base-python:bookworm
+    local_base: true
+    python_site: /opt/stub
+  engine:
+    args: [/model, --served-model-name, m, --port, "8000"]
+    env: {PLAIN: "1"}
+    secret_env: [HF_TOKEN]
+    ports:
+      - {container: 8000, host: 18000}
+    shm_size: 2g
+    gpus: {device_ids: ["0", "1"]}
+    stop_timeout_seconds: 120
+  companions:
+    rtx:
+      engine:
+        args: [/model, --port, "8001"]
+        ports: [{container: 8001, host: 18001}]
+  health:
+    startup_budget_minutes: 10
+    poll_interval_seconds: 5
+    request_timeout_seconds: 4
+    served_model_name: m
+  placement:
+    backend: swarm
+    node_labels: {gpu: gb300}
+lanes:
+  f1: {}
+  f2:
+    placement: {backend: swarm, nodes: [s2, s1], canary: s1, node_labels: {gpu: gb300}}
+  local:
+    placement: {backend: local}
+    engine:
+      ports: [{container: 8000, host: 19000}]
+    companions:
+      rtx:
+        engine:
+          ports: [{container: 8001, host: 19001}]
+"""
+
+
+@pytest.fixture
+def catalog(project, write_recipe):
+    write_recipe(RECIPE)
+    return load_catalog(Project.locate())
+
+
+def node(hostname: str, *, state: str = "ready", availability: str = "active", labels=None) -> NodeInfo:
+    return NodeInfo(id=f"id-{hostname}", hostname=hostname, state=state, availability=availability,
+                    role="worker", addr=f"10.0.0.{len(hostname)}", labels={"gpu": "gb300"} if labels is None
+                    else labels)
+
+
+FLEET = [node("s3"), node("s1"), node("s2"), node("cpu-box", labels={})]
+
+
+def hosts(nodes: list[NodeInfo]) -> list[str]:
+    return [n.hostname for n in nodes]
+
+
+def test_by_default_every_ready_node_with_the_labels_in_hostname_order(catalog):
+    assert hosts(choose_nodes(catalog.lane("f1"), FLEET)) == ["s1", "s2", "s3"]
+
+
+def test_the_canary_goes_first_then_the_rest_keep_their_order(catalog):
+    assert hosts(choose_nodes(catalog.lane("f1"), FLEET, canary="s3")) == ["s3", "s1", "s2"]
+    assert hosts(choose_nodes(catalog.lane("f1"), FLEET, ["s2", "s3", "s1"], canary="s1")) == ["s1", "s2", "s3"]
+    assert hosts(choose_nodes(catalog.lane("f2"), FLEET)) == ["s1", "s2"], "the recipe's nodes and canary"
+
+
+def test_a_node_that_cannot_take_the_lane_is_refused_before_anything_changes(catalog):
+    lane = catalog.lane("f1")
+    with pytest.raises(BadInput, match="no Swarm node 'nope'; the nodes are: cpu-box, s1, s2, s3"):
+        choose_nodes(lane, FLEET, ["nope"])
+    with pytest.raises(BadInput, match=r"node cpu-box lacks the labels lane f1 requires \(gpu=gb300\)"):
+        choose_nodes(lane, FLEET, ["cpu-box"])
+    with pytest.raises(OperationFailed, match=r"cannot place f1 on s2 \(down, active\)"):
+        choose_nodes(lane, [node("s1"), node("s2", state="down")], ["s1", "s2"])
+    with pytest.raises(BadInput, match="canary 's3' is not one of the chosen nodes"):
+        choose_nodes(lane, FLEET, ["s1"], canary="s3")
+    with pytest.raises(OperationFailed, match="several Swarm nodes share the hostname s1"):
+        choose_nodes(lane, [node("s1"), node("s1")])
+    with pytest.raises(BadInput, match="not placed on Swarm"):
+        choose_nodes(catalog.lane("local"), FLEET)
+
+
+def test_a_down_node_is_left_out_of_the_default_choice(catalog):
+    fleet = [node("s1"), node("s2", state="down"), node("s3", availability="drain")]
+    assert hosts(choose_nodes(catalog.lane("f1"), fleet)) == ["s1"]
+
+
+def service_specs(catalog, lane_name: str, *, with_gpus: bool = True) -> dict[str, dict]:
+    lane = catalog.lane(lane_name)
+    plan = plan_image(lane)
+    return {c.role: plan_service(lane, c, "s1", with_gpus=with_gpus, inputs=plan.input_hash)
+            for c in plan_containers(lane, plan)}
+
+
+def test_a_role_is_one_replica_pinned_to_its_node_with_a_stop_first_self_rolling_back_update(catalog):
+    spec = service_specs(catalog, "f1")["primary"]
+    assert spec["Name"] == "fleet-t-primary-s1"
+    assert spec["Mode"] == {"Replicated": {"Replicas": 1}}
+    assert spec["TaskTemplate"]["Placement"] == {"Constraints": ["node.hostname==s1", "node.labels.gpu==gb300"],
+                                                 "MaxReplicas": 1}
+    update = spec["UpdateConfig"]
+    assert (update["Order"], update["FailureAction"], update["Parallelism"]) == ("stop-first", "rollback", 1)
+    assert update["Monitor"] == (3 * 5 + 4) * 10**9
+    assert spec["RollbackConfig"]["Order"] == "stop-first"
+    assert spec["EndpointSpec"]["Ports"] == [{"Protocol": "tcp", "TargetPort": 8000, "PublishedPort": 18000,
+                                              "PublishMode": "host"}]
+
+
+def test_the_recipe_health_check_waits_out_the_startup_budget(catalog):
+    check = service_specs(catalog, "f1")["primary"]["TaskTemplate"]["ContainerSpec"]["Healthcheck"]
+    assert check["Test"][:2] == ["CMD", "python3"] and "http://127.0.0.1:8000/health" in check["Test"][3]
+    assert (check["Interval"], check["Timeout"], check["StartPeriod"]) == (5 * 10**9, 4 * 10**9, 600 * 10**9)
+    rtx = service_specs(catalog, "f1")["rtx"]["TaskTemplate"]["ContainerSpec"]["Healthcheck"]
+    assert "http://127.0.0.1:8001/health" in rtx["Test"][3], "a companion is checked on its own port"
+
+
+def test_gpus_are_generic_resources_and_secrets_travel_by_name_only(catalog):
+    spec = service_specs(catalog, "f1")["primary"]
+    assert spec["TaskTemplate"]["Resources"]["Reservations"]["GenericResources"] == [
+        {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 2}}]
+    assert "Reservations" not in service_specs(catalog, "f1", with_gpus=False)["primary"]["TaskTemplate"][
+        "Resources"]
+    container = spec["TaskTemplate"]["ContainerSpec"]
+    assert container["lanectl_secret_env"] == ["HF_TOKEN"]
+    assert not any(e.startswith("HF_TOKEN") for e in container["Env"])
+    assert {"Type": "tmpfs", "Target": "/dev/shm", "TmpfsOptions": {"SizeBytes": 2 * 1024**3}} in container[
+        "Mounts"]
+    assert container["StopGracePeriod"] == 120 * 10**9
+
+
+def test_labels_mark_the_service_but_never_make_its_container_a_local_lane(catalog):
+    spec = service_specs(catalog, "f1")["primary"]
+    assert spec["Labels"]["io.lanectl.lane"] == "f1" and spec["Labels"]["io.lanectl.node"] == "s1"
+    container_labels = spec["TaskTemplate"]["ContainerSpec"]["Labels"]
+    assert "io.lanectl.lane" not in container_labels and "io.lanectl.recipe" not in container_labels
+    assert container_labels["io.lanectl.fleet-lane"] == "f1"
+
+
+def test_service_names_stay_within_swarm_limits(catalog):
+    lane = catalog.lane("f1")
+    name = service_name(lane, "primary", "a-very-long-hostname-" * 4)
+    assert len(name) == 63 and name != service_name(lane, "primary", "a-very-long-hostname-" * 4 + "x")
+
+
+def test_a_service_already_running_the_lane_is_recognised_even_with_swarm_pinned_digest(catalog):
+    spec = service_specs(catalog, "f1")["primary"]
+    pinned = {**spec, "TaskTemplate": {**spec["TaskTemplate"], "ContainerSpec": {
+        **spec["TaskTemplate"]["ContainerSpec"],
+        "Image": spec["TaskTemplate"]["ContainerSpec"]["Image"] + "@sha256:" + "0" * 64}}}
+    assert spec_matches(pinned, spec)
+    assert not spec_matches(service_specs(catalog, "f2")["primary"], spec)
+
+
+def task(state: str, desired: str = "running", created: str = "2026-11-30T10:00:00Z", **kw) -> TaskInfo:
+    return TaskInfo(id=f"t-{state}-{created}", node_id="n", state=state, desired_state=desired,
+                    message=kw.get("message", ""), error=kw.get("error", ""), exit_code=kw.get("exit_code"),
+                    created=created)
+
+
+def test_reading_tasks():
+    old = task("shutdown", desired="shutdown", created="2026-11-30T09:00:00Z")
+    assert current_task([old, task("running")]).state == "running"
+    assert task_problem([old, task("starting")]) is None
+    assert task_problem([task("failed", error="task: non-zero exit (1)", exit_code=1)]) == (
+        "task failed (exit code 1): task: non-zero exit (1)")
+    assert task_problem([task("rejected", error="No such image: x")]) == "task rejected: No such image: x"
+    assert task_problem([]) == "no task"
+    assert last_task_error([task("failed", error="old", created="2026-11-30T09:00:00Z"),
+                            task("shutdown", desired="shutdown", error="unhealthy container"),
+                            task("running", created="2026-11-30T11:00:00Z")]) == "unhealthy container"
+
+
+def service(lane: str, role: str, node_name: str, sid: str, **kw) -> ServiceState:
+    return ServiceState(id=sid, name=f"r-{role}-{node_name}", version=1,
+                        spec={"Labels": {"io.lanectl.lane": lane, "io.lanectl.role": role,
+                                         "io.lanectl.node": node_name, "io.lanectl.recipe": "r"},
+                              "EndpointSpec": {"Ports": [{"PublishedPort": 18000}]}},
+                        previous_spec=kw.get("previous"), update_state=kw.get("update"), update_started=None,
+                        update_message="")
+
+
+def test_fleet_status_is_healthy_only_when_every_node_is_up_and_every_lane_answers():
+    nodes = [node("s1"), node("s2", labels={"gpu": "gb300", LEASE_LABEL: "ops@s1 pid 7 @1"})]
+    services = [service("f1", "primary", "s1", "a"), service("f1", "primary", "s2", "b")]
+    tasks = {"a": [task("running")], "b": [task("running")]}
+    ok = summarize(nodes, services, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
+    assert ok["healthy"] and ok["problems"] == []
+    assert ok["nodes"][1]["lease"] == "ops@s1 pid 7 @1" and LEASE_LABEL not in ok["nodes"][1]["labels"]
+    assert [lane["lane"] for row in ok["nodes"] for lane in row["lanes"]] == ["f1", "f1"]
+
+    down = summarize([node("s1"), node("s2", state="down")], services, tasks, {"a": Probe(True, "200")})
+    assert not down["healthy"]
+    assert down["problems"] == ["s2: node is down; its lanes (f1) cannot be reached"]
+
+    hung = summarize(nodes, services, tasks, {"a": Probe(True, "200"), "b": Probe(False, "HTTP 503")})
+    assert hung["problems"] == ["s2: f1 primary is not serving (HTTP 503)"]

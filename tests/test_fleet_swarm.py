@@ -1,0 +1,241 @@
+"""Lanes on a real two-node Docker Swarm (this engine plus a second one in a network namespace).
+
+The tests run in order and share the cluster: up on both nodes, a switch, Swarm's rollback of a
+lane that fails its health check, lanectl's rollback of a lane that passes /health but generates
+nothing, `rollback --fleet`, and a node whose engine stops. A local lane runs beside it throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from tests.lane_fixtures import LaneProject, free_port, make_lane_project, remove_everything
+from tests.swarm_cluster import TwoNodeSwarm, two_node_swarm  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.docker
+
+SWARM_LANES = ["demo-h1", "demo-h2", "t-unhealthy", "t-hang", "t-spare"]
+NOT_ON_NODE_2 = "t-spare"  # built here but never copied to node 2: its update fails there
+LOCAL_LANE = "t-local"
+
+
+def fleet_project(base: Path) -> LaneProject:
+    """The demo recipe placed on Swarm, plus one lane that stays on the local engine with its own ports."""
+    project = make_lane_project(base)
+    path = project.root / "recipes" / "lanes.yaml"
+    text = path.read_text()
+    text = text.replace("\ndefaults:\n", "\ndefaults:\n  placement: {backend: swarm}\n", 1)
+    local_port, local_rtx_port = free_port(), free_port()
+    text += f"""
+  {LOCAL_LANE}:
+    description: not placed on Swarm; runs on this box's engine beside the fleet
+    placement: {{backend: local}}
+    engine:
+      ports: [{{container: 8000, host: {local_port}, host_ip: 127.0.0.1}}]
+    companions:
+      rtx:
+        engine:
+          ports: [{{container: 8001, host: {local_rtx_port}, host_ip: 127.0.0.1}}]
+"""
+    path.write_text(text)
+    return project
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, two_node_swarm: TwoNodeSwarm):  # noqa: F811
+    project = fleet_project(tmp_path_factory.mktemp("fleet"))
+    build_state = tmp_path_factory.mktemp("fleet-build")
+    project.cli("build", *SWARM_LANES, LOCAL_LANE, state=build_state, check=True, timeout=600)
+    client = docker.from_env()
+    tags = [tag for image in client.images.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"})
+            for tag in image.tags if f":{NOT_ON_NODE_2}" not in tag]
+    two_node_swarm.load_images(tags)  # no registry here: node 2 gets the images by save/load
+    yield project, two_node_swarm, tmp_path_factory.mktemp("fleet-state")
+    for service in client.services.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
+        service.remove()
+    remove_everything(project)
+
+
+def fleet_status(project: LaneProject, state: Path) -> tuple[int, dict]:
+    result = project.cli("fleet", "status", "--json", state=state)
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout)["data"]
+
+
+def lanes_by_node(data: dict) -> dict[str, dict[str, str]]:
+    return {n["hostname"]: {lane["role"]: lane["lane"] for lane in n["lanes"]} for n in data["nodes"]}
+
+
+def served_model(addr: str, project: LaneProject) -> str:
+    port = project_port(project)
+    reply = httpx.get(f"http://{addr}:{port}/v1/models", timeout=5)
+    reply.raise_for_status()
+    return str(reply.json()["data"][0]["id"])
+
+
+def project_port(project: LaneProject) -> int:
+    recipe = (project.root / "recipes" / "lanes.yaml").read_text()
+    return int(recipe.split("host: ", 1)[1].split(",", 1)[0])
+
+
+def service_of(project: LaneProject, role: str, node: str) -> dict:
+    client = docker.from_env()
+    found = client.services.list(filters={"label": [f"io.lanectl.recipe={project.recipe_id}",
+                                                    f"io.lanectl.role={role}", f"io.lanectl.node={node}"]})
+    assert len(found) == 1, found
+    return found[0].attrs
+
+
+def up(project: LaneProject, state: Path, lane: str, *args: str):
+    return project.cli("up", lane, "--fleet", "--no-gpu", "--json", *args, state=state, timeout=400)
+
+
+def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
+    project, cluster, state = fleet
+    result = project.cli("up", LOCAL_LANE, "--no-gpu", state=state)
+    assert result.returncode == 0, result.stderr + result.stdout
+    refused = project.cli("up", "demo-h1", "--no-gpu", state=state)
+    assert refused.returncode == 2 and "placed on Swarm" in refused.stderr and "--fleet" in refused.stderr
+
+
+def test_up_on_both_nodes_canary_first(fleet):
+    project, cluster, state = fleet
+    result = up(project, state, "demo-h1", "--canary", cluster.worker_hostname)
+    assert result.returncode == 0, result.stderr + result.stdout
+    outcome = json.loads(result.stdout)["data"]
+    assert outcome["result"] == "ok"
+    assert [n["node"] for n in outcome["nodes"]] == [cluster.worker_hostname, cluster.manager_hostname]
+    assert served_model(cluster.worker_addr, project) == "demo-model"
+    assert served_model(cluster.manager_addr, project) == "demo-model"
+
+    spec = service_of(project, "primary", cluster.worker_hostname)["Spec"]
+    assert spec["Mode"] == {"Replicated": {"Replicas": 1}}
+    assert spec["UpdateConfig"]["FailureAction"] == "rollback" and spec["UpdateConfig"]["Order"] == "stop-first"
+    assert spec["EndpointSpec"]["Ports"][0]["PublishMode"] == "host"
+    assert f"node.hostname=={cluster.worker_hostname}" in spec["TaskTemplate"]["Placement"]["Constraints"]
+    assert spec["TaskTemplate"]["ContainerSpec"]["Healthcheck"]["Test"][0] == "CMD"
+
+    code, data = fleet_status(project, state)
+    assert code == 0 and data["healthy"], data["problems"]
+    assert lanes_by_node(data) == {cluster.worker_hostname: {"primary": "demo-h1", "rtx": "demo-h1"},
+                                   cluster.manager_hostname: {"primary": "demo-h1", "rtx": "demo-h1"}}
+
+    history = project.cli("history", "--fleet", "--json", state=state, check=True)
+    steps = [r for r in json.loads(history.stdout)["data"]["records"] if r["kind"] == "step"]
+    assert {r["node"] for r in steps} == {cluster.worker_hostname, cluster.manager_hostname}
+    assert steps[0]["node"] == cluster.worker_hostname, "the canary is journaled first"
+
+
+def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
+    project, cluster, state = fleet
+    before = service_of(project, "primary", cluster.manager_hostname)["ID"]
+    result = up(project, state, "demo-h2")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert service_of(project, "primary", cluster.manager_hostname)["ID"] == before, "an update, not a new service"
+    code, data = fleet_status(project, state)
+    assert code == 0, data["problems"]
+    primaries = [lane for n in data["nodes"] for lane in n["lanes"] if lane["role"] == "primary"]
+    assert {(p["lane"], p["previous_lane"], p["update"]) for p in primaries} == {("demo-h2", "demo-h1", "completed")}
+
+    again = up(project, state, "demo-h2")
+    assert again.returncode == 0 and json.loads(again.stdout)["data"]["result"] == "noop"
+
+
+def test_rollback_fleet_is_swarms_rollback_node_by_node_and_does_not_flip_back(fleet):
+    project, cluster, state = fleet
+    result = project.cli("rollback", "--fleet", "--json", state=state, timeout=400)
+    assert result.returncode == 0, result.stderr + result.stdout
+    outcome = json.loads(result.stdout)["data"]
+    assert outcome["result"] == "ok" and outcome["lane"] == "demo-h1"
+    code, data = fleet_status(project, state)
+    assert code == 0, data["problems"]
+    primaries = [lane for n in data["nodes"] for lane in n["lanes"] if lane["role"] == "primary"]
+    assert {(p["lane"], p["update"]) for p in primaries} == {("demo-h1", "rollback_completed")}
+    assert served_model(cluster.worker_addr, project) == "demo-model"
+    # Swarm's PreviousSpec is now demo-h2: a second rollback would flip forward again, so lanectl refuses.
+    again = project.cli("rollback", "--fleet", state=state)
+    assert again.returncode == 2 and "nothing to roll back" in again.stderr
+
+
+def test_swarm_rolls_back_a_lane_that_fails_its_health_check_and_the_rollout_stops(fleet):
+    project, cluster, state = fleet
+    result = up(project, state, "t-unhealthy", "--canary", cluster.worker_hostname)
+    assert result.returncode == 1, result.stderr
+    outcome = json.loads(result.stdout)["data"]
+    assert outcome["result"] == "rolled-back"
+    assert [(n["node"], n["result"]) for n in outcome["nodes"]] == [
+        (cluster.worker_hostname, "rolled-back-by-swarm"), (cluster.manager_hostname, "not-reached")]
+    worker = service_of(project, "primary", cluster.worker_hostname)
+    assert worker["UpdateStatus"]["State"] == "rollback_completed"
+    assert worker["Spec"]["Labels"]["io.lanectl.lane"] == "demo-h1"
+    manager = service_of(project, "primary", cluster.manager_hostname)
+    assert manager["Spec"]["Labels"]["io.lanectl.lane"] == "demo-h1", "the rollout never reached it"
+    assert served_model(cluster.worker_addr, project) == "demo-model"
+
+
+def test_lanectl_rolls_back_a_lane_swarm_thinks_healthy_but_that_generates_nothing(fleet):
+    project, cluster, state = fleet
+    result = up(project, state, "t-hang", "--canary", cluster.manager_hostname)
+    assert result.returncode == 1, result.stderr
+    outcome = json.loads(result.stdout)["data"]
+    assert [(n["node"], n["result"]) for n in outcome["nodes"]] == [
+        (cluster.manager_hostname, "rolled-back"), (cluster.worker_hostname, "not-reached")]
+    assert outcome["diagnostics"]["check"] == "generation"
+    manager = service_of(project, "primary", cluster.manager_hostname)
+    assert manager["UpdateStatus"]["State"] == "rollback_completed", "lanectl asked Swarm for its rollback"
+    assert manager["Spec"]["Labels"]["io.lanectl.lane"] == "demo-h1"
+    code, data = fleet_status(project, state)
+    assert code == 0, data["problems"]
+
+
+def test_a_failure_on_a_later_node_rolls_back_the_canary_too(fleet):
+    project, cluster, state = fleet
+    result = up(project, state, NOT_ON_NODE_2, "--canary", cluster.manager_hostname)
+    assert result.returncode == 1, result.stderr + result.stdout
+    outcome = json.loads(result.stdout)["data"]
+    assert [(n["node"], n["result"]) for n in outcome["nodes"]] == [
+        (cluster.manager_hostname, "rolled-back"), (cluster.worker_hostname, "rolled-back-by-swarm")]
+    assert "node 2/2" in outcome["message"] and "No such image" in outcome["message"]
+    manager = service_of(project, "primary", cluster.manager_hostname)
+    assert manager["Spec"]["Labels"]["io.lanectl.lane"] == "demo-h1"
+    assert manager["UpdateStatus"]["State"] == "rollback_completed", "the canary went back by Swarm's rollback"
+    code, data = fleet_status(project, state)
+    assert code == 0, data["problems"]
+    assert {lanes["primary"] for lanes in lanes_by_node(data).values()} == {"demo-h1"}
+
+
+def test_a_stopped_node_engine_shows_in_fleet_status_and_blocks_a_rollout_to_it(fleet):
+    project, cluster, state = fleet
+    cluster.stop_worker_engine()
+    deadline = time.monotonic() + 90
+    while True:
+        code, data = fleet_status(project, state)
+        states = {n["hostname"]: n["state"] for n in data["nodes"]}
+        if states[cluster.worker_hostname] == "down" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert states == {cluster.worker_hostname: "down", cluster.manager_hostname: "ready"}
+    assert code == 1 and not data["healthy"]
+    assert any(p.startswith(f"{cluster.worker_hostname}: node is down") for p in data["problems"])
+    manager_lanes = next(n for n in data["nodes"] if n["hostname"] == cluster.manager_hostname)["lanes"]
+    assert all(lane["serving"] for lane in manager_lanes), "the other node keeps serving"
+    refused = up(project, state, "demo-h1", "--nodes", f"{cluster.manager_hostname},{cluster.worker_hostname}")
+    assert refused.returncode == 1 and "down" in refused.stderr
+
+
+def test_the_local_lane_kept_running_on_this_engine_throughout(fleet):
+    project, cluster, state = fleet
+    result = project.cli("status", "--json", state=state, check=True)
+    data = json.loads(result.stdout)["data"]
+    row = next(r for r in data["lanes"] if r["lane"] == LOCAL_LANE)
+    assert row["active"] and row["health"] == "ok"
+    assert all(c["status"] == "running" and c["restarts"] == 0 for c in row["containers"])
+    mistaken = [name for name in data["unknown_containers"] if name.startswith(project.prefix)]
+    assert mistaken == [], "Swarm's task containers carry the image's lane labels but are not local lanes"
+    project.cli("down", LOCAL_LANE, state=state, check=True)
