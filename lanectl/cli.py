@@ -124,6 +124,9 @@ def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.")],
         out.print(f"{item['size']:>9}  {item['sha256'][:12]}  {item['path']}", markup=False)
     out.print("# ---- containers (start order) ----")
     out.print(json.dumps(result["containers"], indent=2), markup=False)
+    if result["services"]:
+        out.print("# ---- Swarm services (ServiceSpec, one per role and node) ----")
+        out.print(json.dumps(result["services"], indent=2), markup=False)
     if out_dir is not None:
         err.print(f"wrote the build context and containers.json to {out_dir}")
 
@@ -428,6 +431,7 @@ def fleet_status(as_json: JsonOption = False) -> None:
                 health = f"  health: {lane['health']}" if lane["health"] else ""
                 update = f"  last update: {lane['update']}" if lane["update"] else ""
                 problem = f"  [red]{lane['problem']}[/]" if lane["problem"] else ""
+                problem += f"  failed tasks: {lane['failed_tasks']}" if lane["failed_tasks"] else ""
                 out.print(f"    {lane['lane']:<20} {lane['role']:<8} task {lane['task']:<9}{health}{update}{problem}",
                           highlight=False)
             if not node["lanes"]:

@@ -42,6 +42,8 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
             entry = {
                 "recipe": service.recipe, "lane": service.lane, "role": service.role, "service": service.name,
                 "task": task.state if task else "none", "problem": problem,
+                # Swarm's restarts are the watchdog signal on a fleet: failed tasks in its (short) history.
+                "failed_tasks": sum(1 for t in service_tasks if t.state in ("failed", "rejected")),
                 "update": service.update_state, "update_message": service.update_message or None,
                 "previous_lane": service.previous_lane,
                 "health": None if probe is None else ("ok" if probe.ok else probe.detail),

@@ -229,3 +229,17 @@ def test_fleet_status_is_healthy_only_when_every_node_is_up_and_every_lane_answe
 
     hung = summarize(nodes, services, tasks, {"a": Probe(True, "200"), "b": Probe(False, "HTTP 503")})
     assert hung["problems"] == ["s2: f1 primary is not serving (HTTP 503)"]
+
+    restarted = summarize(nodes, services, {**tasks, "b": [task("failed", desired="shutdown", error="exit 1"),
+                                                          task("running", created="2026-11-30T11:00:00Z")]}, {})
+    assert restarted["healthy"], "Swarm restarted it and it serves"
+    assert [lane["failed_tasks"] for row in restarted["nodes"] for lane in row["lanes"]] == [0, 1]
+
+
+def test_render_shows_the_service_spec_of_each_role_on_each_of_the_recipe_nodes(catalog):
+    from lanectl.commands.render import render_lane
+
+    rendered = render_lane(catalog.lane("f2"), None)
+    assert [s["Name"] for s in rendered["services"]] == [
+        "fleet-t-primary-s2", "fleet-t-rtx-s2", "fleet-t-primary-s1", "fleet-t-rtx-s1"]
+    assert render_lane(catalog.lane("local"), None)["services"] == []

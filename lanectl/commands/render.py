@@ -13,10 +13,19 @@ from lanectl.render import plan_image
 
 def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
     plan = plan_image(lane)
-    containers = [spec.as_dict() for spec in plan_containers(lane, plan)]
+    specs = plan_containers(lane, plan)
+    containers = [spec.as_dict() for spec in specs]
     if out_dir is not None:
         _write_context(plan.files, containers, out_dir)
+    services = []
+    if lane.spec.placement.backend == "swarm":
+        from lanectl.fleet_plan import plan_service
+
+        # The recipe's nodes, or a placeholder when the lane may go to any node with its labels.
+        for node in lane.spec.placement.nodes or ["NODE"]:
+            services += [plan_service(lane, spec, node, with_gpus=True, inputs=plan.input_hash) for spec in specs]
     return {
+        "services": services,
         "lane": lane.name,
         "recipe": lane.recipe.id,
         "image": plan.tag,
