@@ -232,7 +232,7 @@ class FleetRollout:
                 changes.append(_Change(service_id, created=False))
                 self._journal(switch, f"{step}:update", node, f"{current.lane} -> {lane.name}")
                 failure = self._wait_update(lane, service_id, mark, step, rollback=False)
-                if failure is not None and failure.startswith("Swarm rolled back the update"):
+                if failure is not None and failure.startswith("Swarm rolled back the update:"):
                     changes[-1].rolled_back_by_swarm = True
             if container.role == ROLE_PRIMARY:
                 primary_id = service_id
@@ -386,7 +386,7 @@ class FleetRollout:
         """Until Swarm reports the update (or rollback) begun after `mark` finished: None, or what went wrong."""
         deadline = time.monotonic() + self._budget_seconds(lane)
         wanted = ROLLED_BACK if rollback else UPDATE_DONE
-        last, reason = "", ""
+        last, reason, task_state = "", "", ""
         while time.monotonic() < deadline:
             service = self.swarm.service(service_id)
             if service is None:
@@ -398,11 +398,16 @@ class FleetRollout:
             if state == "rollback_started" and not rollback:
                 reason = service.update_message  # why Swarm rolls back; once done it only says "rollback completed"
             if not rollback and state == ROLLED_BACK:
-                why = last_task_error(self.swarm.tasks(service_id)) or reason or service.update_message
-                return f"Swarm rolled back the update ({why})"
+                # Swarm's own message by then is only "rollback completed"; say what the new task did.
+                stuck = ("its health check never passed (the new task stayed 'starting')" if task_state == "starting"
+                         else f"the new task was last seen {task_state or 'pending'}")
+                why = last_task_error(self.swarm.tasks(service_id)) or reason or stuck
+                return f"Swarm rolled back the update: {why}"
             if state in UPDATE_FAILED_STATES:
                 return f"Swarm update {state}: {service.update_message}"
             task = current_task(self.swarm.tasks(service_id))
+            if task is not None and state == "updating":
+                task_state = task.state
             now = f"{state}; task {task.state if task else 'none'}" + (
                 f" ({task.error})" if task and task.error else "")
             if now != last:

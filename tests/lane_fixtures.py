@@ -107,6 +107,31 @@ def make_lane_project(base: Path) -> LaneProject:
     return LaneProject(root=root, recipe_id=f"lt-{unique}", prefix=f"lt-{unique}")
 
 
+LOCAL_LANE = "t-local"
+
+
+def make_fleet_project(base: Path) -> LaneProject:
+    """The demo recipe placed on Swarm, plus one lane that stays on the local engine with its own ports."""
+    project = make_lane_project(base)
+    path = project.root / "recipes" / "lanes.yaml"
+    text = path.read_text()
+    text = text.replace("\ndefaults:\n", "\ndefaults:\n  placement: {backend: swarm}\n", 1)
+    local_port, local_rtx_port = free_port(), free_port()
+    text += f"""
+  {LOCAL_LANE}:
+    description: not placed on Swarm; runs on this box's engine beside the fleet
+    placement: {{backend: local}}
+    engine:
+      ports: [{{container: 8000, host: {local_port}, host_ip: 127.0.0.1}}]
+    companions:
+      rtx:
+        engine:
+          ports: [{{container: 8001, host: {local_rtx_port}, host_ip: 127.0.0.1}}]
+"""
+    path.write_text(text)
+    return project
+
+
 def remove_containers(project: LaneProject) -> None:
     import docker
 

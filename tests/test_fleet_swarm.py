@@ -15,41 +15,18 @@ import docker
 import httpx
 import pytest
 
-from tests.lane_fixtures import LaneProject, free_port, make_lane_project, remove_everything
+from tests.lane_fixtures import LOCAL_LANE, LaneProject, make_fleet_project, remove_everything
 from tests.swarm_cluster import TwoNodeSwarm, two_node_swarm  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.docker
 
 SWARM_LANES = ["demo-h1", "demo-h2", "t-unhealthy", "t-hang", "t-spare"]
 NOT_ON_NODE_2 = "t-spare"  # built here but never copied to node 2: its update fails there
-LOCAL_LANE = "t-local"
-
-
-def fleet_project(base: Path) -> LaneProject:
-    """The demo recipe placed on Swarm, plus one lane that stays on the local engine with its own ports."""
-    project = make_lane_project(base)
-    path = project.root / "recipes" / "lanes.yaml"
-    text = path.read_text()
-    text = text.replace("\ndefaults:\n", "\ndefaults:\n  placement: {backend: swarm}\n", 1)
-    local_port, local_rtx_port = free_port(), free_port()
-    text += f"""
-  {LOCAL_LANE}:
-    description: not placed on Swarm; runs on this box's engine beside the fleet
-    placement: {{backend: local}}
-    engine:
-      ports: [{{container: 8000, host: {local_port}, host_ip: 127.0.0.1}}]
-    companions:
-      rtx:
-        engine:
-          ports: [{{container: 8001, host: {local_rtx_port}, host_ip: 127.0.0.1}}]
-"""
-    path.write_text(text)
-    return project
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, two_node_swarm: TwoNodeSwarm):  # noqa: F811
-    project = fleet_project(tmp_path_factory.mktemp("fleet"))
+    project = make_fleet_project(tmp_path_factory.mktemp("fleet"))
     build_state = tmp_path_factory.mktemp("fleet-build")
     project.cli("build", *SWARM_LANES, LOCAL_LANE, state=build_state, check=True, timeout=600)
     client = docker.from_env()
@@ -171,6 +148,7 @@ def test_swarm_rolls_back_a_lane_that_fails_its_health_check_and_the_rollout_sto
     assert outcome["result"] == "rolled-back"
     assert [(n["node"], n["result"]) for n in outcome["nodes"]] == [
         (cluster.worker_hostname, "rolled-back-by-swarm"), (cluster.manager_hostname, "not-reached")]
+    assert "its health check never passed" in outcome["message"]
     worker = service_of(project, "primary", cluster.worker_hostname)
     assert worker["UpdateStatus"]["State"] == "rollback_completed"
     assert worker["Spec"]["Labels"]["io.lanectl.lane"] == "demo-h1"

@@ -47,7 +47,7 @@ def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | Non
     roles = [c.role for c in plan_containers(lane, plan_image(lane))]
     lines = []
     for index, node in enumerate(order):
-        label = "canary" if index == 0 else f"then {node.hostname}"
+        label = "canary" if index == 0 else "then"
         services = ", ".join(service_name(lane, role, node.hostname) for role in roles)
         lines.append(f"would update {label} {node.hostname}: {services} (stop-first, Swarm rolls back a failed "
                      f"health check), then hold {lane.name} to its gate")
