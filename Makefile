@@ -29,6 +29,7 @@ bench: setup
 	$(BIN)/python benchmarks/lanes.py
 	$(BIN)/python benchmarks/watchdog.py
 	$(BIN)/python benchmarks/bench_client.py
+	$(BIN)/python benchmarks/fleet.py
 
 # Removes every image lanectl built (not the base images).
 clean-images:

@@ -1,0 +1,125 @@
+"""Figures for a fleet switch on a real two-node Swarm, against Swarm's own update measured in the same run.
+
+  lanectl: `FleetRollout.up(B)` from A on both nodes: lease, update each role's service, wait for
+           UpdateStatus completed, then the full gate (models, startup log, a generated token), node by node
+  raw:     the same ServiceSpecs sent node by node with the docker SDK; wait for UpdateStatus completed,
+           then for the node's /health to answer 200 (what a hand-written script would do)
+Both poll every 0.5 s. The difference is what lanectl adds on top of Swarm per switch: the lease, the
+journal and the gate. The CLI figure adds Python start-up and imports.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lanectl.containers import plan_containers  # noqa: E402
+from lanectl.fleet import FleetRollout  # noqa: E402
+from lanectl.fleet_plan import plan_service  # noqa: E402
+from lanectl.journal import Journal  # noqa: E402
+from lanectl.project import Project  # noqa: E402
+from lanectl.recipe.catalog import Lane, load_catalog  # noqa: E402
+from lanectl.render import plan_image  # noqa: E402
+from lanectl.swarm_engine import SwarmEngine  # noqa: E402
+from tests.lane_fixtures import make_fleet_project, remove_everything  # noqa: E402
+from tests.swarm_cluster import missing_prerequisites, start_two_node_swarm, stop_two_node_swarm  # noqa: E402
+
+REPEAT = 3
+POLL_SECONDS = 0.5
+
+
+class Quiet:
+    def step(self, text: str) -> None: ...
+
+    def gate(self, progress: object) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+def raw_switch(swarm: SwarmEngine, lane: Lane, nodes: list[tuple[str, str]]) -> float:
+    """Swarm's own update of the same specs, node by node, waiting for completed and then /health."""
+    plan = plan_image(lane)
+    port = lane.spec.engine.ports[0].published
+    started = time.perf_counter()
+    for hostname, addr in nodes:
+        services = {(s.role, s.node): s for s in swarm.lane_services()}
+        for container in plan_containers(lane, plan):
+            current = services[(container.role, hostname)]
+            mark = time.time()
+            swarm.update_service(current, plan_service(lane, container, hostname, with_gpus=False,
+                                                       inputs=plan.input_hash), os.environ)
+            while True:
+                service = swarm.service(current.id)
+                if service and service.update_state == "completed" and (service.update_started or 0) >= mark - 2:
+                    break
+                time.sleep(POLL_SECONDS)
+        while True:
+            try:
+                if httpx.get(f"http://{addr}:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(POLL_SECONDS)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    reason = missing_prerequisites()
+    if reason:
+        print(f"fleet: skipped ({reason})")
+        return
+    work = Path(tempfile.mkdtemp(prefix="lanectl-bench-fleet-"))
+    cluster = None
+    project = make_fleet_project(work)
+    state = work / "state"
+    try:
+        project.cli("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
+        cluster = start_two_node_swarm(work / "swarm")
+        client = docker.from_env()
+        cluster.load_images([tag for image in client.images.list(
+            filters={"label": f"io.lanectl.recipe={project.recipe_id}"}) for tag in image.tags])
+        catalog = load_catalog(Project.locate(project.root / "recipes"))
+        swarm = SwarmEngine()
+        rollout = FleetRollout(catalog, swarm, Journal(state / "fleet-journal.jsonl"), reporter=Quiet(),
+                               no_gpu=True, poll_seconds=POLL_SECONDS)
+        h1, h2 = catalog.lane("demo-h1"), catalog.lane("demo-h2")
+        assert rollout.up(h1).result == "ok"
+        nodes = [(cluster.manager_hostname, cluster.manager_addr), (cluster.worker_hostname, cluster.worker_addr)]
+        lanectl_times, raw_times = [], []
+        for _ in range(REPEAT):
+            started = time.perf_counter()
+            outcome = rollout.up(h2)
+            assert outcome.result == "ok", outcome.message
+            lanectl_times.append(time.perf_counter() - started)
+            raw_times.append(raw_switch(swarm, h1, nodes))  # back to h1 the raw way, ready for the next round
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "lanectl", "up", "demo-h2", "--fleet", "--no-gpu"], check=True,
+                       capture_output=True, env={**project.env(state)}, cwd=project.root, timeout=600)
+        cli = time.perf_counter() - started
+        lanectl_s, raw_s = statistics.median(lanectl_times), statistics.median(raw_times)
+        print("fleet switch on 2 nodes (stub lanes, medians of 3):")
+        print(f"  lanectl up --fleet (library)  {lanectl_s:6.2f} s")
+        print(f"  Swarm update + /health wait   {raw_s:6.2f} s   ratio {lanectl_s / raw_s:.2f}x, "
+              f"{(lanectl_s - raw_s) * 1000:+.0f} ms for leases, journal and the full gate")
+        print(f"  lanectl up --fleet (CLI)      {cli:6.2f} s   ratio {cli / raw_s:.2f}x (one run)")
+    finally:
+        if cluster is not None:
+            for service in docker.from_env().services.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
+                service.remove()
+        stop_two_node_swarm(cluster)
+        remove_everything(project)
+
+
+if __name__ == "__main__":
+    main()
