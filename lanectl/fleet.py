@@ -44,6 +44,7 @@ from lanectl.switching import Reporter, built_tag
 LEASE_MARGIN_SECONDS = 300
 # Swarm's UpdateStatus.StartedAt comes from the manager's clock; allow it to be a little behind ours.
 CLOCK_SLACK_SECONDS = 2.0
+SWARM_ROLLED_BACK = "Swarm rolled back the update: "
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ class FleetRollout:
                 changes.append(_Change(service_id, created=False))
                 self._journal(switch, f"{step}:update", node, f"{current.lane} -> {lane.name}")
                 failure = self._wait_update(lane, service_id, mark, step, rollback=False)
-                if failure is not None and failure.startswith("Swarm rolled back the update:"):
+                if failure is not None and failure.startswith(SWARM_ROLLED_BACK):
                     changes[-1].rolled_back_by_swarm = True
             if container.role == ROLE_PRIMARY:
                 primary_id = service_id
@@ -402,7 +403,7 @@ class FleetRollout:
                 stuck = ("its health check never passed (the new task stayed 'starting')" if task_state == "starting"
                          else f"the new task was last seen {task_state or 'pending'}")
                 why = last_task_error(self.swarm.tasks(service_id)) or reason or stuck
-                return f"Swarm rolled back the update: {why}"
+                return SWARM_ROLLED_BACK + why
             if state in UPDATE_FAILED_STATES:
                 return f"Swarm update {state}: {service.update_message}"
             task = current_task(self.swarm.tasks(service_id))
