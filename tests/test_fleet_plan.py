@@ -243,3 +243,22 @@ def test_render_shows_the_service_spec_of_each_role_on_each_of_the_recipe_nodes(
     assert [s["Name"] for s in rendered["services"]] == [
         "fleet-t-primary-s2", "fleet-t-rtx-s2", "fleet-t-primary-s1", "fleet-t-rtx-s1"]
     assert render_lane(catalog.lane("local"), None)["services"] == []
+
+
+def test_doctor_says_what_a_swarm_placement_needs(catalog):
+    from lanectl.commands.doctor import swarm_findings
+
+    lanes = [catalog.lane("f1")]
+    [finding] = swarm_findings({"Swarm": {"LocalNodeState": "inactive"}}, [], lanes)
+    assert finding.severity == "error" and "not in a Swarm (inactive)" in finding.detail
+    assert "docker swarm init" in finding.fix
+    worker = swarm_findings({"Swarm": {"LocalNodeState": "active", "ControlAvailable": False}}, [], lanes)
+    assert "is a worker" in worker[0].detail
+    gpu_node = NodeInfo(id="a", hostname="s1", state="ready", availability="active", role="manager", addr="",
+                        gpus={"NVIDIA-GPU": 4})
+    manager = {"Swarm": {"LocalNodeState": "active", "ControlAvailable": True}}
+    found = swarm_findings(manager, [gpu_node, node("s2", state="down")], lanes)
+    assert [(f.check, f.severity) for f in found] == [("swarm", "warn"), ("swarm gpus", "warn")]
+    assert found[0].detail == "manager of 2 node(s); not ready: s2"
+    assert found[1].detail == "nodes advertising no NVIDIA-GPU: s2"
+    assert [f.severity for f in swarm_findings(manager, [gpu_node], lanes)] == ["ok", "ok"]

@@ -108,6 +108,10 @@ def test_up_on_both_nodes_canary_first(fleet):
     assert {r["node"] for r in steps} == {cluster.worker_hostname, cluster.manager_hostname}
     assert steps[0]["node"] == cluster.worker_hostname, "the canary is journaled first"
 
+    doctor = json.loads(project.cli("doctor", "--json", state=state).stdout)["data"]["findings"]
+    swarm = next(f for f in doctor if f["check"] == "swarm")
+    assert (swarm["severity"], swarm["detail"]) == ("ok", "manager of 2 node(s)")
+
 
 def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
     project, cluster, state = fleet

@@ -54,6 +54,40 @@ def diagnose(catalog: Catalog | None) -> list[Finding]:
     findings.append(_cron())
     if engine is not None and catalog is not None:
         findings += _base_images(engine, catalog)
+        swarm_lanes = [lane for lane in catalog.lanes.values() if lane.spec.placement.backend == "swarm"]
+        if swarm_lanes:
+            nodes = []
+            if (info.get("Swarm") or {}).get("ControlAvailable"):
+                from lanectl.swarm_engine import SwarmEngine
+
+                nodes = SwarmEngine(engine.client).nodes()
+            findings += swarm_findings(info, nodes, swarm_lanes)
+    return findings
+
+
+def swarm_findings(info: dict[str, Any], nodes: list[Any], lanes: list[Any]) -> list[Finding]:
+    """For recipes that place lanes on Swarm: is this a manager, and do the nodes offer the GPUs asked for."""
+    swarm = info.get("Swarm") or {}
+    if swarm.get("LocalNodeState") != "active" or not swarm.get("ControlAvailable"):
+        state = swarm.get("LocalNodeState") or "inactive"
+        role = "a worker" if state == "active" else f"not in a Swarm ({state})"
+        return [Finding("swarm", "error", f"{len(lanes)} lane(s) are placed on Swarm but this engine is {role}",
+                        "run lanectl --fleet on a manager; create a swarm with `docker swarm init` and join the "
+                        "other boxes with `docker swarm join`")]
+    down = sorted(n.hostname for n in nodes if n.state != "ready")
+    findings = [Finding("swarm", "warn" if down else "ok",
+                        f"manager of {len(nodes)} node(s)" + (f"; not ready: {', '.join(down)}" if down else ""),
+                        "see `lanectl fleet status`" if down else "")]
+    kinds = sorted({lane.spec.placement.gpu_resource for lane in lanes
+                    if lane.spec.engine.gpus is not None or any(c.engine.gpus for c in lane.spec.companions.values())})
+    for kind in kinds:
+        lacking = sorted(n.hostname for n in nodes if not n.gpus.get(kind))
+        if lacking:
+            findings.append(Finding("swarm gpus", "warn", f"nodes advertising no {kind}: {', '.join(lacking)}",
+                                    f"start their dockerd with --node-generic-resource {kind}=GPU-<uuid> per GPU "
+                                    "(and swarm-resource in the NVIDIA runtime config), or keep GPU lanes off them"))
+        else:
+            findings.append(Finding("swarm gpus", "ok", f"every node advertises {kind}"))
     return findings
 
 
