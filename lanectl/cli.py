@@ -243,29 +243,28 @@ def _node_list(nodes: str | None, canary: str | None, fleet: bool) -> list[str]:
 def _finish_fleet(outcome: Any, as_json: bool) -> None:
     if as_json:
         emit_json("fleet-switch", outcome.as_dict())
-    else:
-        colour = "green" if outcome.exit_code == 0 else "red"
-        for node in outcome.nodes:
-            out.print(f"  {node.node:<24} {node.result:<22} {node.detail}", markup=False, highlight=False)
-        out.print(f"[{colour}]{outcome.result}[/]: {outcome.message}", highlight=False)
-        if outcome.diagnostics.get("log_tail"):
-            err.print("[bold]last log lines of the failed node's service:[/]")
-            for line in outcome.diagnostics["log_tail"][-15:]:
-                err.print(f"  {line}", markup=False, highlight=False)
-    raise typer.Exit(outcome.exit_code)
+        raise typer.Exit(outcome.exit_code)
+    for node in outcome.nodes:
+        out.print(f"  {node.node:<24} {node.result:<22} {node.detail}", markup=False, highlight=False)
+    _print_outcome(outcome, "the failed node's service")
 
 
 def _finish(outcome: SwitchOutcome, as_json: bool) -> None:
     if as_json:
         emit_json("switch", {"result": outcome.result, "message": outcome.message, "lane": outcome.lane,
                              "steps": list(outcome.steps), "diagnostics": outcome.diagnostics})
-    else:
-        colour = "green" if outcome.exit_code == 0 else "red"
-        out.print(f"[{colour}]{outcome.result}[/]: {outcome.message}", highlight=False)
-        if outcome.diagnostics.get("log_tail"):
-            err.print("[bold]last log lines of the failed lane:[/]")
-            for line in outcome.diagnostics["log_tail"][-15:]:
-                err.print(f"  {line}", markup=False, highlight=False)
+        raise typer.Exit(outcome.exit_code)
+    _print_outcome(outcome, "the failed lane")
+
+
+def _print_outcome(outcome: Any, failed: str) -> None:
+    """The result line on stdout, the failed engine's last lines on stderr; exits with the outcome's code."""
+    colour = "green" if outcome.exit_code == 0 else "red"
+    out.print(f"[{colour}]{outcome.result}[/]: {outcome.message}", highlight=False)
+    if outcome.diagnostics.get("log_tail"):
+        err.print(f"[bold]last log lines of {failed}:[/]")
+        for line in outcome.diagnostics["log_tail"][-15:]:
+            err.print(f"  {line}", markup=False, highlight=False)
     raise typer.Exit(outcome.exit_code)
 
 

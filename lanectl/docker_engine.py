@@ -153,11 +153,16 @@ class ContainerState:
     @property
     def started_epoch(self) -> float | None:
         """When the current (or last) run started, as a UNIX time; None if it never started."""
-        if not self.started_at or self.started_at.startswith("0001-"):
-            return None
-        # Docker reports nanoseconds ("2026-11-30T08:48:03.123456789Z"); datetime takes microseconds.
-        head, _, fraction = self.started_at.rstrip("Z").partition(".")
-        return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00").timestamp()
+        return docker_epoch(self.started_at)
+
+
+def docker_epoch(stamp: str | None) -> float | None:
+    """A Docker timestamp as a UNIX time; None for Docker's zero time ("0001-01-01…") or none at all."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    # Docker reports nanoseconds ("2026-11-30T08:48:03.123456789Z"); datetime takes microseconds.
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00").timestamp()
 
 
 class NoGpuRuntime(OperationFailed):

@@ -10,13 +10,12 @@ import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import docker
 import docker.errors
 
-from lanectl.docker_engine import DockerEngine
+from lanectl.docker_engine import DockerEngine, docker_epoch
 from lanectl.errors import OperationFailed
 from lanectl.fleet_plan import FLEET_LABEL, LEASE_LABEL, NodeInfo, TaskInfo
 from lanectl.render import LABEL_PREFIX
@@ -205,14 +204,6 @@ def _lease_since(value: str) -> float | None:
         return None
 
 
-def _epoch(stamp: str | None) -> float | None:
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    head, _, fraction = stamp.rstrip("Z").partition(".")
-    fraction = fraction.split("+")[0]
-    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00").timestamp()
-
-
 def _node(raw: dict[str, Any]) -> NodeInfo:
     description = raw.get("Description") or {}
     resources = (description.get("Resources") or {}).get("GenericResources") or []
@@ -243,7 +234,7 @@ def _service(raw: dict[str, Any]) -> ServiceState:
     return ServiceState(
         id=raw["ID"], name=raw["Spec"]["Name"], version=int(raw["Version"]["Index"]), spec=raw["Spec"],
         previous_spec=raw.get("PreviousSpec"), update_state=update.get("State"),
-        update_started=_epoch(update.get("StartedAt")), update_message=str(update.get("Message", "")),
+        update_started=docker_epoch(update.get("StartedAt")), update_message=str(update.get("Message", "")),
     )
 
 
