@@ -218,6 +218,8 @@ def test_the_local_lane_kept_running_on_this_engine_throughout(fleet):
     row = next(r for r in data["lanes"] if r["lane"] == LOCAL_LANE)
     assert row["active"] and row["health"] == "ok"
     assert all(c["status"] == "running" and c["restarts"] == 0 for c in row["containers"])
+    on_swarm = [c["name"] for r in data["lanes"] if r["lane"] != LOCAL_LANE for c in r["containers"]]
+    assert on_swarm == [], "Swarm's task containers are not listed as containers of local lanes"
     mistaken = [name for name in data["unknown_containers"] if name.startswith(project.prefix)]
     assert mistaken == [], "Swarm's task containers carry the image's lane labels but are not local lanes"
     project.cli("down", LOCAL_LANE, state=state, check=True)
