@@ -9,11 +9,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.conftest import REPO
+
+if TYPE_CHECKING:
+    import docker
 
 FAULT_LANES = """
   t-spare:
@@ -137,10 +142,25 @@ def remove_containers(project: LaneProject) -> None:
 
     client = docker.from_env()
     for container in client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
+        remove_container(client, container.id)
+
+
+def remove_container(client: docker.DockerClient, container_id: str, timeout: float = 60) -> None:
+    """Force-remove a container, tolerating an engine that is already removing it (a Swarm service's
+    removal takes its task containers away on its own): then wait until it is gone."""
+    import docker
+
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            container.remove(force=True)
+            client.api.remove_container(container_id, force=True)
+            return
         except docker.errors.NotFound:
-            pass  # a Swarm task container its service's removal took away meanwhile
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # 409: "removal of container … is already in progress"
 
 
 def remove_everything(project: LaneProject) -> None:
