@@ -122,6 +122,9 @@ def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.")],
     out.print("# ---- build context ----")
     for item in result["context"]:
         out.print(f"{item['size']:>9}  {item['sha256'][:12]}  {item['path']}", markup=False)
+    for tree in result["kernel_sources"]:
+        where = f"fetched: {tree['fetched']}" if tree["fetched"] else "not fetched yet: `lanectl build` fetches it"
+        out.print(f"{'tree':>9}  {'':12}  {tree['context']}  <- {tree['origin']} ({where})", markup=False)
     out.print("# ---- containers (start order) ----")
     out.print(json.dumps(result["containers"], indent=2), markup=False)
     if result["services"]:

@@ -12,7 +12,12 @@ from lanectl.render import plan_image
 
 
 def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
-    plan = plan_image(lane)
+    from lanectl.kernel_source import cached_source
+    from lanectl.project import cache_dir
+
+    cached = {kernel.name: source.path for kernel in lane.kernels
+              if kernel.source.git is not None and (source := cached_source(kernel, cache_dir())) is not None}
+    plan = plan_image(lane, cached)
     specs = plan_containers(lane, plan)
     containers = [spec.as_dict() for spec in specs]
     if out_dir is not None:
@@ -35,6 +40,8 @@ def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
         "dockerfile": plan.dockerfile,
         "context": [{"path": f.path, "size": len(f.content), "mode": f"{f.mode:o}",
                      "sha256": hashlib.sha256(f.content).hexdigest()} for f in plan.files],
+        "kernel_sources": [{"kernel": tree.kernel, "context": f"{tree.prefix}/", "origin": tree.origin,
+                            "fetched": str(tree.path) if tree.path else None} for tree in plan.fetched_trees],
         "containers": containers,
     }
 

@@ -16,6 +16,7 @@ from lanectl.recipe.model import DIGEST_PIN, GIT_COMMIT, EnvName, EnvValue, Stri
 
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DOTTED_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+CUDA_ARCH = r"[0-9]+\.[0-9]+[af]?"
 
 
 class KernelSource(Strict):
@@ -39,6 +40,10 @@ class KernelSource(Strict):
 class KernelBuilder(Strict):
     image: str | None = Field(None, description="Builder image; default: the lane's base image.")
     local: bool = Field(False, description="The builder is built on this host (make base-image).")
+    requires: list[Literal["nvcc", "torch"]] = Field(
+        default_factory=list,
+        description="What the build needs from the builder (nvcc; torch with its C++ headers), checked first.",
+    )
 
     @model_validator(mode="after")
     def _pinned(self) -> KernelBuilder:
@@ -74,16 +79,10 @@ class OpSchemaCheck(Strict):
 
 
 class KernelSmoke(Strict):
-    imports: list[str] = Field(min_length=1, description="Modules that must all import.")
-    op_schema: OpSchemaCheck | None = None
+    """Checked in the image build without importing the module (a GPU-less build step has no
+    libcuda): its file name, its init symbol and this op's schema. The engine imports it at start."""
 
-    @field_validator("imports")
-    @classmethod
-    def _dotted(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(DOTTED_NAME, name):
-                raise ValueError(f"{name!r} must be a dotted module name")
-        return value
+    op_schema: OpSchemaCheck
 
 
 class KernelSpec(Strict):
@@ -94,6 +93,11 @@ class KernelSpec(Strict):
     source: KernelSource
     builder: KernelBuilder = KernelBuilder()
     archs: list[str] = Field(default_factory=list, description="CUDA archs, e.g. 9.0a, 10.0f.")
+    arch_switches: dict[str, EnvName] = Field(
+        default_factory=dict,
+        description="For a source that picks its own archs (FlashMLA ignores TORCH_CUDA_ARCH_LIST): the env "
+                    "switch that turns each arch off; an arch not in `archs` gets its switch set to 1.",
+    )
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     build: list[str] = Field(
         min_length=1,
@@ -106,6 +110,21 @@ class KernelSpec(Strict):
     @classmethod
     def _archs(cls, value: list[str]) -> list[str]:
         for arch in value:
-            if not re.fullmatch(r"[0-9]+\.[0-9]+[af]?", arch):
+            if not re.fullmatch(CUDA_ARCH, arch):
                 raise ValueError(f"{arch!r} is not a CUDA arch like 9.0a or 10.0f")
         return value
+
+    @model_validator(mode="after")
+    def _switches_cover_archs(self) -> KernelSpec:
+        if not self.arch_switches:
+            return self
+        for arch in self.arch_switches:
+            if not re.fullmatch(CUDA_ARCH, arch):
+                raise ValueError(f"arch_switches: {arch!r} is not a CUDA arch like 9.0a or 10.0f")
+        unknown = [arch for arch in self.archs if arch not in self.arch_switches]
+        if unknown:
+            raise ValueError(f"archs {unknown} have no entry in arch_switches: this source cannot be told to "
+                             f"build them (it builds {sorted(self.arch_switches)})")
+        if not self.archs:
+            raise ValueError("arch_switches needs archs: name the archs to build")
+        return self
