@@ -142,6 +142,36 @@ class Engine(Strict):
     user: str | None = None
     stop_timeout_seconds: int = Field(30, ge=0, le=3600)
 
+    @field_validator("env")
+    @classmethod
+    def _splitkv_settings(cls, env: dict[str, str]) -> dict[str, str]:
+        check_splitkv_env(env)
+        return env
+
+
+# The split-KV overlay (patches/vllm/57711-splitkv-overlay.patch) merges at most this many partials
+# (its combine kernel's MAX_SPLITS); vLLM would otherwise log the overlay as off and serve unsplit.
+SPLITKV_MAX_SPLITS = 8
+SPLITKV_SPLITS_ENV = "VLLM_DSV41_MEGA_SPLITKV"
+SPLITKV_TOKENS_ENV = "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS"
+
+
+def check_splitkv_env(env: dict[str, str]) -> None:
+    """The overlay's settings, refused here rather than silently turned off in the engine."""
+    splits = env.get(SPLITKV_SPLITS_ENV)
+    if splits is not None:
+        if not re.fullmatch(r"[0-9]{1,3}", splits.strip()) or not _splitkv_splits_ok(int(splits)):
+            raise ValueError(f"{SPLITKV_SPLITS_ENV}={splits!r}: give 0 (off) or a power of two from 2 to "
+                             f"{SPLITKV_MAX_SPLITS}, the most the overlay's combine kernel merges")
+    tokens = env.get(SPLITKV_TOKENS_ENV)
+    if tokens is not None and (not re.fullmatch(r"[0-9]{1,4}", tokens.strip()) or int(tokens) < 1):
+        raise ValueError(f"{SPLITKV_TOKENS_ENV}={tokens!r}: give the decode query-token count of the one "
+                         "request that splits (1 + draft tokens), at least 1")
+
+
+def _splitkv_splits_ok(splits: int) -> bool:
+    return splits in (0, 1) or (2 <= splits <= SPLITKV_MAX_SPLITS and splits & (splits - 1) == 0)
+
 
 
 class Companion(Strict):
