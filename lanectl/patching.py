@@ -611,7 +611,7 @@ def _check_creation_target(file_patch: FilePatch, target: Path) -> _FileOutcome:
     if not os.path.lexists(target):
         return _FileOutcome(FileReport(path=file_patch.path, status=PatchStatus.CREATES, offsets=()), content)
     if not target.is_file():
-        return _missing(file_patch, f"the patch creates {file_patch.path}, but {target} exists and is not a file")
+        return _missing(file_patch, f"the patch creates this file, but {target} exists and is not a file")
     existing = _read_text(target)
     if existing == content:
         return _FileOutcome(FileReport(path=file_patch.path, status=PatchStatus.ALREADY_UPSTREAM, offsets=()), None)
@@ -620,7 +620,7 @@ def _check_creation_target(file_patch: FilePatch, target: Path) -> _FileOutcome:
     differs_at = next((n for n in range(same) if old_lines[n] != new_lines[n]), same)
     return _missing(
         file_patch,
-        f"the patch creates {file_patch.path}, but it already exists with other content "
+        "the patch creates this file, but it already exists with other content "
         f"({len(old_lines)} lines; first difference at line {differs_at + 1}); "
         "rebase the patch on what is there, or rename the new file",
     )

@@ -666,8 +666,8 @@ def test_a_file_the_patch_creates_that_exists_with_other_content_conflicts(tmp_p
 
     assert patching.format_report(report) == [
         "conflicts  demo/change.patch",
-        "  pkg/ops/new/_probe.py: the patch creates pkg/ops/new/_probe.py, but it already exists with other "
-        "content (3 lines; first difference at line 3); rebase the patch on what is there, or rename the new file",
+        "  pkg/ops/new/_probe.py: the patch creates this file, but it already exists with other content "
+        "(3 lines; first difference at line 3); rebase the patch on what is there, or rename the new file",
     ]
     assert tree_snapshot(root) == before
 

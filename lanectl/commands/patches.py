@@ -30,6 +30,8 @@ def check_project_patches(project: Project, progress: Console | None = None) -> 
             "upstream": patch.upstream,
             "base": patch.base,
             "targets": list(patch.targets),
+            # Per file: applies | creates | already-upstream | conflicts (the patch's status sums them up).
+            "files": [{"path": f.path, "status": str(f.status)} for f in report.files],
             "lines": format_report(report),
         })
     return result
