@@ -21,7 +21,7 @@ import pydantic
 from pydantic import BaseModel, ValidationError
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
-from lanectl.project import Project
+from lanectl.project import Project, leaves
 from lanectl.recipe.kernel import KernelSpec
 from lanectl.recipe.model import LaneSpec, Naming, RecipeFile, merge
 from lanectl.recipe.yaml_source import (
@@ -211,7 +211,11 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
     template_name = image.get("template") if isinstance(image, dict) else None
     if isinstance(template_name, str):
         template = project.images_dir / template_name / "Dockerfile.j2"
-        if not template.is_file():
+        if leaves(template.parent, project.images_dir):
+            problems.append(_problem(doc, locate(("image", "template")),
+                                     f"{template_name} leads out of images/ (through '..' or a symlink); "
+                                     "keep templates inside images/"))
+        elif not template.is_file():
             known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
             problems.append(_problem(doc, locate(("image", "template")),
                                      f"no template {project.display(template)}; known templates: "
@@ -233,6 +237,11 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
         if not isinstance(patch, dict) or not isinstance(patch.get("path"), str):
             continue
         path = project.patches_dir / patch["path"]
+        if leaves(path, project.patches_dir):
+            problems.append(_problem(doc, locate(("patches", i, "path")),
+                                     f"{patch['path']} leads out of patches/ (through '..' or a symlink); "
+                                     "keep patch files inside patches/"))
+            continue
         if not path.is_file():
             problems.append(_problem(doc, locate(("patches", i, "path")),
                                      f"no patch file {project.display(path)}; paths are relative to patches/"))
@@ -303,6 +312,10 @@ class _KernelLoader:
         if not os.path.lexists(path):
             return None
         shown = self.project.display(path)
+        if leaves(path, self.project.kernels_dir):
+            self.problems.append(Problem(shown, 0, 0, "", "leads out of kernels/ (through '..' or a symlink); "
+                                                          "keep kernel files inside kernels/"))
+            return _INVALID
         try:
             doc = read_yaml_file(path, shown)
         except YamlSyntaxError as exc:
@@ -316,6 +329,11 @@ class _KernelLoader:
         if kernel.name != name:
             self.problems.append(_problem(doc, ("name",), f"is {kernel.name!r} but the file is {name}.yaml; "
                                                           "they must match"))
+            return _INVALID
+        if kernel.source.path is not None and leaves(self.project.root / kernel.source.path, self.project.root):
+            self.problems.append(_problem(doc, ("source", "path"),
+                                          f"{kernel.source.path} leads out of the project (through '..' or a "
+                                          "symlink); keep kernel sources inside the project"))
             return _INVALID
         if kernel.source.path is not None and not (self.project.root / kernel.source.path).is_dir():
             self.problems.append(_problem(doc, ("source", "path"),
