@@ -21,6 +21,8 @@ from typing import Any
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
+from lanectl.errors import BadInput
+from lanectl.project import leaves
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.kernel import KernelSpec
 
@@ -271,6 +273,10 @@ def _folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextF
     out = []
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
+        if leaves(path, folder):
+            # A symlink in the project must not carry a host file into the image.
+            raise BadInput(f"{path} leads out of {folder} (a symlink to {path.resolve()}); "
+                           "copy the file into the folder instead")
         if path.is_dir() or rel.as_posix() in skip or "__pycache__" in rel.parts or path.suffix == ".pyc":
             continue
         mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
