@@ -16,7 +16,7 @@ COPY --from=kernel-flashmla-splitkv /lanectl/kernel-out/ /usr/local/lib/python3.
 RUN ["python3", "/lanectl/kernel_smoke.py", "{\"argument\": \"mega_num_splits\", \"beside\": \"_flashmla_C\", \"dir\": \"/usr/local/lib/python3.12/dist-packages/vllm\", \"module\": \"_flashmla_splitkv_C\", \"op\": \"torch.ops._flashmla_splitkv_C.fused_norm_rope_attn_rope_cast_decode\"}"]
 COPY lanectl-build/patching.py /lanectl/patching.py
 COPY patches/ /lanectl/patches/
-RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/usr/local/lib/python3.12/dist-packages", "/lanectl/patches/vllm/60945-rejection-sampler-guard.patch"]
+RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/usr/local/lib/python3.12/dist-packages", "/lanectl/patches/vllm/60945-rejection-sampler-guard.patch", "/lanectl/patches/vllm/57711-splitkv-overlay.patch"]
 ENV VLLM_DSV41_MEGA_SPLITKV="4"
 ENV VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS="6"
 ENV VLLM_LOGGING_LEVEL="INFO"
