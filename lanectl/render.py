@@ -127,7 +127,6 @@ def plan_image(lane: Lane) -> ImagePlan:
         "recipe": lane.recipe.id,
         "base": spec.image.base,
         "python_site": spec.image.python_site,
-        "build_args": dict(sorted(spec.image.build_args.items())),
         "kernels": kernels,
         "patches": patches,
         "env": dict(sorted(spec.engine.env.items())),

@@ -12,10 +12,22 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lanectl.recipe.model import DIGEST_PIN, GIT_COMMIT, EnvName, EnvValue, Strict
+from lanectl.recipe.model import (
+    DIGEST_PIN,
+    GIT_COMMIT,
+    EnvValue,
+    ImageReference,
+    PlainEnvName,
+    Strict,
+)
 
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DOTTED_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+# The source is fetched with `git fetch URL COMMIT` in the build: a URL starting with '-' would be read as an
+# option (`--upload-pack=...` runs a command), so only URL and scp-like forms, one word, are allowed.
+GIT_URL = r"(?:https?|ssh|git)://[^\s'\"\\]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s'\"\\]+"
+GIT_REF = r"refs/[A-Za-z0-9_./+-]+"
+SUBMODULE_PATH = r"[A-Za-z0-9_+][A-Za-z0-9_./+-]*"
 
 
 class KernelSource(Strict):
@@ -24,6 +36,28 @@ class KernelSource(Strict):
     commit: str | None = Field(None, pattern=GIT_COMMIT, description="The pinned commit (40 hex).")
     submodules: list[str] = Field(default_factory=list, description="Submodule paths the build needs.")
     path: str | None = Field(None, description="A source folder in this project, relative to its root.")
+
+    @field_validator("git")
+    @classmethod
+    def _git_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(GIT_URL, value):
+            raise ValueError(f"{value!r} is not a git URL (https://, ssh://, git:// or user@host:path, one word)")
+        return value
+
+    @field_validator("ref")
+    @classmethod
+    def _git_ref(cls, value: str | None) -> str | None:
+        if value is not None and (not re.fullmatch(GIT_REF, value) or ".." in value):
+            raise ValueError(f"{value!r} is not a full git ref like refs/pull/25/head")
+        return value
+
+    @field_validator("submodules")
+    @classmethod
+    def _submodule_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not re.fullmatch(SUBMODULE_PATH, path) or ".." in path.split("/"):
+                raise ValueError(f"{path!r} is not a submodule path relative to the repository")
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> KernelSource:
@@ -37,7 +71,7 @@ class KernelSource(Strict):
 
 
 class KernelBuilder(Strict):
-    image: str | None = Field(None, description="Builder image; default: the lane's base image.")
+    image: ImageReference | None = Field(None, description="Builder image; default: the lane's base image.")
     local: bool = Field(False, description="The builder is built on this host (make base-image).")
 
     @model_validator(mode="after")
@@ -94,7 +128,8 @@ class KernelSpec(Strict):
     source: KernelSource
     builder: KernelBuilder = KernelBuilder()
     archs: list[str] = Field(default_factory=list, description="CUDA archs, e.g. 9.0a, 10.0f.")
-    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    env: dict[PlainEnvName, EnvValue] = Field(default_factory=dict, description="Baked into the build stage; "
+                                              "names that look like secrets are refused.")
     build: list[str] = Field(
         min_length=1,
         description="Shell commands run in the source folder; they leave the module in $LANECTL_KERNEL_OUT.",
