@@ -31,8 +31,9 @@ app.add_typer(watchdog_app, name="watchdog")
 fleet_app = typer.Typer(no_args_is_help=True, help="Lanes on a fleet of boxes, run by Docker Swarm.")
 app.add_typer(fleet_app, name="fleet")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No emoji codes: "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7".
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 RecipesOption = Annotated[
     Path | None,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.project import Project
 from lanectl.recipe.kernel import KernelSpec
-from lanectl.recipe.model import LaneSpec, Naming, RecipeFile, merge
+from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
 from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, load_yaml
 
 ROLE_PRIMARY = "primary"
@@ -98,7 +98,7 @@ def recipe_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
 
 def _declares_recipe(path: Path) -> bool:
     head = path.read_text(encoding="utf-8", errors="replace")[:4096]
-    return re.search(r"^schema:\s*lanectl/", head, re.MULTILINE) is not None
+    return re.search(r"^schema:\s*[\"']?lanectl/", head, re.MULTILINE) is not None
 
 
 def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:
@@ -198,7 +198,7 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
     problems = []
     image = merged.get("image")
     template_name = image.get("template") if isinstance(image, dict) else None
-    if isinstance(template_name, str):
+    if isinstance(template_name, str) and re.fullmatch(TEMPLATE_NAME, template_name):
         template = project.images_dir / template_name / "Dockerfile.j2"
         if not template.is_file():
             known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
@@ -219,8 +219,9 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             found_kernels.append(kernel)
     patches = merged.get("patches")
     for i, patch in enumerate(patches if isinstance(patches, list) else []):
-        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str):
-            continue
+        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str) or CONTROL_CHARACTER.search(
+                patch["path"]):
+            continue  # the model reports it
         path = project.patches_dir / patch["path"]
         if not path.is_file():
             problems.append(_problem(doc, locate(("patches", i, "path")),

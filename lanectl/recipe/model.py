@@ -18,6 +18,7 @@ DOCKER_OBJECT_NAME = r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"
 # `user` as Docker takes it: name, uid, name:group or uid:gid (names in the shadow-utils character set).
 USER_SPEC = r"(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10})(?::(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10}))?"
 ROLE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
+TEMPLATE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 RECIPE_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 DIGEST_PIN = re.compile(r"@sha256:[0-9a-f]{64}$")
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -272,7 +273,7 @@ class Companion(Strict):
 
 
 class ImageSpec(Strict):
-    template: str = Field(description="Folder under images/ holding Dockerfile.j2.")
+    template: str = Field(pattern=TEMPLATE_NAME, description="Folder under images/ holding Dockerfile.j2.")
     base: ImageReference = Field(description="Base image, pinned by digest (name:tag@sha256:…).")
     local_base: bool = Field(
         False, description="The base is built on this host (make base-image) and has no registry digest."
@@ -292,7 +293,7 @@ class ImageSpec(Strict):
 
 
 class PatchRef(Strict):
-    path: str = Field(description="Patch file, relative to patches/.")
+    path: str = Field(pattern=r"^[^\x00-\x1f\x7f]+$", description="Patch file, relative to patches/.")
     sha256: str = Field(pattern=SHA256_HEX, description="sha256 of the patch file, so a reviewed patch cannot drift.")
 
 
@@ -484,13 +485,17 @@ class Naming(Strict):
             raise ValueError("naming.container must contain {lane}")
         if "{role}" not in self.companion:
             raise ValueError("naming.companion must contain {role}")
-        # Lane names and roles are themselves valid Docker names, so one stand-in checks every expansion.
-        for key, template in (("container", self.container), ("companion", self.companion)):
-            expanded = template.replace("{container}", "a").replace("{lane}", "a").replace("{role}", "a")
-            if not re.fullmatch(DOCKER_OBJECT_NAME, expanded):
-                raise ValueError(f"naming.{key} {template!r} does not expand to a Docker container name "
-                                 f"({DOCKER_OBJECT_NAME}, placeholders {{lane}}, {{container}}, {{role}})")
         return self
+
+    @field_validator("container", "companion")
+    @classmethod
+    def _docker_name(cls, value: str) -> str:
+        # Lane names and roles are themselves valid Docker names, so one stand-in checks every expansion.
+        expanded = value.replace("{container}", "a").replace("{lane}", "a").replace("{role}", "a")
+        if not re.fullmatch(DOCKER_OBJECT_NAME, expanded):
+            raise ValueError(f"{value!r} does not expand to a Docker container name ({DOCKER_OBJECT_NAME} "
+                             "with the placeholders {lane}, {container}, {role})")
+        return value
 
 
 class RecipeFile(Strict):
