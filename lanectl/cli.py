@@ -198,9 +198,10 @@ class ConsoleReporter:
         self.quiet = quiet
         self.last_gate_print = 0.0
 
-    def step(self, text: str) -> None:
+    def step(self, text: str, *, ok: bool = True) -> None:
         if not self.quiet:
-            self.console.print(f"[green]✓[/] {text}", highlight=False)
+            self.console.print("[green]✓[/] " if ok else "[red]✗[/] ", end="", highlight=False)
+            self.console.print(text, markup=False, highlight=False)
 
     def note(self, text: str) -> None:
         if not self.quiet:
