@@ -359,8 +359,16 @@ def _message(error: Any, model: type[BaseModel], loc: PathKey) -> str:
         if message.startswith(prefix):
             return message[len(prefix):]
     if "input" in error and not isinstance(error["input"], dict | list):
-        message += f", got {error['input']!r}"
+        message += f", got {_shown(error['input'])}"
     return message
+
+
+def _shown(value: Any) -> str:
+    """A rejected value, short: a 400-digit integer or a 1 MB string is named, not echoed."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {len(str(value)) if value.bit_length() < 14000 else 'thousands of'} digits"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "…"
 
 
 def _allowed_keys(model: type[BaseModel], loc: PathKey) -> list[str]:

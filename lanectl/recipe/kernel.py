@@ -8,17 +8,18 @@ becomes `vllm/_flashmla_splitkv_C` next to `vllm/_flashmla_C`.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from lanectl.recipe.model import (
     DIGEST_PIN,
     GIT_COMMIT,
+    EnvName,
     EnvValue,
     ImageReference,
-    PlainEnvName,
     Strict,
+    looks_like_secret,
 )
 
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -28,6 +29,16 @@ DOTTED_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 GIT_URL = r"(?:https?|ssh|git)://[^\s'\"\\]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s'\"\\]+"
 GIT_REF = r"refs/[A-Za-z0-9_./+-]+"
 SUBMODULE_PATH = r"[A-Za-z0-9_+][A-Za-z0-9_./+-]*"
+
+
+def _build_env_name(name: str) -> str:
+    if looks_like_secret(name):
+        raise ValueError(f"{name!r} looks like a secret; a kernel's env is baked into its build stage and the "
+                         "build cache, so a build that needs a credential cannot get it from here")
+    return name
+
+
+BuildEnvName = Annotated[EnvName, AfterValidator(_build_env_name)]
 
 
 class KernelSource(Strict):
@@ -128,7 +139,7 @@ class KernelSpec(Strict):
     source: KernelSource
     builder: KernelBuilder = KernelBuilder()
     archs: list[str] = Field(default_factory=list, description="CUDA archs, e.g. 9.0a, 10.0f.")
-    env: dict[PlainEnvName, EnvValue] = Field(default_factory=dict, description="Baked into the build stage; "
+    env: dict[BuildEnvName, EnvValue] = Field(default_factory=dict, description="Baked into the build stage; "
                                               "names that look like secrets are refused.")
     build: list[str] = Field(
         min_length=1,
