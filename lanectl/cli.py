@@ -31,8 +31,9 @@ app.add_typer(watchdog_app, name="watchdog")
 fleet_app = typer.Typer(no_args_is_help=True, help="Lanes on a fleet of boxes, run by Docker Swarm.")
 app.add_typer(fleet_app, name="fleet")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No emoji codes: "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7".
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 RecipesOption = Annotated[
     Path | None,
@@ -200,9 +201,10 @@ class ConsoleReporter:
         self.quiet = quiet
         self.last_gate_print = 0.0
 
-    def step(self, text: str) -> None:
+    def step(self, text: str, *, ok: bool = True) -> None:
         if not self.quiet:
-            self.console.print(f"[green]✓[/] {text}", highlight=False)
+            self.console.print("[green]✓[/] " if ok else "[red]✗[/] ", end="", highlight=False)
+            self.console.print(text, markup=False, highlight=False)
 
     def note(self, text: str) -> None:
         if not self.quiet:

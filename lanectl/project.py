@@ -52,7 +52,10 @@ def leaves(path: Path, folder: Path) -> bool:
     Recipes and patches come from checkouts: a `../` or a symlink must not pull a file from
     elsewhere on the host into an image or a report.
     """
-    return not path.resolve().is_relative_to(folder.resolve())
+    try:
+        return not path.resolve().is_relative_to(folder.resolve())
+    except (ValueError, OSError):  # a NUL byte or a link loop: no such place inside the folder
+        return True
 
 
 def cache_dir() -> Path:

@@ -177,7 +177,6 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
         "recipe": lane.recipe.id,
         "base": spec.image.base,
         "python_site": spec.image.python_site,
-        "build_args": dict(sorted(spec.image.build_args.items())),
         "kernels": kernels,
         "patches": patches,
         "env": dict(sorted(spec.engine.env.items())),

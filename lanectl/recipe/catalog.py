@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.project import Project, leaves
 from lanectl.recipe.kernel import KernelSpec
-from lanectl.recipe.model import LaneSpec, Naming, RecipeFile, merge
+from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
 from lanectl.recipe.yaml_source import (
     PathKey,
     YamlDocument,
@@ -109,7 +109,7 @@ def _declares_recipe(path: Path) -> bool:
         return True
     with path.open("rb") as handle:
         head = handle.read(4096).decode("utf-8", errors="replace")
-    return re.search(r"^schema:\s*lanectl/", head, re.MULTILINE) is not None
+    return re.search(r"^schema:\s*[\"']?lanectl/", head, re.MULTILINE) is not None
 
 
 def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:
@@ -209,7 +209,7 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
     problems = []
     image = merged.get("image")
     template_name = image.get("template") if isinstance(image, dict) else None
-    if isinstance(template_name, str):
+    if isinstance(template_name, str) and re.fullmatch(TEMPLATE_NAME, template_name):
         template = project.images_dir / template_name / "Dockerfile.j2"
         if leaves(template.parent, project.images_dir):
             problems.append(_problem(doc, locate(("image", "template")),
@@ -234,8 +234,9 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             found_kernels.append(kernel)
     patches = merged.get("patches")
     for i, patch in enumerate(patches if isinstance(patches, list) else []):
-        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str):
-            continue
+        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str) or CONTROL_CHARACTER.search(
+                patch["path"]):
+            continue  # the model reports it
         path = project.patches_dir / patch["path"]
         if leaves(path, project.patches_dir):
             problems.append(_problem(doc, locate(("patches", i, "path")),
@@ -387,10 +388,16 @@ def _message(error: Any, model: type[BaseModel], loc: PathKey) -> str:
         if message.startswith(prefix):
             return message[len(prefix):]
     if "input" in error and not isinstance(error["input"], dict | list):
-        shown = repr(error["input"])
-        # A hostile 400-digit number must not flood the terminal.
-        message += f", got {shown if len(shown) <= 80 else shown[:60] + f'… ({len(shown)} characters)'}"
+        message += f", got {_shown(error['input'])}"
     return message
+
+
+def _shown(value: Any) -> str:
+    """A rejected value, short: a 400-digit integer or a 1 MB string is named, not echoed."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {len(str(value)) if value.bit_length() < 14000 else 'thousands of'} digits"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "…"
 
 
 def _allowed_keys(model: type[BaseModel], loc: PathKey) -> list[str]:
