@@ -4,6 +4,7 @@ events and kernel-log lines as they arrive, and by the probe interval (a service
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import threading
@@ -20,6 +21,7 @@ from lanectl.health_gate import FATAL_ENGINE_LINES
 from lanectl.journal import Journal, utc_timestamp
 from lanectl.lane_state import LaneState, LaneStateStore
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.state_dir import check_state_file
 from lanectl.switching import LaneSwitcher, Reporter, probe_base_url
 from lanectl.watchdog_policy import Decision, Observation, decide
 from lanectl.watchdog_state import WatchdogRecord, WatchdogStateStore
@@ -91,19 +93,50 @@ class Watchdog:
 
     def check(self) -> PassResult:
         """One pass. Passes never overlap: a cron pass that finds another still running (a restart
-        waiting out a long startup budget) skips, and leaves the lane to it."""
+        waiting out a long startup budget) skips, and leaves the lane to it.
+
+        A pass that fails (a state file it cannot use, an engine error, a bug) does not raise: it is
+        journaled where the journal can be written and comes back as a result saying why, with the
+        error's exit code (2 for bad state or set-up, and for anything unexpected), so `run` goes on
+        to its next pass and `check` exits with the cause instead of a traceback.
+        """
+        try:
+            return self._guarded_check()
+        except Exception as exc:
+            exit_code = exc.exit_code if isinstance(exc, LanectlError) else EXIT_BAD_INPUT
+            detail = str(exc) if isinstance(exc, LanectlError) else f"{type(exc).__name__}: {exc}"
+            result = PassResult(exit_code, None, "none", f"pass failed: {detail}")
+            try:
+                self.journal.append("watchdog", event="pass-failed", message=result.reason)
+            except Exception as journal_error:  # the journal itself may be what is broken
+                self.reporter.note(f"the failed pass could not be journaled either: {journal_error}")
+            return result
+
+    def _guarded_check(self) -> PassResult:
         import fcntl
 
-        with open(self.directory / "watchdog.pass.lock", "a") as guard:
+        guard_path = self.directory / "watchdog.pass.lock"
+        check_state_file(guard_path)
+        fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
             try:
-                fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return PassResult(EXIT_OK, None, "none", "skipped: another watchdog pass is still running")
             return self._check()
+        finally:
+            os.close(fd)
+
+    def _load_memory(self) -> WatchdogRecord:
+        record = self.memory.load()
+        if self.memory.problem:
+            self.reporter.note(self.memory.problem)
+            self.journal.append("watchdog", event="state-moved-aside", message=self.memory.problem)
+        return record
 
     def _check(self) -> PassResult:
         started = time.monotonic()
-        record = self.memory.load()
+        record = self._load_memory()
         state = self.lanes.load()
         now = self.now()
         armed = state.watchdog_armed or state.lease_expired(now)
@@ -289,10 +322,7 @@ class Watchdog:
             threading.Thread(target=self._follow_kernel_log, args=(wake, stop), daemon=True).start()
         why = "start"
         while not stop.is_set():
-            try:
-                result = self.check()
-            except Exception as exc:  # an engine restart or a transient error must not end the watchdog
-                result = PassResult(EXIT_FAILED, None, "none", f"pass failed: {type(exc).__name__}: {exc}")
+            result = self.check()  # never raises: a failed pass is journaled and the next one runs
             on_pass(result, why)
             try:
                 why = wake.get(timeout=self._interval())
@@ -302,7 +332,10 @@ class Watchdog:
                 why = "interval"
 
     def _interval(self) -> float:
-        active = self.lanes.load().active
+        try:
+            active = self.lanes.load().active
+        except LanectlError:  # the pass reports it; the watchdog keeps its rhythm meanwhile
+            return RUN_DEFAULT_INTERVAL_SECONDS
         lane = self.catalog.lanes.get(active) if active else None
         return lane.spec.health.poll_interval_seconds if lane else RUN_DEFAULT_INTERVAL_SECONDS
 
@@ -326,8 +359,13 @@ class Watchdog:
                 backoff = min(backoff * 2, 10.0)
 
     def _follow_kernel_log(self, wake: queue.Queue[str], stop: threading.Event) -> None:
+        """Wakes a pass on each Xid line; the pass itself reads the lines again from its cursor."""
         assert self.kernel_log is not None
-        cursor = self.memory.load().kernel_cursor
-        for line in self.kernel_log.follow(cursor, stop):
-            if parse_xid(line.text) is not None:
-                wake.put(f"kernel log: {line.text.strip()[:120]}")
+        while not stop.is_set():
+            try:
+                for line in self.kernel_log.follow(None, stop):
+                    if parse_xid(line.text) is not None:
+                        wake.put(f"kernel log: {line.text.strip()[:120]}")
+            except Exception as exc:  # a source that fails now may work in a moment (log rotation, dmesg)
+                wake.put(f"kernel log unreadable: {type(exc).__name__}: {exc}"[:200])
+                stop.wait(RUN_DEFAULT_INTERVAL_SECONDS)
