@@ -25,7 +25,7 @@ from lanectl.state_dir import check_state_file
 from lanectl.switching import LaneSwitcher, Reporter, probe_base_url
 from lanectl.watchdog_policy import Decision, Observation, decide
 from lanectl.watchdog_state import WatchdogRecord, WatchdogStateStore
-from lanectl.xid import XidEvent, parse_xid
+from lanectl.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 
 # A pass that must act waits this long for a command holding the host lock (a switch in progress
 # has disarmed the watchdog anyway); past it the pass skips acting and says so.
@@ -50,7 +50,8 @@ class Watchdog:
     def __init__(self, catalog: Catalog, directory: Path, *, engine: ContainerEngine, reporter: Reporter,
                  kernel_log: Any | None = None, kernel_log_problem: str | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 gpu_wait: Callable[[list[str] | None, float], str] | None = None):
+                 gpu_wait: Callable[[list[str] | None, float], str] | None = None,
+                 gpu_inventory: Callable[[], list[Gpu] | None] | None = None):
         self.catalog = catalog
         self.directory = directory
         self.engine = engine
@@ -66,6 +67,11 @@ class Watchdog:
 
             gpu_wait = wait_for_release
         self.gpu_wait = gpu_wait
+        if gpu_inventory is None:
+            from lanectl.gpu_inventory import query_gpus
+
+            gpu_inventory = query_gpus
+        self.gpu_inventory = gpu_inventory
 
     # -- arm state -----------------------------------------------------------------------------------
 
@@ -157,12 +163,13 @@ class Watchdog:
         outcome = None
         if decision.failing or decision.action != "none" or decision.xid_application or decision.xid_hardware:
             self.journal.append("watchdog", event="observation", lane=lane.name, action=decision.action,
-                                armed=armed, reason=decision.reason,
+                                armed=armed, reason="; ".join((decision.reason, *observation.xid_notes)),
                                 xids=[x.line for x in (*decision.xid_application, *decision.xid_hardware)])
         if armed and decision.action in ("restart", "rollback", "stop"):
             outcome, record = self._act(lane, decision, record)
         exit_code = EXIT_OK if not decision.failing and decision.action == "none" else EXIT_FAILED
-        result = PassResult(exit_code, lane.name, decision.action, decision.reason, outcome)
+        reason = "; ".join((decision.reason, *observation.xid_notes))
+        result = PassResult(exit_code, lane.name, decision.action, reason, outcome)
         self._finish(record, result, started, now, armed, lane)
         return result
 
@@ -195,6 +202,7 @@ class Watchdog:
                 if any(p.search(line) for p in patterns):
                     fatal.append(line)
         xids, record = self._read_xids(record)
+        xids, xid_notes, record = self._xids_on_lane(lane, xids, record)
         memory = record.memory.for_lane(lane.name)
         if memory.ready_since_start and started and record.log_since and started > record.log_since:
             memory = replace(memory, ready_since_start=False)  # a new run of the container: a new startup
@@ -203,7 +211,7 @@ class Watchdog:
             lane=lane.name, containers_running=not down, container_detail=container_detail,
             health_ok=health_ok, health_detail=health_detail, generation_ok=generation_ok,
             generation_detail=generation_detail, fatal_lines=tuple(fatal), xids=tuple(xids),
-            started_at=datetime.fromtimestamp(started, UTC) if started else None,
+            started_at=datetime.fromtimestamp(started, UTC) if started else None, xid_notes=tuple(xid_notes),
         )
         return observation, record
 
@@ -211,8 +219,31 @@ class Watchdog:
         if self.kernel_log is None:
             return [], record
         lines, cursor = self.kernel_log.read_new(record.kernel_cursor)
-        events = [event for line in lines if (event := parse_xid(line.text, line.cursor)) is not None]
+        events = [event for line in lines if (event := believed_xid(line)) is not None]
         return events, replace(record, kernel_cursor=cursor)
+
+    def _xids_on_lane(self, lane: Lane, events: list[XidEvent], record: WatchdogRecord
+                      ) -> tuple[list[XidEvent], list[str], WatchdogRecord]:
+        """The Xids on the lane's GPUs, and notes where that was a guess; the others are journaled
+        and counted, and never stop or restart the lane."""
+        if not events:
+            return [], [], record
+        gpus = self.gpu_inventory()
+        wanted = _lane_gpus(lane)
+        on_lane: list[XidEvent] = []
+        notes: list[str] = []
+        totals = dict(record.xid_total)
+        for event in events:
+            ours, note = xid_on_lane(event, wanted, gpus)
+            if ours:
+                on_lane.append(event)
+                if note and note not in notes:
+                    notes.append(note)
+                continue
+            totals[str(event.code)] = totals.get(str(event.code), 0) + 1
+            self.journal.append("watchdog", event="xid-elsewhere", lane=lane.name, xid=event.code, pci=event.pci,
+                                message=f"{note}: recorded, not acted on", line=event.line)
+        return on_lane, notes, replace(record, xid_total=totals)
 
     def _count_xids(self, record: WatchdogRecord, decision: Decision) -> WatchdogRecord:
         totals = dict(record.xid_total)
@@ -364,8 +395,25 @@ class Watchdog:
         while not stop.is_set():
             try:
                 for line in self.kernel_log.follow(None, stop):
-                    if parse_xid(line.text) is not None:
+                    if believed_xid(line) is not None:
                         wake.put(f"kernel log: {line.text.strip()[:120]}")
             except Exception as exc:  # a source that fails now may work in a moment (log rotation, dmesg)
                 wake.put(f"kernel log unreadable: {type(exc).__name__}: {exc}"[:200])
                 stop.wait(RUN_DEFAULT_INTERVAL_SECONDS)
+
+
+def _lane_gpus(lane: Lane) -> LaneGpus:
+    """Every GPU the lane's containers ask for, the companions' included."""
+    requests = [lane.spec.engine.gpus, *(companion.engine.gpus for companion in lane.spec.companions.values())]
+    device_ids: list[str] = []
+    count = 0
+    every = False
+    for request in requests:
+        if request is None:
+            continue
+        device_ids += request.device_ids or []
+        if request.count == "all":
+            every = True
+        elif isinstance(request.count, int):
+            count = max(count, request.count)
+    return LaneGpus(device_ids=tuple(device_ids), count=count, all=every)
