@@ -313,7 +313,9 @@ class Watchdog:
             facts.update({"xid": str(event.code), "pci": event.pci or "?"})
         alert = Alert(severity=severity, lane=lane.name, title=title, detail=detail,
                       host=current_user_at_host().split("@")[-1], ts=utc_timestamp(self.now()), facts=facts)
-        delivery = WebhookAlerter(lane.spec.watchdog.alert.webhook_url_env).send(alert)
+        # Well under the poll interval, so an alert never costs the next probe; at least a second to connect.
+        deadline = min(10.0, max(1.0, lane.spec.health.poll_interval_seconds / 2))
+        delivery = WebhookAlerter(lane.spec.watchdog.alert.webhook_url_env, deadline_seconds=deadline).send(alert)
         self.journal.append("watchdog", event="alert", lane=lane.name, severity=severity, title=title,
                             delivered=delivery.delivered, detail=delivery.detail)
 
