@@ -115,6 +115,8 @@ def test_healthy_lane_passes_and_leaves_a_heartbeat_and_metrics(lanes, state, tm
         lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
         data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
         assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
+        # Engine lines are printed as they are: "[Autotuner]: ..." is not rich markup.
+        assert "[Autotuner]: Loaded " in lanes.cli("logs", "demo-h1", state=state, check=True).stdout
         status = watchdog_status(lanes, state)
         assert status["armed"] and status["heartbeat_age_seconds"] < 30
         assert status["last_pass_result"] == "none: healthy"
