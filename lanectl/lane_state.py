@@ -21,7 +21,9 @@ from lanectl.journal import utc_now, utc_timestamp
 from lanectl.state_dir import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
 
 STATE_VERSION = 1
-MAX_STATE_BYTES = 1024 * 1024  # a few lane names and a lease; anything bigger was not written by lanectl
+MAX_STATE_BYTES = 1024 * 1024
+# A lease past a year is a typo (or an overflow waiting to happen), not maintenance.
+MAX_DISARM_SECONDS = 366 * 86400  # a few lane names and a lease; anything bigger was not written by lanectl
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class LaneState:
         # A disarm always ends: a forgotten one would leave the box unguarded until someone notices.
         if not seconds > 0:
             raise BadInput(f"the watchdog can be disarmed only for a positive number of seconds, got {seconds}")
+        if seconds > MAX_DISARM_SECONDS:
+            raise BadInput(f"the watchdog can be disarmed for at most {MAX_DISARM_SECONDS // 86400} days, "
+                           f"got {seconds:g} s")
         lease = WatchdogLease(until=utc_timestamp(now + timedelta(seconds=seconds)), reason=reason, by=by)
         return replace(self, watchdog_armed=False, watchdog_lease=lease)
 

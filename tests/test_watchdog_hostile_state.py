@@ -327,3 +327,12 @@ def test_a_state_folder_owned_by_another_user_is_refused_with_the_chown(state: P
     assert result.returncode == 2
     assert f"lanectl: state folder {state}: {state} belongs to " in result.stderr
     assert f"fix: chown root {state}" in result.stderr
+
+
+@pytest.mark.parametrize("duration", ["999999999999h", "9000h"])
+def test_a_disarm_longer_than_a_year_exits_2(state: Path, duration: str):
+    result = lanectl("watchdog", "disarm", "--for", duration, "--reason", "x", state=state)
+
+    assert result.returncode == 2
+    assert "the watchdog can be disarmed for at most 366 days" in result.stderr
+    assert not (state / "state.json").exists()
