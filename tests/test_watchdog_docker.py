@@ -360,3 +360,26 @@ def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
     # Woken by the die event or by the probe interval (0.2 s here), whichever comes first.
     assert "demo-h1: restart: primary exited" in stderr, stderr
     assert run.returncode in (0, 143)
+
+
+def test_a_webhook_that_never_answers_does_not_stall_the_pass(lanes, state, tmp_path):
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does) and never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hooks/T000/SECRET-TOKEN"
+    feed = KmsgFeed(tmp_path / "kmsg")
+    try:
+        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        env = {"LANECTL_ALERT_WEBHOOK": url, "LANECTL_KERNEL_LOG": feed.spec}
+        assert lanes.cli("watchdog", "check", state=state, extra_env=env).returncode == 0
+        feed.write(xid(79))
+        result = lanes.cli("watchdog", "check", "--json", state=state, extra_env=env, timeout=60)
+    finally:
+        listener.close()
+    data = json.loads(result.stdout)["data"]
+    assert data["action"] == "stop" and result.returncode == 1
+    alerts = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()
+              if '"event":"alert"' in line]
+    assert alerts and alerts[-1]["delivered"] is False
+    assert alerts[-1]["detail"].startswith("webhook ($LANECTL_ALERT_WEBHOOK) timed out"), alerts[-1]["detail"]
+    assert "SECRET-TOKEN" not in (state / "journal.jsonl").read_text()
