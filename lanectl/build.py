@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from lanectl.docker_engine import BuildLog, DockerEngine
@@ -57,10 +58,21 @@ def is_built(engine: DockerEngine, plan: ImagePlan) -> bool:
     return True
 
 
+def fetch_kernel_sources(lane: Lane, cache_dir: Path, say: Callable[[str], None]) -> dict[str, Path]:
+    """Each git kernel's pinned tree, fetched on this host into the cache (once)."""
+    from lanectl.kernel_source import fetch_source
+
+    return {kernel.name: fetch_source(kernel, cache_dir, say).path
+            for kernel in lane.kernels if kernel.source.git is not None}
+
+
 def build_lane(engine: DockerEngine, lane: Lane, *, no_cache: bool = False, push: bool = False,
                on_progress: Callable[[str, BuildLog], None] = lambda lane, log: None,
-               clock: Callable[[], float] | None = None) -> BuildOutcome:
+               clock: Callable[[], float] | None = None, cache_dir: Path | None = None,
+               say: Callable[[str], None] = lambda message: None) -> BuildOutcome:
     import time
+
+    from lanectl.project import cache_dir as default_cache_dir
 
     now = clock or time.monotonic
     plan = plan_image(lane)
@@ -73,6 +85,8 @@ def build_lane(engine: DockerEngine, lane: Lane, *, no_cache: bool = False, push
         outcome = BuildOutcome(lane.name, plan.tag, "unchanged", seconds=now() - started,
                                message=f"{plan.tag} is up to date; inputs unchanged, nothing built")
     else:
+        if plan.fetched_trees:
+            plan = plan_image(lane, fetch_kernel_sources(lane, cache_dir or default_cache_dir(), say))
         log = engine.build(plan.context_tar(), plan.tag, labels, no_cache=no_cache,
                            on_progress=lambda log: on_progress(lane.name, log))
         seconds = now() - started

@@ -33,8 +33,8 @@ fleet_app = typer.Typer(no_args_is_help=True, help="Lanes on a fleet of boxes, r
 app.add_typer(fleet_app, name="fleet")
 
 # Engine text (container logs, engine and webhook errors, health details) reaches these consoles:
-# it is printed as `Text` or with markup=False, never parsed as rich markup, and never emoji-coded
-# (`:fire:` in a log line stays `:fire:`).
+# it is printed as `Text` or with markup=False, never parsed as rich markup. No emoji codes either:
+# "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7", and `:fire:` in a log line stays `:fire:`.
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
@@ -126,6 +126,9 @@ def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.")],
     out.print("# ---- build context ----")
     for item in result["context"]:
         out.print(f"{item['size']:>9}  {item['sha256'][:12]}  {item['path']}", markup=False)
+    for tree in result["kernel_sources"]:
+        where = f"fetched: {tree['fetched']}" if tree["fetched"] else "not fetched yet: `lanectl build` fetches it"
+        out.print(f"{'tree':>9}  {'':12}  {tree['context']}  <- {tree['origin']} ({where})", markup=False)
     out.print("# ---- containers (start order) ----")
     out.print(json.dumps(result["containers"], indent=2), markup=False)
     if result["services"]:
@@ -201,9 +204,10 @@ class ConsoleReporter:
         self.quiet = quiet
         self.last_gate_print = 0.0
 
-    def step(self, text: str) -> None:
+    def step(self, text: str, *, ok: bool = True) -> None:
         if not self.quiet:
-            self.console.print(Text.assemble(("✓", "green"), " ", text), highlight=False)
+            mark = ("✓", "green") if ok else ("✗", "red")
+            self.console.print(Text.assemble(mark, " ", text), highlight=False)
 
     def note(self, text: str) -> None:
         if not self.quiet:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class LanectlError(Exception):
@@ -35,7 +37,10 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        text = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        # A hostile key (`"X\nRUN evil"`) is part of the path: one problem stays one line, and a terminal
+        # control sequence in a recipe is shown, not obeyed.
+        return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class RecipeInvalid(BadInput):

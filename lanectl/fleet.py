@@ -242,7 +242,8 @@ class FleetRollout:
         if not changes:
             return None
         result = self.gate(self.swarm, lane, node, primary_id, self.reporter)
-        self._journal(switch, f"{node.hostname}:gate", node, "passed" if result.passed else result.detail)
+        self._journal(switch, f"{node.hostname}:gate", node, "passed" if result.passed else result.detail,
+                      ok=result.passed)
         if result.passed:
             return None
         return {"message": f"failed its health gate ({result.failed_check}): {result.detail}",
@@ -370,7 +371,8 @@ class FleetRollout:
             mark = time.time()
             self.swarm.rollback_service(service)
             problem = self._wait_update(target, service.id, mark, f"{node.hostname}:{service.role}", rollback=True)
-            self._journal(switch, f"{node.hostname}:{service.role}:rollback", node, problem or "rollback_completed")
+            self._journal(switch, f"{node.hostname}:{service.role}:rollback", node, problem or "rollback_completed",
+                          ok=problem is None)
             if problem is not None:
                 return problem
             if service.role == ROLE_PRIMARY:
@@ -378,7 +380,8 @@ class FleetRollout:
         if not primary_id:
             return None
         result = self.gate(self.swarm, target, node, primary_id, self.reporter)
-        self._journal(switch, f"{node.hostname}:gate", node, "passed" if result.passed else result.detail)
+        self._journal(switch, f"{node.hostname}:gate", node, "passed" if result.passed else result.detail,
+                      ok=result.passed)
         return None if result.passed else f"failed its health gate ({result.failed_check}): {result.detail}"
 
     # -- waiting on Swarm --------------------------------------------------------------------------
@@ -449,9 +452,9 @@ class FleetRollout:
         lines = self.swarm.service_logs(service_id, since=since - 1.0).splitlines()
         return [line for line in lines if not PROBE_ACCESS_LINE.search(line)][-30:]
 
-    def _journal(self, switch: str, step: str, node: NodeInfo, detail: str) -> None:
+    def _journal(self, switch: str, step: str, node: NodeInfo, detail: str, *, ok: bool = True) -> None:
         self.journal.append("step", switch=switch, step=step, node=node.hostname, detail=detail)
-        self.reporter.step(f"{step} ({detail})")
+        self.reporter.step(f"{step} ({detail})", ok=ok)
 
     def _note_unfinished(self) -> None:
         """A killed fleet run leaves no half-state lanectl must repair: Swarm finished or rolled back each

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from lanectl.patching import Patch, PatchFormatError, PatchReport, check, parse_patch_file
+from lanectl.project import leaves
 from lanectl.upstream import extract_files, fetch_sdist
 
 ACCEPTED_BASE_FORMS = "'pypi:<project>==<version>' or 'path:<directory relative to the project root>'"
@@ -78,6 +79,10 @@ def check_patch_files(
                 for index in indexes:
                     reports[index] = check(patches[index], Path(pristine))
         else:
+            if leaves(project_root / base.directory, project_root):
+                first = patches[indexes[0]]
+                raise PatchFormatError(first.source, first.field_lines.get("Base"),
+                                       f"Base {first.base!r} leads out of the project through a symlink")
             for index in indexes:
                 reports[index] = check(patches[index], project_root / base.directory)
     return [reports[index] for index in range(len(patches))]

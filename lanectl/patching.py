@@ -8,7 +8,7 @@ A patch file is a header, a line ``---`` alone, then a unified diff (paths ``a/â
 
     Subject: <one line>
     Upstream: <url of the upstream change>
-    Target: <path relative to the root>        (repeatable)
+    Target: <path relative to the root>[, <path>â€¦]   (repeatable; every file the diff touches)
     Base: <what the patch is written against, e.g. pypi:vllm==0.31.0>
     <free text>
     ---
@@ -16,15 +16,22 @@ A patch file is a header, a line ``---`` alone, then a unified diff (paths ``a/â
     +++ b/<path>
     @@ -l,s +l,s @@
     ...
+    --- /dev/null                                    (a file the patch creates)
+    +++ b/<new path>
+    @@ -0,0 +1,N @@
+    +<N added lines>
 
 Matching is strict: a hunk's context and removed lines must equal the file's lines exactly (no fuzz),
-at the stated line or at a small offset, because a fix applied at the wrong place is worse than a
-conflict.
+at the stated line or at a small offset, and at one place only within that window, because a fix
+applied at the wrong place is worse than a conflict. A created file must not exist yet (or exist
+with exactly the patch's content: already upstream). Nothing is written through a symlink below
+the root.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -38,12 +45,16 @@ HEADER_FIELDS = ("Subject", "Upstream", "Target", "Base")
 # Base pins the exact upstream version, so a correct patch matches at offset 0; the offset search
 # only absorbs small local drift (e.g. a re-wrapped import block), never a moved function.
 MAX_OFFSET_LINES = 100
+NEW_FILE_MODE = 0o644
 
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 _HEADER_FIELD = re.compile(r"^(" + "|".join(HEADER_FIELDS) + r"):[ \t]*(.*?)\s*$")
 # Lines git puts between one file's diff and the next; they carry nothing we apply.
 _GIT_EXTENDED_HEADER = ("diff ", "index ", "similarity ", "old mode ", "new mode ")
 _NO_NEWLINE_MARKER = "\\"
+# Several targets: repeated `Target:` lines, or one line listing them separated by commas or spaces.
+_TARGET_SEPARATOR = re.compile(r"[,\s]+")
+_DEV_NULL = "/dev/null"
 
 
 class PatchFormatError(ValueError):
@@ -59,6 +70,8 @@ class PatchFormatError(ValueError):
 
 class PatchStatus(StrEnum):
     APPLIES = "applies"
+    CREATES = "creates"
+    """Per file only: the file does not exist yet and the patch creates it; the patch then applies."""
     ALREADY_UPSTREAM = "already-upstream"
     CONFLICTS = "conflicts"
 
@@ -90,6 +103,8 @@ class FilePatch:
     path: str
     """Path relative to the root, ``a/``/``b/`` prefix stripped."""
     hunks: tuple[Hunk, ...]
+    creates: bool = False
+    """``--- /dev/null``: the file is new; its one hunk holds only added lines."""
 
 
 @dataclass(frozen=True)
@@ -190,11 +205,11 @@ def parse_patch(text: str, name: str, source: str | None = None) -> Patch:
     files = _parse_diff(lines, separator + 1, source)
     targets = tuple(fields["Target"])
     diff_paths = [f.path for f in files]
-    if sorted(set(diff_paths)) != sorted(set(targets)):
+    if sorted(diff_paths) != sorted(targets):
         raise PatchFormatError(
             source,
             field_lines["Target"],
-            f"Target lists {', '.join(targets)} but the diff changes {', '.join(diff_paths)}; they must agree",
+            f"Target lists {', '.join(targets)} but the diff touches {', '.join(diff_paths)}; they must agree",
         )
     return Patch(
         name=name,
@@ -224,8 +239,10 @@ def _parse_header(
         if not value:
             raise PatchFormatError(source, line_number, f"header field {key}: is empty")
         if key == "Target":
-            for target in value.split():
+            for target in _TARGET_SEPARATOR.split(value.strip(", \t")):
                 _check_relative_path(target, source, line_number)
+                if target in fields.get(key, []):
+                    raise PatchFormatError(source, line_number, f"Target {target} is listed twice")
                 fields.setdefault(key, []).append(target)
         elif key in fields:
             raise PatchFormatError(source, line_number, f"header field {key}: is given twice")
@@ -253,12 +270,13 @@ def _check_relative_path(path: str, source: str, line_number: int) -> None:
         raise PatchFormatError(source, line_number, f"path {path!r} must be relative and stay inside the root")
 
 
-def _diff_path(raw: str, prefix: str, source: str, line_number: int) -> str:
+def _diff_path(raw: str, prefix: str, source: str, line_number: int) -> str | None:
+    """The path of a ``---``/``+++`` line, prefix stripped; None for ``/dev/null``."""
     value = raw[len(prefix) :].rstrip("\r\n")
     # `diff -u` appends a tab and a timestamp after the name.
     value = value.split("\t", 1)[0].strip()
-    if value == "/dev/null":
-        raise PatchFormatError(source, line_number, "creating or deleting files is not supported")
+    if value == _DEV_NULL:
+        return None
     if "/" not in value:
         raise PatchFormatError(source, line_number, f"path {value!r} lacks the a/ or b/ prefix (-p1)")
     stripped = value.split("/", 1)[1]
@@ -268,6 +286,7 @@ def _diff_path(raw: str, prefix: str, source: str, line_number: int) -> str:
 
 def _parse_diff(lines: list[str], start: int, source: str) -> list[FilePatch]:
     files: list[FilePatch] = []
+    section_lines: dict[str, int] = {}
     i = start
     # Anything before the first file header (e.g. a git diffstat) is commentary.
     while i < len(lines) and not lines[i].startswith("--- "):
@@ -275,12 +294,28 @@ def _parse_diff(lines: list[str], start: int, source: str) -> list[FilePatch]:
     while i < len(lines):
         line = lines[i]
         if line.startswith("--- "):
+            section_line = i + 1
             old_path = _diff_path(line, "--- ", source, i + 1)
             if i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
                 raise PatchFormatError(source, i + 2, "expected '+++ b/â€¦' after '--- a/â€¦'")
             new_path = _diff_path(lines[i + 1], "+++ ", source, i + 2)
-            if old_path != new_path:
+            if new_path is None:
+                raise PatchFormatError(
+                    source, i + 2, "'+++ /dev/null' deletes a file; patches may change or create files, not delete them"
+                )
+            creates = old_path is None
+            if not creates and old_path != new_path:
                 raise PatchFormatError(source, i + 2, f"renames are not supported ({old_path} -> {new_path})")
+            if new_path in section_lines:
+                # Two sections would each be matched against the original file, and the second
+                # write would silently drop the first one's change.
+                raise PatchFormatError(
+                    source,
+                    section_line,
+                    f"a second section for {new_path} (the first starts at line {section_lines[new_path]}); "
+                    "put all of a file's hunks in one section",
+                )
+            section_lines[new_path] = section_line
             i += 2
             hunks: list[Hunk] = []
             while i < len(lines) and lines[i].startswith("@@"):
@@ -289,8 +324,10 @@ def _parse_diff(lines: list[str], start: int, source: str) -> list[FilePatch]:
                     raise PatchFormatError(source, hunk.patch_line, "hunk overlaps or precedes the one before it")
                 hunks.append(hunk)
             if not hunks:
-                raise PatchFormatError(source, i + 1, f"no '@@' hunk for {old_path}")
-            files.append(FilePatch(path=old_path, hunks=tuple(hunks)))
+                raise PatchFormatError(source, i + 1, f"no '@@' hunk for {new_path}")
+            if creates:
+                _check_creation(hunks, new_path, source, section_line)
+            files.append(FilePatch(path=new_path, hunks=tuple(hunks), creates=creates))
         elif line.rstrip("\r\n") == "-- ":
             break  # git format-patch signature: the diff is over.
         elif line.startswith(_GIT_EXTENDED_HEADER) or not line.strip():
@@ -304,6 +341,19 @@ def _parse_diff(lines: list[str], start: int, source: str) -> list[FilePatch]:
     if not files:
         raise PatchFormatError(source, len(lines), "the diff after '---' changes no file")
     return files
+
+
+def _check_creation(hunks: list[Hunk], path: str, source: str, section_line: int) -> None:
+    first = hunks[0]
+    if len(hunks) == 1 and (first.old_start, first.old_count, first.new_start) == (0, 0, 1) and first.new_count:
+        return
+    line = hunks[1].patch_line if len(hunks) > 1 else first.patch_line
+    raise PatchFormatError(
+        source,
+        line,
+        f"{path} is created ('--- /dev/null' at line {section_line}): its diff is one hunk "
+        "'@@ -0,0 +1,N @@' of N added lines",
+    )
 
 
 def _parse_hunk(lines: list[str], i: int, source: str) -> tuple[Hunk, int]:
@@ -383,34 +433,42 @@ def _stated_index(start: int, count: int) -> int:
     return start - 1 if count else start
 
 
-def _find(lines: list[str], wanted: tuple[str, ...], expected: int, lowest: int) -> int | None:
-    """Index where `wanted` matches exactly, nearest to `expected` first (later before earlier)."""
+def _find(lines: list[str], wanted: tuple[str, ...], expected: int, lowest: int) -> tuple[int, ...]:
+    """Every index within the offset window where `wanted` matches exactly, nearest to `expected`
+    first (later before earlier). More than one means the hunk cannot tell where it belongs."""
     if not wanted:
         # Without any line to compare, only the stated place is trustworthy.
-        return expected if lowest <= expected <= len(lines) else None
+        return (expected,) if lowest <= expected <= len(lines) else ()
     last_start = len(lines) - len(wanted)
+    found = []
     for distance in range(MAX_OFFSET_LINES + 1):
         for candidate in (expected + distance, expected - distance) if distance else (expected,):
             if lowest <= candidate <= last_start and tuple(lines[candidate : candidate + len(wanted)]) == wanted:
-                return candidate
-    return None
+                found.append(candidate)
+    return tuple(found)
 
 
 @dataclass(frozen=True)
 class _SideMatch:
     positions: tuple[int | None, ...]
+    """Where each hunk matched; None when it matched nowhere or at several places."""
     offsets: tuple[int | None, ...]
     expected: tuple[int, ...]
+    candidates: tuple[tuple[int, ...], ...]
 
     @property
     def complete(self) -> bool:
         return all(p is not None for p in self.positions)
+
+    def ambiguous(self, hunk: int) -> bool:
+        return len(self.candidates[hunk]) > 1
 
 
 def _match_side(lines: list[str], hunks: Sequence[Hunk], *, forward: bool) -> _SideMatch:
     positions: list[int | None] = []
     offsets: list[int | None] = []
     expected_positions: list[int] = []
+    all_candidates: list[tuple[int, ...]] = []
     last_offset = 0
     lowest = 0
     for hunk in hunks:
@@ -420,7 +478,9 @@ def _match_side(lines: list[str], hunks: Sequence[Hunk], *, forward: bool) -> _S
         )
         # Like patch(1): a hunk usually drifts by the same amount as the one before it.
         expected = max(stated + last_offset, 0)
-        position = _find(lines, wanted, expected, lowest)
+        candidates = _find(lines, wanted, expected, lowest)
+        position = candidates[0] if len(candidates) == 1 else None
+        all_candidates.append(candidates)
         expected_positions.append(expected)
         positions.append(position)
         if position is None:
@@ -429,7 +489,7 @@ def _match_side(lines: list[str], hunks: Sequence[Hunk], *, forward: bool) -> _S
             last_offset = position - stated
             offsets.append(last_offset)
             lowest = position + len(wanted)
-    return _SideMatch(tuple(positions), tuple(offsets), tuple(expected_positions))
+    return _SideMatch(tuple(positions), tuple(offsets), tuple(expected_positions), tuple(all_candidates))
 
 
 def _conflict(lines: list[str], hunk: Hunk, expected: int, reason: str) -> Conflict:
@@ -450,18 +510,39 @@ class _FileOutcome:
     """The whole new content when the file's forward side matched."""
 
 
+def _missing(file_patch: FilePatch, message: str) -> _FileOutcome:
+    return _FileOutcome(
+        FileReport(path=file_patch.path, status=PatchStatus.CONFLICTS, offsets=(), message=message), None
+    )
+
+
+def _symlink_on_the_way(root: Path, relpath: str) -> str | None:
+    """Why `relpath` cannot be written safely: a symlink at or above it below `root`, or None."""
+    current = root
+    parts = relpath.split("/")
+    for depth, part in enumerate(parts):
+        current = current / part
+        if current.is_symlink():
+            shown = "/".join(parts[: depth + 1])
+            kind = "is" if depth == len(parts) - 1 else "goes through"
+            return (
+                f"{relpath} {kind} the symlink {shown} -> {os.readlink(current)}; refusing to write "
+                f"through a symlink (it may lead out of {root}); patch the real file instead"
+            )
+        if not current.exists():
+            return None
+    return None
+
+
 def _check_file(file_patch: FilePatch, root: Path) -> _FileOutcome:
     target = root / file_patch.path
+    unsafe = _symlink_on_the_way(root, file_patch.path)
+    if unsafe is not None:
+        return _missing(file_patch, unsafe)
+    if file_patch.creates:
+        return _check_creation_target(file_patch, target)
     if not target.is_file():
-        return _FileOutcome(
-            FileReport(
-                path=file_patch.path,
-                status=PatchStatus.CONFLICTS,
-                offsets=(),
-                message=f"target file not found: {target}",
-            ),
-            None,
-        )
+        return _missing(file_patch, f"target file not found: {target}")
     lines = _split_lines(_read_text(target))
     forward = _match_side(lines, file_patch.hunks, forward=True)
     if forward.complete:
@@ -477,15 +558,21 @@ def _check_file(file_patch: FilePatch, root: Path) -> _FileOutcome:
         return _FileOutcome(
             FileReport(path=file_patch.path, status=PatchStatus.APPLIES, offsets=offsets), "".join(result)
         )
+    failing = next(n for n, position in enumerate(forward.positions) if position is None)
+    total = len(file_patch.hunks)
+    if forward.ambiguous(failing):
+        return _ambiguous(file_patch, lines, failing, forward, "its context and removed lines match")
     reverse = _match_side(lines, file_patch.hunks, forward=False)
     if reverse.complete:
         offsets = tuple(o for o in reverse.offsets if o is not None)
         return _FileOutcome(
             FileReport(path=file_patch.path, status=PatchStatus.ALREADY_UPSTREAM, offsets=offsets), None
         )
-    failing = next(n for n, position in enumerate(forward.positions) if position is None)
+    reverse_failing = next(n for n, position in enumerate(reverse.positions) if position is None)
+    if reverse.ambiguous(reverse_failing):
+        return _ambiguous(file_patch, lines, reverse_failing, reverse, "its new side matches")
     hunk = file_patch.hunks[failing]
-    reason = f"hunk {failing + 1} of {len(file_patch.hunks)} does not match"
+    reason = f"hunk {failing + 1} of {total} does not match"
     reason += f" within {MAX_OFFSET_LINES} lines of line {forward.expected[failing] + 1}"
     if reverse.positions[failing] is not None:
         reason += "; its new side is already there, so the file has only part of this patch"
@@ -500,11 +587,50 @@ def _check_file(file_patch: FilePatch, root: Path) -> _FileOutcome:
     )
 
 
+def _ambiguous(file_patch: FilePatch, lines: list[str], index: int, side: _SideMatch, what: str) -> _FileOutcome:
+    hunk = file_patch.hunks[index]
+    places = sorted(side.candidates[index])
+    reason = (
+        f"hunk {index + 1} of {len(file_patch.hunks)} is ambiguous: {what} at lines "
+        f"{', '.join(str(p + 1) for p in places)} (within {MAX_OFFSET_LINES} lines of line "
+        f"{side.expected[index] + 1}); add context lines so the hunk matches one place only"
+    )
+    return _FileOutcome(
+        FileReport(
+            path=file_patch.path,
+            status=PatchStatus.CONFLICTS,
+            offsets=(),
+            conflict=_conflict(lines, hunk, side.candidates[index][0], reason),
+        ),
+        None,
+    )
+
+
+def _check_creation_target(file_patch: FilePatch, target: Path) -> _FileOutcome:
+    content = "".join(file_patch.hunks[0].new_lines)
+    if not os.path.lexists(target):
+        return _FileOutcome(FileReport(path=file_patch.path, status=PatchStatus.CREATES, offsets=()), content)
+    if not target.is_file():
+        return _missing(file_patch, f"the patch creates this file, but {target} exists and is not a file")
+    existing = _read_text(target)
+    if existing == content:
+        return _FileOutcome(FileReport(path=file_patch.path, status=PatchStatus.ALREADY_UPSTREAM, offsets=()), None)
+    old_lines, new_lines = _split_lines(existing), _split_lines(content)
+    same = min(len(old_lines), len(new_lines))
+    differs_at = next((n for n in range(same) if old_lines[n] != new_lines[n]), same)
+    return _missing(
+        file_patch,
+        "the patch creates this file, but it already exists with other content "
+        f"({len(old_lines)} lines; first difference at line {differs_at + 1}); "
+        "rebase the patch on what is there, or rename the new file",
+    )
+
+
 def _evaluate(patch: Patch, root: Path) -> tuple[PatchReport, dict[Path, str]]:
     outcomes = [_check_file(file_patch, root) for file_patch in patch.files]
     reports = tuple(outcome.report for outcome in outcomes)
     statuses = {report.status for report in reports}
-    if statuses == {PatchStatus.APPLIES}:
+    if statuses <= {PatchStatus.APPLIES, PatchStatus.CREATES}:
         writes = {
             root / outcome.report.path: outcome.patched_text for outcome in outcomes if outcome.patched_text is not None
         }
@@ -515,7 +641,7 @@ def _evaluate(patch: Patch, root: Path) -> tuple[PatchReport, dict[Path, str]]:
     note = ""
     if PatchStatus.CONFLICTS not in statuses:
         upstream = [r.path for r in reports if r.status == PatchStatus.ALREADY_UPSTREAM]
-        pending = [r.path for r in reports if r.status == PatchStatus.APPLIES]
+        pending = [r.path for r in reports if r.status in (PatchStatus.APPLIES, PatchStatus.CREATES)]
         note = f"partly applied: {', '.join(upstream)} already has the change but {', '.join(pending)} does not"
     # Per-file results stay in the report, but a partial patch must not look appliable per file.
     return PatchReport(patch=patch.name, status=PatchStatus.CONFLICTS, files=reports, note=note), {}
@@ -539,17 +665,25 @@ def apply(patch: Patch, root: Path) -> PatchReport:
     report, writes = _evaluate(patch, root)
     if report.status != PatchStatus.APPLIES:
         return report
-    _write_all_atomically(writes)
+    created = {root / f.path for f in report.files if f.status == PatchStatus.CREATES}
+    _write_all_atomically(writes, created)
     return PatchReport(patch=report.patch, status=report.status, files=report.files, note="applied", written=True)
 
 
-def _write_all_atomically(contents: dict[Path, str]) -> None:
-    # Stage every file first so a failure (disk full, permissions) leaves every target untouched;
-    # the renames at the end are the only step that changes what readers see.
+def _write_all_atomically(contents: dict[Path, str], created: set[Path]) -> None:
+    # Stage every file first so a failure (disk full, permissions) leaves every target untouched
+    # and removes any folder made for a new file; the renames at the end are the only step that
+    # changes what readers see.
     staged: list[tuple[Path, Path]] = []
+    made_dirs: list[Path] = []
+    renamed = False
     try:
         for target, text in contents.items():
-            mode = target.stat().st_mode & 0o7777
+            if target in created:
+                made_dirs.extend(_make_parents(target.parent))
+                mode = NEW_FILE_MODE
+            else:
+                mode = target.stat().st_mode & 0o7777
             fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".patching")
             staged.append((Path(temp_name), target))
             with os.fdopen(fd, "wb") as handle:
@@ -558,10 +692,30 @@ def _write_all_atomically(contents: dict[Path, str]) -> None:
                 os.fsync(handle.fileno())
             os.chmod(temp_name, mode)
         for temp, target in staged:
-            os.replace(temp, target)
+            if target in created:
+                # link() fails if the file appeared since the check, where replace() would clobber it.
+                os.link(temp, target)
+            else:
+                os.replace(temp, target)
+        renamed = True
     finally:
         for temp, _ in staged:
             temp.unlink(missing_ok=True)
+        if not renamed:
+            for folder in reversed(made_dirs):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create `folder` and its missing parents; return those created, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        path.mkdir()
+    return list(reversed(missing))
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -591,9 +745,17 @@ def format_report(report: PatchReport) -> list[str]:
             else:
                 lines.append(f"  file ends before line {conflict.file_line}")
         return lines
+    parts = []
     count = len(report.offsets)
-    offsets = "/".join(_format_offset(o) for o in report.offsets)
-    detail = f"{count} hunk{'s' if count != 1 else ''}, offset{'s' if count != 1 else ''} {offsets}"
+    if count:
+        offsets = "/".join(_format_offset(o) for o in report.offsets)
+        parts.append(f"{count} hunk{'s' if count != 1 else ''}, offset{'s' if count != 1 else ''} {offsets}")
+    for file_report in report.files:
+        if file_report.status == PatchStatus.CREATES:
+            parts.append(f"creates {file_report.path}")
+        elif file_report.status == PatchStatus.ALREADY_UPSTREAM and not file_report.offsets:
+            parts.append(f"{file_report.path} exists with this content")
+    detail = "; ".join(parts)
     if report.status == PatchStatus.ALREADY_UPSTREAM:
         detail += "; nothing to do"
     elif report.written:

@@ -46,6 +46,18 @@ class Project:
             return str(absolute)
 
 
+def leaves(path: Path, folder: Path) -> bool:
+    """Whether `path`, with `..` and every symlink on the way followed, ends up outside `folder`.
+
+    Recipes and patches come from checkouts: a `../` or a symlink must not pull a file from
+    elsewhere on the host into an image or a report.
+    """
+    try:
+        return not path.resolve().is_relative_to(folder.resolve())
+    except (ValueError, OSError):  # a NUL byte or a link loop: no such place inside the folder
+        return True
+
+
 def cache_dir() -> Path:
     """`LANECTL_CACHE_DIR`, else the XDG cache folder: downloaded upstream sources live here."""
     explicit = os.environ.get("LANECTL_CACHE_DIR")

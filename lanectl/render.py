@@ -11,7 +11,9 @@ import functools
 import hashlib
 import io
 import json
+import os
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from typing import Any
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
+from lanectl.errors import BadInput
+from lanectl.project import leaves
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.kernel import KernelSpec
 
@@ -39,6 +43,16 @@ class ContextFile:
 
 
 @dataclass(frozen=True)
+class FetchedTree:
+    """A kernel's pinned source, fetched on the host (lanectl.kernel_source), sent under `prefix`."""
+
+    kernel: str
+    prefix: str  # folder in the build context
+    origin: str  # "git URL @ commit"
+    path: Path | None  # None: not fetched yet (render shows it; a build fetches it first)
+
+
+@dataclass(frozen=True)
 class ImagePlan:
     """Everything needed to build one lane's image, and its content-addressed name."""
 
@@ -49,6 +63,8 @@ class ImagePlan:
     input_hash: str
     local_images: tuple[str, ...]
     labels: dict[str, str] = field(default_factory=dict)
+    # Pinned by commit, so hashed by their pins (a `kernels/<name>.pin` file), not by their bytes.
+    fetched_trees: tuple[FetchedTree, ...] = ()
 
     @property
     def repository(self) -> str:
@@ -63,6 +79,9 @@ class ImagePlan:
         return f"{self.repository}:{self.lane}"
 
     def context_tar(self) -> bytes:
+        missing = [tree.kernel for tree in self.fetched_trees if tree.path is None]
+        if missing:
+            raise ValueError(f"kernel sources not fetched: {', '.join(missing)}")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for item in self.files:
@@ -71,7 +90,27 @@ class ImagePlan:
                 info.mode = item.mode
                 info.mtime = FIXED_MTIME
                 tar.addfile(info, io.BytesIO(item.content))
+            for tree in self.fetched_trees:
+                assert tree.path is not None
+                _add_tree(tar, tree.path, tree.prefix)
         return buffer.getvalue()
+
+
+def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
+    # Links are sent as links, never followed: nothing outside the fetched tree enters the context.
+    for folder, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if (Path(folder) / d).is_symlink()]:
+            path = Path(folder) / name
+            info = tar.gettarinfo(str(path), f"{prefix}/{path.relative_to(root).as_posix()}")
+            info.mtime = FIXED_MTIME
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isreg():
+                with path.open("rb") as handle:
+                    tar.addfile(info, handle)
+            elif info.issym():
+                tar.addfile(info)
 
 
 def env_value(value: str) -> str:
@@ -96,7 +135,12 @@ def _environment(images_dir: Path) -> SandboxedEnvironment:
     return env
 
 
-def plan_image(lane: Lane) -> ImagePlan:
+def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePlan:
+    """The lane's build: Dockerfile, context and content-addressed tag.
+
+    `fetched` maps git kernels to their fetched trees (lanectl.kernel_source); the tag does not
+    depend on it, so `render` and `status` need no fetch, and only a build's context needs the trees.
+    """
     project_root = lane.recipe.project_root
     images_dir = project_root / "images"
     spec = lane.spec
@@ -106,10 +150,16 @@ def plan_image(lane: Lane) -> ImagePlan:
     files.extend(_folder_files(template_dir, "image", skip={"Dockerfile.j2", "README.md"}))
 
     kernels = []
+    trees = []
     for kernel in lane.kernels:
         context_dir = f"kernels/{kernel.name}"
         if kernel.source.path is not None:
             files.extend(_folder_files(project_root / kernel.source.path, context_dir, skip=set()))
+        else:
+            pin = {"git": kernel.source.git, "commit": kernel.source.commit, "submodules": kernel.source.submodules}
+            files.append(ContextFile(f"{context_dir}.pin", (json.dumps(pin, sort_keys=True) + "\n").encode()))
+            trees.append(FetchedTree(kernel.name, context_dir, f"{kernel.source.git} @ {kernel.source.commit}",
+                                     (fetched or {}).get(kernel.name)))
         kernels.append(_kernel_context(kernel, lane, context_dir))
 
     patches = []
@@ -127,7 +177,6 @@ def plan_image(lane: Lane) -> ImagePlan:
         "recipe": lane.recipe.id,
         "base": spec.image.base,
         "python_site": spec.image.python_site,
-        "build_args": dict(sorted(spec.image.build_args.items())),
         "kernels": kernels,
         "patches": patches,
         "env": dict(sorted(spec.engine.env.items())),
@@ -157,7 +206,8 @@ def plan_image(lane: Lane) -> ImagePlan:
              for k in lane.kernels}, sort_keys=True),
     }
     return ImagePlan(lane=lane.name, recipe_id=lane.recipe.id, dockerfile=dockerfile, files=tuple(files),
-                     input_hash=input_hash, local_images=tuple(dict.fromkeys(local_images)), labels=labels)
+                     input_hash=input_hash, local_images=tuple(dict.fromkeys(local_images)), labels=labels,
+                     fetched_trees=tuple(trees))
 
 
 def _kernel_context(kernel: KernelSpec, lane: Lane, context_dir: str) -> dict[str, Any]:
@@ -166,7 +216,11 @@ def _kernel_context(kernel: KernelSpec, lane: Lane, context_dir: str) -> dict[st
         "LANECTL_KERNEL_MODULE": kernel.install.module,
         "LANECTL_KERNEL_OUT": KERNEL_OUT,
     }
-    if kernel.archs:
+    if kernel.arch_switches:
+        # The source picks its own -gencode list (FlashMLA's setup.py ignores TORCH_CUDA_ARCH_LIST);
+        # its switches turn off each arch the recipe does not ask for.
+        env.update({switch: "1" for arch, switch in kernel.arch_switches.items() if arch not in kernel.archs})
+    elif kernel.archs:
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(kernel.archs)
     # The output may hold only the side module: anything else copied beside the shipped
     # module could shadow or replace it.
@@ -177,34 +231,35 @@ def _kernel_context(kernel: KernelSpec, lane: Lane, context_dir: str) -> dict[st
         f'ls "$LANECTL_KERNEL_OUT"/"$LANECTL_KERNEL_MODULE".* >/dev/null 2>&1 || '
         f'{{ echo "kernel {kernel.name}: build produced no $LANECTL_KERNEL_MODULE module" >&2; exit 1; }}'
     )
-    build_script = "\n".join(['mkdir -p "$LANECTL_KERNEL_OUT"', *kernel.build, guard])
-    fetch_script = None
-    if kernel.source.git is not None:
-        lines = [
-            f"git init -q {KERNEL_SRC}",
-            f"cd {KERNEL_SRC}",
-            f"git fetch -q --depth 1 {_sh(kernel.source.git)} {_sh(kernel.source.commit or '')}",
-            "git checkout -q FETCH_HEAD",
-            f'test "$(git rev-parse HEAD)" = {_sh(kernel.source.commit or "")}',
-        ]
-        if kernel.source.submodules:
-            paths = " ".join(_sh(p) for p in kernel.source.submodules)
-            lines.append(f"git submodule update -q --init --depth 1 -- {paths}")
-        fetch_script = "\n".join(lines)
-    smoke = {"imports": kernel.smoke.imports, "op_schema": (
-        kernel.smoke.op_schema.model_dump() if kernel.smoke.op_schema else None)}
+    preflight = [_PREFLIGHT[need].format(kernel=kernel.name) for need in kernel.builder.requires]
+    build_script = "\n".join([*preflight, 'mkdir -p "$LANECTL_KERNEL_OUT"', *kernel.build, guard])
+    install_dir = lane.spec.image.python_site.rstrip("/") + "/" + kernel.install.package.replace(".", "/")
+    smoke = {"dir": install_dir, "module": kernel.install.module, "beside": kernel.install.beside,
+             **kernel.smoke.op_schema.model_dump()}
     return {
         "name": kernel.name,
         "builder": kernel.builder.image or lane.spec.image.base,
-        "context_dir": context_dir if kernel.source.path is not None else None,
-        "fetch_script": fetch_script,
+        "context_dir": context_dir,
         "env": dict(sorted(env.items())),
         "build_script": build_script,
         "src": KERNEL_SRC,
         "out": KERNEL_OUT,
-        "install_dir": lane.spec.image.python_site.rstrip("/") + "/" + kernel.install.package.replace(".", "/"),
+        "install_dir": install_dir,
         "smoke": json.dumps(smoke, sort_keys=True),
     }
+
+
+# What a builder image must have, checked before anything is compiled so a wrong builder fails
+# with its cause instead of a compiler error several minutes in.
+_PREFLIGHT = {
+    "nvcc": ('command -v nvcc >/dev/null 2>&1 || {{ echo "kernel {kernel}: the builder image has no nvcc '
+             '(CUDA toolkit); set builder.image to an image that ships it" >&2; exit 1; }}'),
+    "torch": ("python3 -c 'import os, torch.utils.cpp_extension as e; "
+              "raise SystemExit(not any(os.path.isfile(os.path.join(p, \"torch\", \"extension.h\")) "
+              "for p in e.include_paths()))' 2>/dev/null || "
+              '{{ echo "kernel {kernel}: the builder image has no torch with C++ headers (torch/extension.h); '
+              'set builder.image to one that has them" >&2; exit 1; }}'),
+}
 
 
 def _sh(value: str) -> str:
@@ -217,6 +272,10 @@ def _folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextF
     out = []
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
+        if leaves(path, folder):
+            # A symlink in the project must not carry a host file into the image.
+            raise BadInput(f"{path} leads out of {folder} (a symlink to {path.resolve()}); "
+                           "copy the file into the folder instead")
         if path.is_dir() or rel.as_posix() in skip or "__pycache__" in rel.parts or path.suffix == ".pyc":
             continue
         mode = 0o755 if path.stat().st_mode & 0o111 else 0o644

@@ -49,7 +49,8 @@ class SwitchOutcome:
 class Reporter(Protocol):
     """What a switch tells the person watching; the CLI gives one that prints with rich."""
 
-    def step(self, text: str) -> None: ...
+    def step(self, text: str, *, ok: bool = True) -> None:
+        """A step that ran; `ok=False` when it ran and failed (a gate that did not pass)."""
 
     def gate(self, progress: GateProgress) -> None: ...
 
@@ -373,7 +374,7 @@ class LaneSwitcher:
         if result is not None:
             detail += "; passed" if result.passed else f"; failed {result.failed_check}: {result.detail}"
         self.journal.record_step(switch, step.key, detail)
-        self.reporter.step(f"{step.describe()} ({detail})")
+        self.reporter.step(f"{step.describe()} ({detail})", ok=result is None or result.passed)
         self._steps_done += 1
         if self._crash_after is not None and self._steps_done == self._crash_after:
             os.kill(os.getpid(), signal.SIGKILL)

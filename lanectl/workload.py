@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from lanectl.errors import BadInput, Problem
-from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, load_yaml
+from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, read_yaml_file
 
 WORKLOAD_SCHEMA = "lanectl-workload/v1"
 WORKLOADS_DIR = "workloads"
@@ -79,11 +79,12 @@ def prefixed(prompt: str, arm_id: str) -> str:
 def workload_file(recipes_dir: Path, name_or_path: str) -> Path:
     """`--workload coding` -> recipes/workloads/coding.yaml; an existing file path is taken as given."""
     given = Path(name_or_path)
-    if given.suffix in (".yaml", ".yml") and given.is_file():
+    # exists(), not is_file(): a directory or FIFO named x.yaml is reported by load_workload, not "unknown".
+    if given.suffix in (".yaml", ".yml") and given.exists():
         return given
     folder = recipes_dir / WORKLOADS_DIR
     candidate = folder / f"{name_or_path}.yaml"
-    if "/" not in name_or_path and candidate.is_file():
+    if "/" not in name_or_path and candidate.exists():
         return candidate
     known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
     hint = f"; known workloads: {', '.join(known)}" if known else f"; no workloads in {folder}"
@@ -94,11 +95,7 @@ def load_workload(path: Path, shown: str | None = None) -> Workload:
     """Read and validate one workload file; raise `WorkloadInvalid` naming file, line and field of each problem."""
     shown = shown or str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"{shown}: cannot read workload file: {exc.strerror or exc}") from None
-    try:
-        doc = load_yaml(text, shown)
+        doc = read_yaml_file(path, shown)
     except YamlSyntaxError as exc:
         raise WorkloadInvalid([exc.problem]) from None
     if not isinstance(doc.data, dict):

@@ -5,8 +5,10 @@ Each test builds under its own recipe id (so its own image repository) and remov
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -124,6 +126,27 @@ def test_a_patch_that_no_longer_applies_fails_the_build_with_its_hunk(demo, engi
     assert "patching.py" in outcome.message
 
 
+def test_a_git_kernel_is_fetched_on_the_host_and_built_without_git_or_network(demo, engine, tmp_path):
+    # The builder image (lanectl/base-build) has no git, and this machine no route out: the stage can only
+    # succeed from the tree lanectl fetched on the host and sent in the context.
+    project, _, _ = demo
+    repo = tmp_path / "stub-splitkv.git"
+    shutil.copytree(project / "kernels/src/stub-splitkv", repo)
+    run = functools.partial(subprocess.run, cwd=repo, check=True, capture_output=True, text=True)
+    run(["git", "init", "-q"])
+    run(["git", "add", "."])
+    run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-qm", "kernel"])
+    commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+    kernel = project / "kernels/stub-splitkv.yaml"
+    kernel.write_text(kernel.read_text().replace("  path: kernels/src/stub-splitkv",
+                                                 f"  git: file://{repo}\n  commit: {commit}"))
+    said: list[str] = []
+    outcome = build_lane(engine, lanes(project).lane("demo-h2"), cache_dir=tmp_path / "cache", say=said.append)
+    assert outcome.status == "built", (outcome.message, outcome.log_tail)
+    assert said == [f"fetching file://{repo} at {commit[:12]}"]
+    assert json.loads(engine.image_labels(outcome.tag)["io.lanectl.kernels"]) == {"stub-splitkv": commit}
+
+
 def test_a_failing_kernel_smoke_check_fails_the_build(demo, engine):
     project, _, _ = demo
     kernel = project / "kernels/stub-splitkv.yaml"
@@ -171,7 +194,7 @@ def test_built_demo_h2_serves_with_split_kv_active(demo, engine):
             logs = container.logs().decode()
             time.sleep(0.2)
         assert "Application startup complete" in logs, logs
-        assert "Using split-KV decode attention (4 splits" in logs
+        assert "split-KV overlay: on, 4 splits at 1 request x 6 query tokens" in logs
     finally:
         container.remove(force=True)
 

@@ -94,9 +94,18 @@ def test_patches_check_reports_each_patch_and_exit_codes(project, write_recipe):
     cache = os.environ.get("LANECTL_TEST_CACHE", str(Path.home() / ".cache" / "lanectl-test"))
     ok = lanectl("patches", "check", "--json", cwd=project, env={"LANECTL_CACHE_DIR": cache})
     assert ok.returncode == 0, ok.stderr
-    statuses = {p["patch"]: p["status"] for p in json.loads(ok.stdout)["data"]["patches"]}
+    reports = json.loads(ok.stdout)["data"]["patches"]
+    statuses = {p["patch"]: p["status"] for p in reports}
     assert statuses == {"stub-engine/0001-rejection-sampler-guard.patch": "applies",
+                        "vllm/57711-splitkv-overlay.patch": "applies",
                         "vllm/60945-rejection-sampler-guard.patch": "applies"}
+    overlay = next(p for p in reports if p["patch"] == "vllm/57711-splitkv-overlay.patch")
+    assert {f["path"]: f["status"] for f in overlay["files"]} == {
+        "vllm/envs.py": "applies",
+        "vllm/models/deepseek_v41/nvidia/flash_mla_mega_attn.py": "applies",
+        "vllm/models/deepseek_v41/nvidia/splitkv.py": "creates",
+        "vllm/models/deepseek_v41/nvidia/ops/splitkv_combine.py": "creates",
+    }
     sampler = project / "images/stub-engine/stubengine/rejection_sampler.py"
     patch = (project / "patches/stub-engine/0001-rejection-sampler-guard.patch").read_text()
     added = [line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]

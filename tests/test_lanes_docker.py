@@ -109,6 +109,9 @@ def test_a_failing_gate_brings_the_previous_lane_back(lanes, state, bad_lane, ch
     assert result.returncode == 1
     assert re.search(rf"failed its health gate \(({check})\)", result.stdout), result.stdout
     assert "Rolled back: demo-h1 is serving again" in result.stdout
+    gate_lines = [line for line in result.stderr.splitlines() if f"hold {bad_lane} to its health gate" in line]
+    assert len(gate_lines) == 1 and gate_lines[0].startswith("✗ ") and "; failed " in gate_lines[0], result.stderr
+    assert not [line for line in result.stderr.splitlines() if line.startswith("✓") and "failed" in line]
     data = status(lanes, state)
     assert serving(lanes, data, "demo-h1")
     assert all(c["status"] != "running" for c in lane_row(data, bad_lane)["containers"])

@@ -140,7 +140,37 @@ def test_the_real_60945_patch_parses_with_its_pinned_base() -> None:
             7,
             "path '../mod.py' must be relative and stay inside the root",
         ),
-        (HEADER, LINE_10_DIFF.replace("--- a/pkg/mod.py", "--- /dev/null"), 7, "creating or deleting files"),
+        (
+            HEADER,
+            LINE_10_DIFF.replace("--- a/pkg/mod.py", "--- /dev/null"),
+            9,
+            "pkg/mod.py is created ('--- /dev/null' at line 7): its diff is one hunk '@@ -0,0 +1,N @@' "
+            "of N added lines",
+        ),
+        (
+            HEADER,
+            LINE_10_DIFF.replace("+++ b/pkg/mod.py", "+++ /dev/null"),
+            8,
+            "'+++ /dev/null' deletes a file; patches may change or create files, not delete them",
+        ),
+        (
+            HEADER,
+            LINE_10_DIFF + "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -15,1 +15,1 @@\n-line 15\n+line fifteen\n",
+            18,
+            "a second section for pkg/mod.py (the first starts at line 7); put all of a file's hunks in one section",
+        ),
+        (
+            HEADER,
+            "--- /dev/null\n+++ b/pkg/new.py\n@@ -0,0 +1,1 @@\n+one\n@@ -0,0 +2,1 @@\n+two\n",
+            11,
+            "pkg/new.py is created ('--- /dev/null' at line 7): its diff is one hunk",
+        ),
+        (
+            HEADER.replace("Target: {targets}", "Target: {targets}, {targets}"),
+            LINE_10_DIFF,
+            3,
+            "Target pkg/mod.py is listed twice",
+        ),
     ],
     ids=[
         "missing-subject",
@@ -152,7 +182,11 @@ def test_the_real_60945_patch_parses_with_its_pinned_base() -> None:
         "bad-line-prefix",
         "rename",
         "path-escapes-root",
-        "new-file",
+        "new-file-with-context",
+        "delete-file",
+        "two-sections-one-file",
+        "new-file-two-hunks",
+        "target-twice",
     ],
 )
 def test_malformed_patch_names_file_and_line(
@@ -175,7 +209,7 @@ def test_malformed_patch_names_file_and_line(
 def test_target_header_must_agree_with_the_files_the_diff_changes(tmp_path: Path) -> None:
     path = write_patch(tmp_path, LINE_10_DIFF, targets="pkg/other.py")
 
-    with pytest.raises(PatchFormatError, match=r":3: Target lists pkg/other.py but the diff changes pkg/mod.py"):
+    with pytest.raises(PatchFormatError, match=r":3: Target lists pkg/other.py but the diff touches pkg/mod.py"):
         parse_patch_file(path)
 
 
@@ -210,19 +244,62 @@ def test_applies_at_an_offset_and_reports_it(tmp_path: Path) -> None:
     assert (root / "pkg/mod.py").read_text() == "new 1\nnew 2\nnew 3\n" + TWENTY_LINES_PATCHED
 
 
-def test_offset_search_takes_the_nearest_match(tmp_path: Path) -> None:
+def test_a_hunk_matching_two_places_in_the_window_conflicts_naming_both(tmp_path: Path) -> None:
     lines = [f"x{n}\n" for n in range(1, 21)]
     lines[2:5] = ["a\n", "b\n", "c\n"]  # lines 3-5: 6 lines before the stated line 9
     lines[11:14] = ["a\n", "b\n", "c\n"]  # lines 12-14: 3 lines after it
     root = write_tree(tmp_path / "tree", {"pkg/mod.py": "".join(lines)})
+    before = tree_snapshot(root)
     diff = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -9,3 +9,3 @@\n a\n-b\n+B\n c\n"
     patch = parse_patch_file(write_patch(tmp_path, diff))
 
     report = apply(patch, root)
 
-    assert report.offsets == (3,)
-    result = (root / "pkg/mod.py").read_text().splitlines()
-    assert result[3] == "b" and result[12] == "B"
+    assert report.status == PatchStatus.CONFLICTS
+    assert patching.format_report(report) == [
+        "conflicts  demo/change.patch",
+        "  pkg/mod.py: hunk 1 of 1 is ambiguous: its context and removed lines match at lines 3, 12 "
+        "(within 100 lines of line 9); add context lines so the hunk matches one place only",
+        "  patch hunk:",
+        "    @@ -9,3 +9,3 @@",
+        "     a",
+        "    -b",
+        "    +B",
+        "     c",
+        "  file has at line 12:",
+        "       12 | a",
+        "       13 | b",
+        "       14 | c",
+    ]
+    assert tree_snapshot(root) == before
+
+
+def test_an_already_applied_hunk_whose_new_side_matches_twice_conflicts(tmp_path: Path) -> None:
+    lines = [f"x{n}\n" for n in range(1, 21)]
+    lines[7:10] = ["a\n", "B\n", "c\n"]
+    lines[15:18] = ["a\n", "B\n", "c\n"]
+    root = write_tree(tmp_path / "tree", {"pkg/mod.py": "".join(lines)})
+    diff = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -8,3 +8,3 @@\n a\n-b\n+B\n c\n"
+
+    report = check(parse_patch_file(write_patch(tmp_path, diff)), root)
+
+    assert report.status == PatchStatus.CONFLICTS
+    assert report.conflict is not None
+    assert report.conflict.reason == (
+        "hunk 1 of 1 is ambiguous: its new side matches at lines 8, 16 (within 100 lines of line 8); "
+        "add context lines so the hunk matches one place only"
+    )
+
+
+def test_a_second_match_beyond_the_window_is_not_ambiguous(tmp_path: Path) -> None:
+    padding = "".join(f"pad {n}\n" for n in range(patching.MAX_OFFSET_LINES + 5))
+    root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES + padding + TWENTY_LINES})
+    patch = parse_patch_file(write_patch(tmp_path, LINE_10_DIFF))
+
+    report = apply(patch, root)
+
+    assert (report.status, report.offsets) == (PatchStatus.APPLIES, (0,))
+    assert (root / "pkg/mod.py").read_text() == TWENTY_LINES_PATCHED + padding + TWENTY_LINES
 
 
 def test_a_hunk_beyond_the_offset_limit_conflicts(tmp_path: Path) -> None:
@@ -529,3 +606,206 @@ def test_runs_as_a_standalone_script_outside_the_package(tmp_path: Path) -> None
         "",
     )
     assert (root / "pkg/mod.py").read_text() == TWENTY_LINES_PATCHED
+
+
+# ------------------------------------------------------------------------------------ created files
+
+NEW_FILE_DIFF = """\
+--- /dev/null
++++ b/pkg/ops/new/_probe.py
+@@ -0,0 +1,3 @@
++\"\"\"Probe.\"\"\"
++
++VALUE = 1
+"""
+NEW_FILE_TEXT = '"""Probe."""\n\nVALUE = 1\n'
+BOTH_TARGETS = "pkg/mod.py, pkg/ops/new/_probe.py"
+
+
+def test_a_patch_creates_a_file_and_changes_another_all_at_once(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES})
+    patch = parse_patch_file(write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, targets=BOTH_TARGETS))
+
+    assert [(f.path, f.creates) for f in patch.files] == [("pkg/mod.py", False), ("pkg/ops/new/_probe.py", True)]
+    checked = check(patch, root)
+    assert [(f.path, f.status) for f in checked.files] == [
+        ("pkg/mod.py", PatchStatus.APPLIES),
+        ("pkg/ops/new/_probe.py", PatchStatus.CREATES),
+    ]
+    assert patching.format_report(checked) == [
+        "applies  demo/change.patch  (1 hunk, offset 0; creates pkg/ops/new/_probe.py)"
+    ]
+    assert not (root / "pkg/ops").exists()
+
+    applied = apply(patch, root)
+
+    assert patching.format_report(applied) == [
+        "applies  demo/change.patch  (1 hunk, offset 0; creates pkg/ops/new/_probe.py; written)"
+    ]
+    assert tree_snapshot(root) == {
+        "pkg/mod.py": TWENTY_LINES_PATCHED.encode(),
+        "pkg/ops/new/_probe.py": NEW_FILE_TEXT.encode(),
+    }
+    assert stat.S_IMODE((root / "pkg/ops/new/_probe.py").stat().st_mode) == 0o644
+    again = apply(patch, root)
+    assert patching.format_report(again) == [
+        "already-upstream  demo/change.patch  "
+        "(1 hunk, offset 0; pkg/ops/new/_probe.py exists with this content; nothing to do)"
+    ]
+    assert [f.status for f in again.files] == [PatchStatus.ALREADY_UPSTREAM, PatchStatus.ALREADY_UPSTREAM]
+
+
+def test_a_file_the_patch_creates_that_exists_with_other_content_conflicts(tmp_path: Path) -> None:
+    root = write_tree(
+        tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES, "pkg/ops/new/_probe.py": '"""Probe."""\n\nVALUE = 2\n'}
+    )
+    before = tree_snapshot(root)
+    patch = parse_patch_file(write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, targets=BOTH_TARGETS))
+
+    report = apply(patch, root)
+
+    assert patching.format_report(report) == [
+        "conflicts  demo/change.patch",
+        "  pkg/ops/new/_probe.py: the patch creates this file, but it already exists with other content "
+        "(3 lines; first difference at line 3); rebase the patch on what is there, or rename the new file",
+    ]
+    assert tree_snapshot(root) == before
+
+
+def test_a_created_file_is_not_written_when_another_file_conflicts(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES.replace("line 9\n", "line nine\n")})
+    patch = parse_patch_file(write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, targets=BOTH_TARGETS))
+
+    report = apply(patch, root)
+
+    assert [(f.path, f.status) for f in report.files] == [
+        ("pkg/mod.py", PatchStatus.CONFLICTS),
+        ("pkg/ops/new/_probe.py", PatchStatus.CREATES),
+    ]
+    assert report.status == PatchStatus.CONFLICTS
+    assert not (root / "pkg/ops").exists()
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES})
+    before = tree_snapshot(root)
+    patch = parse_patch_file(write_patch(tmp_path, NEW_FILE_DIFF + LINE_10_DIFF, targets=BOTH_TARGETS))
+    real_mkstemp = patching.tempfile.mkstemp
+    calls = []
+
+    def mkstemp_then_disk_full(**kwargs: str) -> tuple[int, str]:
+        calls.append(kwargs["dir"])
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_mkstemp(**kwargs)
+
+    monkeypatch.setattr(patching.tempfile, "mkstemp", mkstemp_then_disk_full)
+
+    with pytest.raises(OSError, match="No space left"):
+        apply(patch, root)
+
+    assert tree_snapshot(root) == before
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["pkg", "pkg/mod.py"]
+
+
+def test_a_created_file_without_a_final_newline(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "tree", {})
+    diff = "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1,2 @@\n+one\n+two\n\\ No newline at end of file\n"
+
+    apply(parse_patch_file(write_patch(tmp_path, diff, targets="new.txt")), root)
+
+    assert (root / "new.txt").read_bytes() == b"one\ntwo"
+
+
+@pytest.mark.parametrize(
+    "target_lines",
+    [
+        "Target: pkg/mod.py, pkg/ops/new/_probe.py",
+        "Target: pkg/mod.py pkg/ops/new/_probe.py",
+        "Target: pkg/mod.py,pkg/ops/new/_probe.py,",
+        "Target: pkg/mod.py\nTarget: pkg/ops/new/_probe.py",
+    ],
+    ids=["comma-space", "space", "comma-trailing", "repeated-lines"],
+)
+def test_several_targets_in_any_of_the_accepted_forms(tmp_path: Path, target_lines: str) -> None:
+    header = HEADER.replace("Target: {targets}", target_lines)
+
+    patch = parse_patch_file(write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, header=header))
+
+    assert patch.targets == ("pkg/mod.py", "pkg/ops/new/_probe.py")
+
+
+def test_a_created_file_must_be_declared_as_a_target(tmp_path: Path) -> None:
+    path = write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, targets="pkg/mod.py")
+
+    with pytest.raises(PatchFormatError) as raised:
+        parse_patch_file(path)
+
+    assert str(raised.value) == (
+        f"{path}:3: Target lists pkg/mod.py but the diff touches pkg/mod.py, pkg/ops/new/_probe.py; they must agree"
+    )
+
+
+def test_main_apply_creates_the_file_in_a_standalone_copy(tmp_path: Path) -> None:
+    script = tmp_path / "lanectl-in-image" / "patching.py"
+    script.parent.mkdir()
+    shutil.copy(REPO / "lanectl" / "patching.py", script)
+    root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES})
+    path = write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, targets=BOTH_TARGETS)
+    python = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
+
+    result = subprocess.run(
+        [python, "-I", str(script), "apply", "--root", str(root), str(path)],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+    )
+
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0,
+        "applies  demo/change.patch  (1 hunk, offset 0; creates pkg/ops/new/_probe.py; written)\n",
+        "",
+    )
+    assert (root / "pkg/ops/new/_probe.py").read_text() == NEW_FILE_TEXT
+
+
+# ------------------------------------------------------------------------------------------ symlinks
+
+
+@pytest.mark.parametrize(
+    ("link", "points_to", "diff", "targets", "message"),
+    [
+        (
+            "pkg", "outside/pkg", LINE_10_DIFF, "pkg/mod.py",
+            "pkg/mod.py goes through the symlink pkg -> {points_to}",
+        ),
+        (
+            "pkg/mod.py", "outside/pkg/mod.py", LINE_10_DIFF, "pkg/mod.py",
+            "pkg/mod.py is the symlink pkg/mod.py -> {points_to}",
+        ),
+        (
+            "pkg/ops", "outside/ops", NEW_FILE_DIFF, "pkg/ops/new/_probe.py",
+            "pkg/ops/new/_probe.py goes through the symlink pkg/ops -> {points_to}",
+        ),
+    ],
+    ids=["symlinked-dir", "symlinked-file", "created-file-under-symlinked-dir"],
+)
+def test_a_patch_never_writes_through_a_symlink_under_the_root(
+    tmp_path: Path, link: str, points_to: str, diff: str, targets: str, message: str
+) -> None:
+    outside = write_tree(tmp_path / "outside", {"pkg/mod.py": TWENTY_LINES})
+    (outside / "ops").mkdir()
+    root = tmp_path / "tree"
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(tmp_path / points_to)
+    before = tree_snapshot(outside)
+    patch = parse_patch_file(write_patch(tmp_path, diff, targets=targets))
+
+    report = apply(patch, root)
+
+    assert report.status == PatchStatus.CONFLICTS
+    [file_report] = report.files
+    assert file_report.message == (
+        message.format(points_to=tmp_path / points_to)
+        + f"; refusing to write through a symlink (it may lead out of {root}); patch the real file instead"
+    )
+    assert tree_snapshot(outside) == before
+    assert not (outside / "ops" / "new").exists()

@@ -64,7 +64,7 @@ def test_the_good_recipe_loads(project, write_recipe):
     pytest.param(
         ("    python_site: /opt/stub\n", "    python_site: /opt/stub\n    bsae: x\n"),
         ["recipes/r.yaml:9:5: defaults.image.bsae: unknown key; expected one of: template, base, local_base, "
-         "python_site, build_args"],
+         "python_site"],
         id="unknown-key"),
     pytest.param(
         ("      - {container: 8000, host: 18000}\n", "      - {container: 8000, host: 70000}\n"),
@@ -221,7 +221,7 @@ def test_every_problem_of_every_file_is_listed_at_once(project, write_recipe):
 def test_bad_kernel_file_is_reported_in_that_file(project, write_recipe):
     (project / "kernels" / "broken.yaml").write_text(
         "schema: lanectl-kernel/v1\nname: broken\nsource: {git: https://x/y.git}\nbuild: [make]\n"
-        "install: {package: p, module: m, beside: m}\nsmoke: {imports: [p.m]}\n")
+        "install: {package: p, module: m, beside: m}\nsmoke: {op_schema: {op: p.m.f, argument: a}}\n")
     write_recipe(GOOD.replace("  b:\n    engine:\n      env: {X: \"1\"}\n", "  b:\n    kernels: [broken]\n"))
     assert problems(project) == [
         "kernels/broken.yaml:3:9: source: a git source must pin 'commit' (40 hex) so the build is reproducible",
@@ -248,3 +248,29 @@ def test_unknown_lane_suggests_the_closest(project, write_recipe):
     catalog = load_catalog(Project.locate())
     with pytest.raises(BadInput, match=r"^no lane 'h3-REF'; did you mean h2-REF\?$"):
         catalog.lane("h3-REF")
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ('{VLLM_DSV41_MEGA_SPLITKV: "3"}',
+     "VLLM_DSV41_MEGA_SPLITKV='3': give 0 (off) or a power of two from 2 to 8, the most the overlay's combine "
+     "kernel merges"),
+    ('{VLLM_DSV41_MEGA_SPLITKV: "16"}',
+     "VLLM_DSV41_MEGA_SPLITKV='16': give 0 (off) or a power of two from 2 to 8, the most the overlay's combine "
+     "kernel merges"),
+    ('{VLLM_DSV41_MEGA_SPLITKV: "four"}',
+     "VLLM_DSV41_MEGA_SPLITKV='four': give 0 (off) or a power of two from 2 to 8, the most the overlay's combine "
+     "kernel merges"),
+    ('{VLLM_DSV41_MEGA_SPLITKV: "4", VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS: "0"}',
+     "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS='0': give the decode query-token count of the one request that splits "
+     "(1 + draft tokens), at least 1"),
+])
+def test_split_kv_settings_are_checked_where_they_are_written(project, write_recipe, env, expected):
+    write_recipe(GOOD.replace('env: {X: "1"}', f"env: {env}"))
+    assert problems(project) == [f"recipes/r.yaml:20:12: lanes.b.engine.env: {expected}"]
+
+
+@pytest.mark.parametrize("env", ['{VLLM_DSV41_MEGA_SPLITKV: "0"}', '{VLLM_DSV41_MEGA_SPLITKV: "2"}',
+                                 '{VLLM_DSV41_MEGA_SPLITKV: "8", VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS: "6"}'])
+def test_split_kv_settings_the_overlay_supports_pass(project, write_recipe, env):
+    write_recipe(GOOD.replace('env: {X: "1"}', f"env: {env}"))
+    assert load_catalog(Project.locate()).lane("b").spec.engine.env

@@ -123,7 +123,7 @@ def test_malformed_yaml_and_non_mapping(tmp_path: Path) -> None:
 
 
 def test_unreadable_file_is_bad_input(tmp_path: Path) -> None:
-    with pytest.raises(BadInput, match="cannot read workload file"):
+    with pytest.raises(BadInput, match=r"missing.yaml: cannot be read: No such file or directory"):
         load_workload(tmp_path / "missing.yaml")
 
 

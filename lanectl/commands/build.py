@@ -24,7 +24,10 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, console: Conso
                     progress.update(task, completed=log.steps_total, total=log.steps_planned,
                                     step=log.current_step[:60])
 
-                outcome = build_lane(engine, lane, no_cache=no_cache, push=push, on_progress=show)
+                def say(message: str, task=task) -> None:
+                    progress.update(task, step=message[:60])
+
+                outcome = build_lane(engine, lane, no_cache=no_cache, push=push, on_progress=show, say=say)
                 progress.update(task, total=max(outcome.steps_total, 1), completed=max(outcome.steps_total, 1))
                 outcomes.append(outcome)
                 if outcome.status == "failed":
@@ -39,7 +42,11 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, console: Conso
                 step = log.current_step if len(log.current_step) <= 100 else log.current_step[:97] + "..."
                 console.print(f"{name}: step {log.steps_total}/{log.steps_planned}: {step}", markup=False)
 
-        outcome = build_lane(engine, lane, no_cache=no_cache, push=push, on_progress=show_plain)
+        def say_plain(message: str, name: str = lane.name) -> None:
+            if live:
+                console.print(f"{name}: {message}", markup=False)
+
+        outcome = build_lane(engine, lane, no_cache=no_cache, push=push, on_progress=show_plain, say=say_plain)
         outcomes.append(outcome)
         if outcome.status == "failed":
             break

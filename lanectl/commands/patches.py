@@ -7,7 +7,7 @@ from rich.console import Console
 from lanectl.errors import BadInput
 from lanectl.patch_check import check_patch_files
 from lanectl.patching import PatchFormatError, format_report, parse_patch_file
-from lanectl.project import Project, cache_dir
+from lanectl.project import Project, cache_dir, leaves
 
 
 def check_project_patches(project: Project, progress: Console | None = None) -> list[dict[str, Any]]:
@@ -15,6 +15,11 @@ def check_project_patches(project: Project, progress: Console | None = None) -> 
     files = sorted(project.patches_dir.rglob("*.patch"))
     if not files:
         raise BadInput(f"no *.patch files under {project.display(project.patches_dir)}")
+    for path in files:
+        if leaves(path, project.patches_dir):
+            shown = path.relative_to(project.root).as_posix()
+            raise BadInput(f"{shown} leads out of patches/ (a symlink to {path.resolve()}); "
+                           "keep patch files inside patches/")
     show = _DownloadProgress(progress)
     try:
         reports = check_patch_files(files, project.root, cache_dir(), progress=show)
@@ -30,6 +35,8 @@ def check_project_patches(project: Project, progress: Console | None = None) -> 
             "upstream": patch.upstream,
             "base": patch.base,
             "targets": list(patch.targets),
+            # Per file: applies | creates | already-upstream | conflicts (the patch's status sums them up).
+            "files": [{"path": f.path, "status": str(f.status)} for f in report.files],
             "lines": format_report(report),
         })
     return result

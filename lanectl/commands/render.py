@@ -7,12 +7,18 @@ from typing import Any
 
 from lanectl.containers import plan_containers
 from lanectl.errors import BadInput
+from lanectl.project import leaves
 from lanectl.recipe.catalog import Lane
 from lanectl.render import plan_image
 
 
 def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
-    plan = plan_image(lane)
+    from lanectl.kernel_source import cached_source
+    from lanectl.project import cache_dir
+
+    cached = {kernel.name: source.path for kernel in lane.kernels
+              if kernel.source.git is not None and (source := cached_source(kernel, cache_dir())) is not None}
+    plan = plan_image(lane, cached)
     specs = plan_containers(lane, plan)
     containers = [spec.as_dict() for spec in specs]
     if out_dir is not None:
@@ -35,16 +41,27 @@ def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
         "dockerfile": plan.dockerfile,
         "context": [{"path": f.path, "size": len(f.content), "mode": f"{f.mode:o}",
                      "sha256": hashlib.sha256(f.content).hexdigest()} for f in plan.files],
+        "kernel_sources": [{"kernel": tree.kernel, "context": f"{tree.prefix}/", "origin": tree.origin,
+                            "fetched": str(tree.path) if tree.path else None} for tree in plan.fetched_trees],
         "containers": containers,
     }
 
 
 def _write_context(files: Any, containers: list[dict[str, Any]], out_dir: Path) -> None:
-    if out_dir.exists() and any(out_dir.iterdir()):
+    # --out may be any folder the user names, inside the project or not: it is their choice. But it
+    # must be new or empty, nothing is written outside it (a context path cannot climb out, and a
+    # folder inside it is never a symlink we would write through), and no file is overwritten.
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise BadInput(f"--out {out_dir} is not empty; give a new or empty folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = out_dir.resolve()
     for item in files:
-        target = out_dir / item.path
+        target = root / item.path
+        if leaves(target, root) or any(p.is_symlink() for p in target.parents if p.is_relative_to(root)):
+            raise BadInput(f"--out: {item.path} would be written outside {out_dir}; nothing more was written")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(item.content)
+        with target.open("xb") as handle:
+            handle.write(item.content)
         target.chmod(item.mode)
-    (out_dir / "containers.json").write_text(json.dumps(containers, indent=2) + "\n")
+    with (root / "containers.json").open("x") as handle:
+        handle.write(json.dumps(containers, indent=2) + "\n")

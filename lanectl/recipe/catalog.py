@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 import typing
 from collections.abc import Iterable
@@ -20,10 +21,16 @@ import pydantic
 from pydantic import BaseModel, ValidationError
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
-from lanectl.project import Project
+from lanectl.project import Project, leaves
 from lanectl.recipe.kernel import KernelSpec
-from lanectl.recipe.model import LaneSpec, Naming, RecipeFile, merge
-from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, load_yaml
+from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
+from lanectl.recipe.yaml_source import (
+    PathKey,
+    YamlDocument,
+    YamlSyntaxError,
+    format_path,
+    read_yaml_file,
+)
 
 ROLE_PRIMARY = "primary"
 
@@ -89,7 +96,7 @@ def recipe_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
         if path.is_dir():
             # Only files that declare a lanectl schema are recipes; workloads and notes live beside them.
             files.extend(p for p in sorted(path.rglob("*.yaml")) if _declares_recipe(p))
-        elif path.is_file():
+        elif path.exists():
             files.append(path)
         else:
             raise BadInput(f"{path}: no such recipe file or folder")
@@ -97,8 +104,12 @@ def recipe_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
 
 
 def _declares_recipe(path: Path) -> bool:
-    head = path.read_text(encoding="utf-8", errors="replace")[:4096]
-    return re.search(r"^schema:\s*lanectl/", head, re.MULTILINE) is not None
+    if not path.is_file() or path.is_symlink():
+        # Loading it reports what is wrong (a directory or FIFO named *.yaml, a symlink out of the folder).
+        return True
+    with path.open("rb") as handle:
+        head = handle.read(4096).decode("utf-8", errors="replace")
+    return re.search(r"^schema:\s*[\"']?lanectl/", head, re.MULTILINE) is not None
 
 
 def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:
@@ -141,7 +152,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
                       problems: list[Problem]) -> list[Lane]:
     shown = project.display(file)
     try:
-        doc = load_yaml(file.read_text(encoding="utf-8"), shown)
+        doc = read_yaml_file(file, shown)
     except YamlSyntaxError as exc:
         problems.append(exc.problem)
         return []
@@ -198,9 +209,13 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
     problems = []
     image = merged.get("image")
     template_name = image.get("template") if isinstance(image, dict) else None
-    if isinstance(template_name, str):
+    if isinstance(template_name, str) and re.fullmatch(TEMPLATE_NAME, template_name):
         template = project.images_dir / template_name / "Dockerfile.j2"
-        if not template.is_file():
+        if leaves(template.parent, project.images_dir):
+            problems.append(_problem(doc, locate(("image", "template")),
+                                     f"{template_name} leads out of images/ (through '..' or a symlink); "
+                                     "keep templates inside images/"))
+        elif not template.is_file():
             known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
             problems.append(_problem(doc, locate(("image", "template")),
                                      f"no template {project.display(template)}; known templates: "
@@ -219,9 +234,15 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             found_kernels.append(kernel)
     patches = merged.get("patches")
     for i, patch in enumerate(patches if isinstance(patches, list) else []):
-        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str):
-            continue
+        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str) or CONTROL_CHARACTER.search(
+                patch["path"]):
+            continue  # the model reports it
         path = project.patches_dir / patch["path"]
+        if leaves(path, project.patches_dir):
+            problems.append(_problem(doc, locate(("patches", i, "path")),
+                                     f"{patch['path']} leads out of patches/ (through '..' or a symlink); "
+                                     "keep patch files inside patches/"))
+            continue
         if not path.is_file():
             problems.append(_problem(doc, locate(("patches", i, "path")),
                                      f"no patch file {project.display(path)}; paths are relative to patches/"))
@@ -289,11 +310,15 @@ class _KernelLoader:
 
     def _load(self, name: str) -> Any:
         path = self.project.kernels_dir / f"{name}.yaml"
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
         shown = self.project.display(path)
+        if leaves(path, self.project.kernels_dir):
+            self.problems.append(Problem(shown, 0, 0, "", "leads out of kernels/ (through '..' or a symlink); "
+                                                          "keep kernel files inside kernels/"))
+            return _INVALID
         try:
-            doc = load_yaml(path.read_text(encoding="utf-8"), shown)
+            doc = read_yaml_file(path, shown)
         except YamlSyntaxError as exc:
             self.problems.append(exc.problem)
             return _INVALID
@@ -305,6 +330,11 @@ class _KernelLoader:
         if kernel.name != name:
             self.problems.append(_problem(doc, ("name",), f"is {kernel.name!r} but the file is {name}.yaml; "
                                                           "they must match"))
+            return _INVALID
+        if kernel.source.path is not None and leaves(self.project.root / kernel.source.path, self.project.root):
+            self.problems.append(_problem(doc, ("source", "path"),
+                                          f"{kernel.source.path} leads out of the project (through '..' or a "
+                                          "symlink); keep kernel sources inside the project"))
             return _INVALID
         if kernel.source.path is not None and not (self.project.root / kernel.source.path).is_dir():
             self.problems.append(_problem(doc, ("source", "path"),
@@ -358,8 +388,16 @@ def _message(error: Any, model: type[BaseModel], loc: PathKey) -> str:
         if message.startswith(prefix):
             return message[len(prefix):]
     if "input" in error and not isinstance(error["input"], dict | list):
-        message += f", got {error['input']!r}"
+        message += f", got {_shown(error['input'])}"
     return message
+
+
+def _shown(value: Any) -> str:
+    """A rejected value, short: a 400-digit integer or a 1 MB string is named, not echoed."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {len(str(value)) if value.bit_length() < 14000 else 'thousands of'} digits"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "…"
 
 
 def _allowed_keys(model: type[BaseModel], loc: PathKey) -> list[str]:

@@ -8,14 +8,47 @@ becomes `vllm/_flashmla_splitkv_C` next to `vllm/_flashmla_C`.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from lanectl.recipe.model import DIGEST_PIN, GIT_COMMIT, EnvName, EnvValue, Strict
+from lanectl.recipe.model import (
+    DIGEST_PIN,
+    GIT_COMMIT,
+    EnvName,
+    EnvValue,
+    ImageReference,
+    Strict,
+    looks_like_secret,
+)
 
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DOTTED_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+CUDA_ARCH = r"[0-9]+\.[0-9]+[af]?"
+
+
+def _cuda_arch(value: str) -> str:
+    if not re.fullmatch(CUDA_ARCH, value):
+        raise ValueError(f"{value!r} is not a CUDA arch like 9.0a or 10.0f")
+    return value
+
+
+CudaArch = Annotated[str, AfterValidator(_cuda_arch)]
+# The source is fetched on the host with `git fetch URL COMMIT`: a URL starting with '-' would be read as an
+# option (`--upload-pack=...` runs a command), so only URL and scp-like forms, one word, are allowed.
+GIT_URL = r"(?:https?|ssh|git|file)://[^\s'\"\\]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s'\"\\]+"
+GIT_REF = r"refs/[A-Za-z0-9_./+-]+"
+SUBMODULE_PATH = r"[A-Za-z0-9_+][A-Za-z0-9_./+-]*"
+
+
+def _build_env_name(name: str) -> str:
+    if looks_like_secret(name):
+        raise ValueError(f"{name!r} looks like a secret; a kernel's env is baked into its build stage and the "
+                         "build cache, so a build that needs a credential cannot get it from here")
+    return name
+
+
+BuildEnvName = Annotated[EnvName, AfterValidator(_build_env_name)]
 
 
 class KernelSource(Strict):
@@ -23,7 +56,31 @@ class KernelSource(Strict):
     ref: str | None = Field(None, description="The ref that carries the commit, e.g. refs/pull/25/head.")
     commit: str | None = Field(None, pattern=GIT_COMMIT, description="The pinned commit (40 hex).")
     submodules: list[str] = Field(default_factory=list, description="Submodule paths the build needs.")
-    path: str | None = Field(None, description="A source folder in this project, relative to its root.")
+    path: str | None = Field(None, pattern=r"^[^\x00-\x1f\x7f]+$",
+                             description="A source folder in this project, relative to its root.")
+
+    @field_validator("git")
+    @classmethod
+    def _git_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(GIT_URL, value):
+            raise ValueError(f"{value!r} is not a git URL (https://, ssh://, git://, file:// or user@host:path, "
+                             "one word)")
+        return value
+
+    @field_validator("ref")
+    @classmethod
+    def _git_ref(cls, value: str | None) -> str | None:
+        if value is not None and (not re.fullmatch(GIT_REF, value) or ".." in value):
+            raise ValueError(f"{value!r} is not a full git ref like refs/pull/25/head")
+        return value
+
+    @field_validator("submodules")
+    @classmethod
+    def _submodule_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not re.fullmatch(SUBMODULE_PATH, path) or ".." in path.split("/"):
+                raise ValueError(f"{path!r} is not a submodule path relative to the repository")
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> KernelSource:
@@ -37,8 +94,12 @@ class KernelSource(Strict):
 
 
 class KernelBuilder(Strict):
-    image: str | None = Field(None, description="Builder image; default: the lane's base image.")
+    image: ImageReference | None = Field(None, description="Builder image; default: the lane's base image.")
     local: bool = Field(False, description="The builder is built on this host (make base-image).")
+    requires: list[Literal["nvcc", "torch"]] = Field(
+        default_factory=list,
+        description="What the build needs from the builder (nvcc; torch with its C++ headers), checked first.",
+    )
 
     @model_validator(mode="after")
     def _pinned(self) -> KernelBuilder:
@@ -74,16 +135,10 @@ class OpSchemaCheck(Strict):
 
 
 class KernelSmoke(Strict):
-    imports: list[str] = Field(min_length=1, description="Modules that must all import.")
-    op_schema: OpSchemaCheck | None = None
+    """Checked in the image build without importing the module (a GPU-less build step has no
+    libcuda): its file name, its init symbol and this op's schema. The engine imports it at start."""
 
-    @field_validator("imports")
-    @classmethod
-    def _dotted(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(DOTTED_NAME, name):
-                raise ValueError(f"{name!r} must be a dotted module name")
-        return value
+    op_schema: OpSchemaCheck
 
 
 class KernelSpec(Strict):
@@ -93,8 +148,14 @@ class KernelSpec(Strict):
     upstream: str | None = Field(None, description="Where the change comes from (PR URL).")
     source: KernelSource
     builder: KernelBuilder = KernelBuilder()
-    archs: list[str] = Field(default_factory=list, description="CUDA archs, e.g. 9.0a, 10.0f.")
-    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    archs: list[CudaArch] = Field(default_factory=list, description="CUDA archs, e.g. 9.0a, 10.0f.")
+    arch_switches: dict[CudaArch, EnvName] = Field(
+        default_factory=dict,
+        description="For a source that picks its own archs (FlashMLA ignores TORCH_CUDA_ARCH_LIST): the env "
+                    "switch that turns each arch off; an arch not in `archs` gets its switch set to 1.",
+    )
+    env: dict[BuildEnvName, EnvValue] = Field(default_factory=dict, description="Baked into the build stage; "
+                                              "names that look like secrets are refused.")
     build: list[str] = Field(
         min_length=1,
         description="Shell commands run in the source folder; they leave the module in $LANECTL_KERNEL_OUT.",
@@ -102,10 +163,14 @@ class KernelSpec(Strict):
     install: KernelInstall
     smoke: KernelSmoke
 
-    @field_validator("archs")
-    @classmethod
-    def _archs(cls, value: list[str]) -> list[str]:
-        for arch in value:
-            if not re.fullmatch(r"[0-9]+\.[0-9]+[af]?", arch):
-                raise ValueError(f"{arch!r} is not a CUDA arch like 9.0a or 10.0f")
-        return value
+    @model_validator(mode="after")
+    def _switches_cover_archs(self) -> KernelSpec:
+        if not self.arch_switches:
+            return self
+        unknown = [arch for arch in self.archs if arch not in self.arch_switches]
+        if unknown:
+            raise ValueError(f"archs {unknown} have no entry in arch_switches: this source cannot be told to "
+                             f"build them (it builds {sorted(self.arch_switches)})")
+        if not self.archs:
+            raise ValueError("arch_switches needs archs: name the archs to build")
+        return self

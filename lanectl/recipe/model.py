@@ -13,20 +13,70 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+# Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
+DOCKER_OBJECT_NAME = r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"
+# `user` as Docker takes it: name, uid, name:group or uid:gid (names in the shadow-utils character set).
+USER_SPEC = r"(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10})(?::(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10}))?"
 ROLE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
+TEMPLATE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 RECIPE_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 DIGEST_PIN = re.compile(r"@sha256:[0-9a-f]{64}$")
 SHA256_HEX = r"^[0-9a-f]{64}$"
 GIT_COMMIT = r"^[0-9a-f]{40}$"
-SIZE = r"^[0-9]+[bkmgBKMG]?$"
+SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
 PORT = Annotated[int, Field(ge=1, le=65535)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
-SECRET_LOOKING = re.compile(
-    r"(^|_)SECRET(_|$)|(^|_)(TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|WEBHOOK|WEBHOOK_URL|CREDENTIALS?)$",
-    re.IGNORECASE,
-)
+
+# Docker's image reference grammar (github.com/distribution/reference, regexp.go), matched in full:
+# a value that is not exactly one reference cannot reach a FROM line, where a line break would start a new
+# instruction and a space would add `AS <stage>` or `--platform` arguments. Digests are sha256 only.
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[A-Fa-f0-9:]+\])(?::[0-9]+)?"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
+IMAGE_NAME_MAX = 255
+# A path written into a Dockerfile (COPY destinations, the patch and kernel install root). Docker expands
+# `$VAR` in COPY and splits arguments on whitespace, so only plain characters are allowed, and no `.`/`..`.
+DOCKERFILE_PATH = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._+-]+)+/?")
+
+
+def image_reference(value: str) -> str:
+    match = IMAGE_REFERENCE.fullmatch(value)
+    if match is None or len(match["name"]) > IMAGE_NAME_MAX:
+        raise ValueError(f"{value!r} is not a Docker image reference ([registry/]name[:tag][@sha256:<64 hex>])")
+    return value
+
+
+def dockerfile_path(value: str) -> str:
+    if not DOCKERFILE_PATH.fullmatch(value):
+        raise ValueError(f"{value!r} must be an absolute path of letters, digits and . _ + - (no spaces, "
+                         "quotes, '$', '..' or control characters)")
+    return value
+
+
+# A name looks like a credential when one of its parts (split at '_' and at lower-to-upper case changes) is a
+# credential word: HF_TOKEN, MY_API_KEY, DB_PASSWORD, GITHUB_PAT, AUTH_HEADER, AWS_SECRET_ACCESS_KEY. Whole
+# parts only, so PATH, KEYBOARD, MONKEY, TOKENIZERS_PARALLELISM and MAX_TOKENS (plural: a count) stay plain.
+# A credential word followed by a part that measures it (STUB_TOKEN_SEED, KEY_SIZE) names a number, not a secret.
+SECRET_WORDS = frozenset({
+    "TOKEN", "KEY", "APIKEY", "ACCESSKEY", "PRIVATEKEY", "SECRET", "SECRETS", "PASS", "PASSWD", "PASSWORD",
+    "PASSPHRASE", "PAT", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "AUTHTOKEN", "WEBHOOK",
+})
+MEASURE_WORDS = frozenset({"SEED", "COUNT", "LIMIT", "SIZE", "LEN", "LENGTH", "BITS", "PER", "BUDGET"})
+# An engine flag that carries a credential (`--api-key X`, `--hf-token=X`, `--db-password X`): its value would sit
+# in the image's CMD and every `docker inspect`; engines read the same secrets from their environment.
+SECRET_FLAG = re.compile(r"--?(?:[A-Za-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd|credentials?)",
+                         re.IGNORECASE)
+
+
+def looks_like_secret(name: str) -> bool:
+    parts = [p.upper() for p in re.split(r"_|(?<=[a-z0-9])(?=[A-Z])", name) if p]
+    return any(part in SECRET_WORDS and (i + 1 == len(parts) or parts[i + 1] not in MEASURE_WORDS)
+               for i, part in enumerate(parts))
 
 
 def _env_name(name: str) -> str:
@@ -36,7 +86,7 @@ def _env_name(name: str) -> str:
 
 
 def _plain_env_name(name: str) -> str:
-    if SECRET_LOOKING.search(_env_name(name)):
+    if looks_like_secret(_env_name(name)):
         raise ValueError(
             f"{name!r} looks like a secret; list it under 'secret_env' so it comes from the "
             "environment at start and never lands in the image"
@@ -53,10 +103,13 @@ def _env_value(value: str) -> str:
 EnvName = Annotated[str, AfterValidator(_env_name)]
 PlainEnvName = Annotated[str, AfterValidator(_plain_env_name)]
 EnvValue = Annotated[str, AfterValidator(_env_value)]
+ImageReference = Annotated[str, AfterValidator(image_reference)]
+DockerfilePath = Annotated[str, AfterValidator(dockerfile_path)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # `.inf` and `.nan` are valid YAML floats; no budget, window or timeout means either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PortMapping(Strict):
@@ -64,6 +117,17 @@ class PortMapping(Strict):
     host: PORT | None = Field(None, description="Host port; defaults to the container port.")
     host_ip: str = Field("0.0.0.0", description="Host address to publish on.")
     protocol: Literal["tcp", "udp"] = "tcp"
+
+    @field_validator("host_ip")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)") from None
+        return value
 
     @property
     def published(self) -> int:
@@ -81,6 +145,16 @@ class Volume(Strict):
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
             raise ValueError(f"must be an absolute path starting with '/', got {value!r}")
+        # Docker joins a bind as `source:target:mode`; a colon would move the split.
+        if value is not None and (CONTROL_CHARACTER.search(value) or ":" in value):
+            raise ValueError(f"{value!r} holds a ':' or a control character; a mount path cannot")
+        return value
+
+    @field_validator("volume")
+    @classmethod
+    def _volume_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(DOCKER_OBJECT_NAME, value):
+            raise ValueError(f"{value!r} is not a Docker volume name ({DOCKER_OBJECT_NAME})")
         return value
 
     @model_validator(mode="after")
@@ -91,7 +165,7 @@ class Volume(Strict):
 
 
 class GpuRequest(Strict):
-    count: int | Literal["all"] | None = Field(None, description="How many GPUs, or 'all'.")
+    count: Annotated[int, Field(le=1024)] | Literal["all"] | None = Field(None, description="How many GPUs, or 'all'.")
     device_ids: list[str] | None = Field(None, description="GPU indices ('0', '1') or UUIDs ('GPU-…').")
 
     @field_validator("count")
@@ -109,7 +183,7 @@ class GpuRequest(Strict):
         if not value:
             raise ValueError("must list at least one GPU; omit 'gpus' for a lane without GPUs")
         for device in value:
-            if not (device.isdigit() or re.fullmatch(r"GPU-[0-9a-fA-F-]{8,}", device)):
+            if not re.fullmatch(r"[0-9]{1,4}|GPU-[0-9a-fA-F-]{8,64}", device):
                 raise ValueError(f"{device!r} is not a GPU index ('0') or UUID ('GPU-…')")
         if len(set(value)) != len(value):
             raise ValueError("lists a GPU twice")
@@ -139,13 +213,83 @@ class Engine(Strict):
     ipc: Literal["host", "private", "shareable"] | None = None
     init: bool = Field(True, description="Run an init as PID 1 so SIGTERM reaches the engine promptly.")
     gpus: GpuRequest | None = None
-    user: str | None = None
+    user: str | None = Field(None, description="name, uid, name:group or uid:gid.")
     stop_timeout_seconds: int = Field(30, ge=0, le=3600)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(USER_SPEC, value):
+            raise ValueError(f"{value!r} is not a user: give name, uid, name:group or uid:gid")
+        return value
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            units = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+            size = int(value.rstrip("bkmgBKMG")) * units.get(value[-1].lower(), 1)
+            if not 2**20 <= size <= 2**42:
+                raise ValueError(f"{value!r} must be between 1m and 4096g")
+        return value
+
+    @field_validator("entrypoint", "args")
+    @classmethod
+    def _no_baked_secret(cls, value: list[str] | None) -> list[str] | None:
+        for i, arg in enumerate(value or []):
+            flag, has_value, _ = arg.partition("=")
+            takes_next = i + 1 < len(value or []) and not (value or [])[i + 1].startswith("-")
+            if SECRET_FLAG.fullmatch(flag) and (has_value or takes_next):
+                raise ValueError(
+                    f"{flag} would bake a secret into the image and the container's config; drop its value, "
+                    "list the variable the engine reads (e.g. VLLM_API_KEY, HF_TOKEN) under 'secret_env' and "
+                    "set it in lanectl's environment"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _distinct_mounts(self) -> Engine:
+        for attribute, what in (("source", "host path"), ("volume", "volume"), ("target", "target")):
+            seen = [getattr(v, attribute) for v in self.volumes if getattr(v, attribute) is not None]
+            twice = sorted({x for x in seen if seen.count(x) > 1})
+            if twice:
+                raise ValueError(f"volumes mount the {what} {twice[0]!r} twice; mount each once")
+        return self
+
+    @field_validator("env")
+    @classmethod
+    def _splitkv_settings(cls, env: dict[str, str]) -> dict[str, str]:
+        check_splitkv_env(env)
+        return env
+
+
+# The split-KV overlay (patches/vllm/57711-splitkv-overlay.patch) merges at most this many partials
+# (its combine kernel's MAX_SPLITS); vLLM would otherwise log the overlay as off and serve unsplit.
+SPLITKV_MAX_SPLITS = 8
+SPLITKV_SPLITS_ENV = "VLLM_DSV41_MEGA_SPLITKV"
+SPLITKV_TOKENS_ENV = "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS"
+
+
+def check_splitkv_env(env: dict[str, str]) -> None:
+    """The overlay's settings, refused here rather than silently turned off in the engine."""
+    splits = env.get(SPLITKV_SPLITS_ENV)
+    if splits is not None:
+        if not re.fullmatch(r"[0-9]{1,3}", splits.strip()) or not _splitkv_splits_ok(int(splits)):
+            raise ValueError(f"{SPLITKV_SPLITS_ENV}={splits!r}: give 0 (off) or a power of two from 2 to "
+                             f"{SPLITKV_MAX_SPLITS}, the most the overlay's combine kernel merges")
+    tokens = env.get(SPLITKV_TOKENS_ENV)
+    if tokens is not None and (not re.fullmatch(r"[0-9]{1,4}", tokens.strip()) or int(tokens) < 1):
+        raise ValueError(f"{SPLITKV_TOKENS_ENV}={tokens!r}: give the decode query-token count of the one "
+                         "request that splits (1 + draft tokens), at least 1")
+
+
+def _splitkv_splits_ok(splits: int) -> bool:
+    return splits in (0, 1) or (2 <= splits <= SPLITKV_MAX_SPLITS and splits & (splits - 1) == 0)
 
 
 
 class Companion(Strict):
-    image: str | None = Field(
+    image: ImageReference | None = Field(
         None, description="A prebuilt image pinned by digest, run as is; default: the lane's own image."
     )
     engine: Engine
@@ -159,15 +303,14 @@ class Companion(Strict):
 
 
 class ImageSpec(Strict):
-    template: str = Field(description="Folder under images/ holding Dockerfile.j2.")
-    base: str = Field(description="Base image, pinned by digest (name:tag@sha256:…).")
+    template: str = Field(pattern=TEMPLATE_NAME, description="Folder under images/ holding Dockerfile.j2.")
+    base: ImageReference = Field(description="Base image, pinned by digest (name:tag@sha256:…).")
     local_base: bool = Field(
         False, description="The base is built on this host (make base-image) and has no registry digest."
     )
-    python_site: str = Field(
+    python_site: DockerfilePath = Field(
         description="The engine's site-packages in the image: patch root and kernel install root."
     )
-    build_args: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _pinned(self) -> ImageSpec:
@@ -176,13 +319,11 @@ class ImageSpec(Strict):
                 f"base {self.base!r} must be pinned by digest (name:tag@sha256:<64 hex>), "
                 "or set local_base: true for an image built on this host"
             )
-        if not self.python_site.startswith("/"):
-            raise ValueError("python_site must be an absolute path")
         return self
 
 
 class PatchRef(Strict):
-    path: str = Field(description="Patch file, relative to patches/.")
+    path: str = Field(pattern=r"^[^\x00-\x1f\x7f]+$", description="Patch file, relative to patches/.")
     sha256: str = Field(pattern=SHA256_HEX, description="sha256 of the patch file, so a reviewed patch cannot drift.")
 
 
@@ -202,10 +343,13 @@ class StartupLog(Strict):
 
 
 class GenerationProbe(Strict):
-    prompt: str = "Say OK."
+    prompt: str = Field("Say OK.", max_length=4096)
     max_tokens: int = Field(3, ge=1, le=3, description="A real liveness probe generates 1-3 tokens.")
-    timeout_seconds: float = Field(10, gt=0)
-    interval_seconds: float = Field(60, gt=0)
+    timeout_seconds: float = Field(10, gt=0, le=600)
+    interval_seconds: float = Field(60, gt=0, le=24 * 3600)
+
+
+URL_PATH = r"^/[!-~]{0,255}$"
 
 
 class Health(Strict):
@@ -214,8 +358,8 @@ class Health(Strict):
     )
     poll_interval_seconds: float = Field(5, gt=0, le=600)
     request_timeout_seconds: float = Field(5, gt=0, le=600)
-    health_path: str = "/health"
-    models_path: str = "/v1/models"
+    health_path: str = Field("/health", pattern=URL_PATH)
+    models_path: str = Field("/v1/models", pattern=URL_PATH)
     served_model_name: str
     startup_log: StartupLog = StartupLog()
     generation_probe: GenerationProbe = GenerationProbe()
@@ -223,14 +367,24 @@ class Health(Strict):
 
 class RestartPolicy(Strict):
     max_restarts: int = Field(3, ge=0, le=100)
-    window_minutes: float = Field(30, gt=0)
-    backoff_initial_seconds: float = Field(10, ge=0)
-    backoff_max_seconds: float = Field(300, ge=0)
+    window_minutes: float = Field(30, gt=0, le=7 * 24 * 60)
+    backoff_initial_seconds: float = Field(10, ge=0, le=3600)
+    backoff_max_seconds: float = Field(300, ge=0, le=24 * 3600)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RestartPolicy:
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise ValueError(f"backoff_max_seconds ({self.backoff_max_seconds:g}) is below backoff_initial_seconds "
+                             f"({self.backoff_initial_seconds:g}); the backoff only grows")
+        return self
+
+
+XidCode = Annotated[int, Field(ge=1, le=999)]
 
 
 class XidPolicy(Strict):
-    application_codes: list[int] = Field(default_factory=lambda: [13, 31, 43, 45, 109])
-    hardware_codes: list[int] = Field(default_factory=lambda: [48, 64, 74, 79, 95, 119, 120])
+    application_codes: list[XidCode] = Field(default_factory=lambda: [13, 31, 43, 45, 109])
+    hardware_codes: list[XidCode] = Field(default_factory=lambda: [48, 64, 74, 79, 95, 119, 120])
 
     @model_validator(mode="after")
     def _disjoint(self) -> XidPolicy:
@@ -250,7 +404,7 @@ class Alert(Strict):
 class WatchdogPolicy(Strict):
     failures_before_action: int = Field(3, ge=1, le=100)
     restart: RestartPolicy = RestartPolicy()
-    gpu_memory_release_timeout_seconds: float = Field(120, ge=0)
+    gpu_memory_release_timeout_seconds: float = Field(120, ge=0, le=3600)
     xid: XidPolicy = XidPolicy()
     fatal_log_lines: list[str] = Field(
         default_factory=list, description="Extra regexes, added to the built-in fatal vLLM lines."
@@ -362,6 +516,16 @@ class Naming(Strict):
         if "{role}" not in self.companion:
             raise ValueError("naming.companion must contain {role}")
         return self
+
+    @field_validator("container", "companion")
+    @classmethod
+    def _docker_name(cls, value: str) -> str:
+        # Lane names and roles are themselves valid Docker names, so one stand-in checks every expansion.
+        expanded = value.replace("{container}", "a").replace("{lane}", "a").replace("{role}", "a")
+        if not re.fullmatch(DOCKER_OBJECT_NAME, expanded):
+            raise ValueError(f"{value!r} does not expand to a Docker container name ({DOCKER_OBJECT_NAME} "
+                             "with the placeholders {lane}, {container}, {role})")
+        return value
 
 
 class RecipeFile(Strict):

@@ -2,11 +2,19 @@
 
 PyYAML's `safe_load` forgets positions and silently keeps the last of two duplicate keys;
 validation errors must name `file:line:column`, and a duplicated lane is a mistake to report.
+
+Files come from users and checkouts, so reading is bounded: only regular files (a FIFO named
+`x.yaml` must not block), at most `MAX_FILE_BYTES`, strict UTF-8, at most `MAX_NODES` nodes after
+alias expansion (a few-KB "billion laughs" would otherwise expand to 10^9 values) and `MAX_DEPTH`
+levels of nesting; each failure is a located `Problem`, never a traceback.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,6 +22,11 @@ import yaml
 from lanectl.errors import Problem
 
 PathKey = tuple[str | int, ...]
+
+# Real recipes, kernels and workloads are a few KB with a few hundred nodes.
+MAX_FILE_BYTES = 1 << 20
+MAX_NODES = 100_000
+MAX_DEPTH = 64
 
 
 @dataclass
@@ -50,15 +63,65 @@ def format_path(path: PathKey) -> str:
     return out
 
 
-class _DuplicateKey(Exception):
+class _Located(Exception):
     def __init__(self, problem: Problem):
         self.problem = problem
 
 
+def read_yaml_file(path: Path, shown: str) -> YamlDocument:
+    """Read and parse one YAML file; raise `YamlSyntaxError` with a located `Problem` for anything
+    that is not a small, regular, UTF-8 YAML file."""
+    return load_yaml(read_text_file(path, shown), shown)
+
+
+def read_text_file(path: Path, shown: str) -> str:
+    """The UTF-8 text of a regular file of at most `MAX_FILE_BYTES`, or `YamlSyntaxError`."""
+    try:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except IsADirectoryError:
+        raise _unreadable(shown, "is a directory, not a YAML file; rename it or move it away") from None
+    except OSError as exc:
+        raise _unreadable(shown, f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise _unreadable(shown, "is a directory, not a YAML file; rename it or move it away")
+        if not stat.S_ISREG(info.st_mode):
+            raise _unreadable(shown, "is not a regular file (a FIFO, socket or device); give a YAML file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise _unreadable(shown, f"is {info.st_size} bytes; a YAML file here is at most {MAX_FILE_BYTES}")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise _unreadable(shown, f"cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise _unreadable(shown, f"is over {MAX_FILE_BYTES} bytes; a YAML file here is at most that")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise YamlSyntaxError(
+            Problem(shown, line, column, "",
+                    f"not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8")
+        ) from None
+
+
+def _unreadable(shown: str, message: str) -> YamlSyntaxError:
+    return YamlSyntaxError(Problem(shown, 0, 0, "", message))
+
+
 def load_yaml(text: str, file: str) -> YamlDocument:
     """Parse one YAML document; raise `ValueError` carrying a located `Problem` when it is malformed."""
+    loader = None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text)
+        root = loader.get_single_node()
+    except _TooLarge as exc:
+        raise YamlSyntaxError(Problem(file, exc.mark.line + 1, exc.mark.column + 1, "", exc.message)) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
@@ -66,17 +129,80 @@ def load_yaml(text: str, file: str) -> YamlDocument:
         raise YamlSyntaxError(
             Problem(file, line, column, "", f"malformed YAML: {reason}; fix the syntax at this spot")
         ) from None
+    except yaml.reader.ReaderError as exc:
+        # A control character: it has a position but no mark.
+        line, column = _line_column(text, exc.position)
+        character = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        raise YamlSyntaxError(
+            Problem(file, line, column, "", f"malformed YAML: the control character {character} is not "
+                                            "allowed; remove it")
+        ) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     doc = YamlDocument(file=file, data=None)
     if root is None:
         return doc
     constructor = yaml.SafeLoader(text)
     try:
         doc.data = _walk(root, (), doc, constructor)
-    except _DuplicateKey as dup:
-        raise YamlSyntaxError(dup.problem) from None
+    except _Located as located:
+        raise YamlSyntaxError(located.problem) from None
     finally:
         constructor.dispose()
     return doc
+
+
+def _line_column(text: str, position: int) -> tuple[int, int]:
+    line = text.count("\n", 0, position) + 1
+    return line, position - (text.rfind("\n", 0, position) + 1) + 1
+
+
+class _TooLarge(Exception):
+    def __init__(self, mark: yaml.Mark, message: str):
+        self.mark = mark
+        self.message = message
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A SafeLoader whose composer counts what each node expands to, aliases included.
+
+    Aliases share one node object, so composing costs nothing; the cost appears when the tree is
+    walked, once per path. Counting the expanded size while composing stops a billion laughs
+    before anything is walked, located at the value that blows up.
+    """
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._expanded: dict[int, int] = {}
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
+        mark = self.peek_event().start_mark
+        is_alias = self.check_event(yaml.AliasEvent)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _TooLarge(mark, f"nested more than {MAX_DEPTH} levels deep; flatten this value")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if is_alias:
+            if id(node) not in self._expanded:
+                raise _TooLarge(mark, "this alias refers to a value that contains it (a recursive alias); "
+                                      "aliases may only repeat a finished value")
+            size = self._expanded[id(node)]
+        elif isinstance(node, yaml.MappingNode):
+            size = 1 + sum(self._expanded.get(id(k), 1) + self._expanded.get(id(v), 1) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            size = 1 + sum(self._expanded.get(id(item), 1) for item in node.value)
+        else:
+            size = 1
+        if size > MAX_NODES:
+            raise _TooLarge(mark, f"this value expands to more than {MAX_NODES} YAML nodes through aliases "
+                                  "(a 'billion laughs'?); write it out or use fewer aliases")
+        self._expanded[id(node)] = size
+        return node
 
 
 class YamlSyntaxError(ValueError):
@@ -91,13 +217,13 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
         constructor.flatten_mapping(node)  # resolves YAML merge keys (<<) the way safe_load would
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = constructor.construct_object(key_node, deep=True)
+            key = _scalar(key_node, path, doc, constructor)
             if not isinstance(key, str | int):
                 key = str(key)
             child = (*path, key)
             if key in result:
                 line, column = key_node.start_mark.line + 1, key_node.start_mark.column + 1
-                raise _DuplicateKey(
+                raise _Located(
                     Problem(doc.file, line, column, format_path(child),
                             "duplicate key; each key may appear once in a mapping")
                 )
@@ -106,4 +232,19 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_walk(item, (*path, i), doc, constructor) for i, item in enumerate(node.value)]
-    return constructor.construct_object(node, deep=True)
+    return _scalar(node, path, doc, constructor)
+
+
+def _scalar(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.SafeLoader) -> Any:
+    try:
+        return constructor.construct_object(node, deep=True)
+    except (ValueError, OverflowError, yaml.YAMLError) as exc:
+        # e.g. a 5000-digit integer (Python's int() refuses it), `2026-13-45` as a date, bad !!binary.
+        reason = getattr(exc, "problem", None) or str(exc)
+        if "integer string conversion" in reason:
+            reason = "an integer this long is not a number lanectl accepts"
+        line, column = node.start_mark.line + 1, node.start_mark.column + 1
+        raise _Located(
+            Problem(doc.file, line, column, format_path(path),
+                    f"cannot read this value: {reason}; quote it to make it a string")
+        ) from None

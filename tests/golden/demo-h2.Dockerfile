@@ -13,7 +13,7 @@ ENV PYTHONPATH="/opt/stub" PYTHONUNBUFFERED="1"
 COPY image/stubengine/ /opt/stub/stubengine/
 COPY lanectl-build/kernel_smoke.py /lanectl/kernel_smoke.py
 COPY --from=kernel-stub-splitkv /lanectl/kernel-out/ /opt/stub/stubengine/
-RUN ["python3", "/lanectl/kernel_smoke.py", "{\"imports\": [\"stubengine.attention\", \"stubengine._stub_splitkv_C\"], \"op_schema\": {\"argument\": \"mega_num_splits\", \"op\": \"stubengine._stub_splitkv_C.decode\"}}"]
+RUN ["python3", "/lanectl/kernel_smoke.py", "{\"argument\": \"mega_num_splits\", \"beside\": \"attention\", \"dir\": \"/opt/stub/stubengine\", \"module\": \"_stub_splitkv_C\", \"op\": \"stubengine._stub_splitkv_C.decode\"}"]
 COPY lanectl-build/patching.py /lanectl/patching.py
 COPY patches/ /lanectl/patches/
 RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/opt/stub", "/lanectl/patches/stub-engine/0001-rejection-sampler-guard.patch"]

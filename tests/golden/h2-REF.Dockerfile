@@ -6,18 +6,17 @@ ENV LANECTL_KERNEL_MODULE="_flashmla_splitkv_C"
 ENV LANECTL_KERNEL_OUT="/lanectl/kernel-out"
 ENV MAX_JOBS="8"
 ENV NVCC_THREADS="4"
-ENV TORCH_CUDA_ARCH_LIST="9.0a;10.0f"
-RUN ["/bin/sh", "-euc", "git init -q /lanectl/kernel-src\ncd /lanectl/kernel-src\ngit fetch -q --depth 1 https://github.com/vllm-project/FlashMLA.git 00e9393f353c1092ae687d13ab839b078f5c209a\ngit checkout -q FETCH_HEAD\ntest \"$(git rev-parse HEAD)\" = 00e9393f353c1092ae687d13ab839b078f5c209a\ngit submodule update -q --init --depth 1 -- csrc/cutlass"]
+COPY kernels/flashmla-splitkv/ /lanectl/kernel-src/
 WORKDIR /lanectl/kernel-src
-RUN ["/bin/sh", "-euc", "mkdir -p \"$LANECTL_KERNEL_OUT\"\ngrep -rl _flashmla_C csrc setup.py | xargs sed -i 's/_flashmla_C/_flashmla_splitkv_C/g'\nif grep -rn _flashmla_C csrc setup.py; then echo \"_flashmla_C left after the rename\" >&2; exit 1; fi\npython3 setup.py build_ext --inplace\ncp flash_mla/_flashmla_splitkv_C*.so \"$LANECTL_KERNEL_OUT/\"\nfor f in \"$LANECTL_KERNEL_OUT\"/*; do case \"${f##*/}\" in \"$LANECTL_KERNEL_MODULE\".*) ;; *) echo \"kernel flashmla-splitkv: build left ${f##*/} in its output; only $LANECTL_KERNEL_MODULE.* may be installed\" >&2; exit 1;; esac; done\nls \"$LANECTL_KERNEL_OUT\"/\"$LANECTL_KERNEL_MODULE\".* >/dev/null 2>&1 || { echo \"kernel flashmla-splitkv: build produced no $LANECTL_KERNEL_MODULE module\" >&2; exit 1; }"]
+RUN ["/bin/sh", "-euc", "command -v nvcc >/dev/null 2>&1 || { echo \"kernel flashmla-splitkv: the builder image has no nvcc (CUDA toolkit); set builder.image to an image that ships it\" >&2; exit 1; }\npython3 -c 'import os, torch.utils.cpp_extension as e; raise SystemExit(not any(os.path.isfile(os.path.join(p, \"torch\", \"extension.h\")) for p in e.include_paths()))' 2>/dev/null || { echo \"kernel flashmla-splitkv: the builder image has no torch with C++ headers (torch/extension.h); set builder.image to one that has them\" >&2; exit 1; }\nmkdir -p \"$LANECTL_KERNEL_OUT\"\ngrep -rl _flashmla_C csrc setup.py | xargs sed -i 's/_flashmla_C/_flashmla_splitkv_C/g'\nif grep -rn _flashmla_C csrc setup.py; then echo \"_flashmla_C left after the rename\" >&2; exit 1; fi\npython3 setup.py build_ext --inplace\ncp flash_mla/_flashmla_splitkv_C*.so \"$LANECTL_KERNEL_OUT/\"\nfor f in \"$LANECTL_KERNEL_OUT\"/*; do case \"${f##*/}\" in \"$LANECTL_KERNEL_MODULE\".*) ;; *) echo \"kernel flashmla-splitkv: build left ${f##*/} in its output; only $LANECTL_KERNEL_MODULE.* may be installed\" >&2; exit 1;; esac; done\nls \"$LANECTL_KERNEL_OUT\"/\"$LANECTL_KERNEL_MODULE\".* >/dev/null 2>&1 || { echo \"kernel flashmla-splitkv: build produced no $LANECTL_KERNEL_MODULE module\" >&2; exit 1; }"]
 
 FROM vllm/vllm-openai:deepseekv41-flash-0909@sha256:00d577a6a63281e15336029d5bcee4e9a2cf182214a4f20ba6111b1c8e79893d
 COPY lanectl-build/kernel_smoke.py /lanectl/kernel_smoke.py
 COPY --from=kernel-flashmla-splitkv /lanectl/kernel-out/ /usr/local/lib/python3.12/dist-packages/vllm/
-RUN ["python3", "/lanectl/kernel_smoke.py", "{\"imports\": [\"vllm._flashmla_C\", \"vllm._flashmla_splitkv_C\"], \"op_schema\": {\"argument\": \"mega_num_splits\", \"op\": \"torch.ops._flashmla_splitkv_C.fused_norm_rope_attn_rope_cast_decode\"}}"]
+RUN ["python3", "/lanectl/kernel_smoke.py", "{\"argument\": \"mega_num_splits\", \"beside\": \"_flashmla_C\", \"dir\": \"/usr/local/lib/python3.12/dist-packages/vllm\", \"module\": \"_flashmla_splitkv_C\", \"op\": \"torch.ops._flashmla_splitkv_C.fused_norm_rope_attn_rope_cast_decode\"}"]
 COPY lanectl-build/patching.py /lanectl/patching.py
 COPY patches/ /lanectl/patches/
-RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/usr/local/lib/python3.12/dist-packages", "/lanectl/patches/vllm/60945-rejection-sampler-guard.patch"]
+RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/usr/local/lib/python3.12/dist-packages", "/lanectl/patches/vllm/60945-rejection-sampler-guard.patch", "/lanectl/patches/vllm/57711-splitkv-overlay.patch"]
 ENV VLLM_DSV41_MEGA_SPLITKV="4"
 ENV VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS="6"
 ENV VLLM_LOGGING_LEVEL="INFO"

@@ -33,7 +33,8 @@ STARTUP_ORDER = [
     r"Ignoring vLLM flags the stub engine does not model: --trust-remote-code, --tensor-parallel-size 1, "
     r"--engram-config \{\"cpu_offload\": true\}, --speculative-config \{.*\}, --enable-auto-tool-choice, "
     r"--gpu-memory-utilization 0\.97$",
-    r"Split-KV decode attention unavailable: No module named 'stubengine\._stub_splitkv_C'",
+    r"split-KV overlay: off \(stubengine\._stub_splitkv_C cannot be imported: "
+    r"No module named 'stubengine\._stub_splitkv_C'\)",
     r"Starting to load model /model\.\.\.",
     r"Loading weights took \d+\.\d\d seconds",
     r"Offloaded 60\.0 GiB of parameters to CPU \(routed_experts\.w13_weight, routed_experts\.w2_weight\)$",

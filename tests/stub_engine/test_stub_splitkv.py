@@ -103,35 +103,43 @@ def test_selection_and_step_time_logic() -> None:
     def old_schema(num_tokens: int, num_requests: int) -> float:
         return 0.5
 
-    none = splitkv.select(4, 8, missing)
-    assert not none.available and none.description.startswith("Split-KV decode attention unavailable: No module")
+    none = splitkv.select(4, 6, missing)
+    assert not none.available
+    assert none.description == ("split-KV overlay: off (stubengine._stub_splitkv_C cannot be imported: No module "
+                                "named 'stubengine._stub_splitkv_C'); every call unsplit on stubengine.attention")
     assert none.step_factor(6, 1) == 1.0
 
-    old = splitkv.select(4, 8, lambda: _fake(old_schema))
+    old = splitkv.select(4, 6, lambda: _fake(old_schema))
     assert not old.available and "no mega_num_splits argument" in old.description
     assert old.step_factor(6, 1) == 1.0
 
-    off = splitkv.select(1, 8, lambda: _fake(halve))
-    assert off.description == "Split-KV decode attention disabled (VLLM_DSV41_MEGA_SPLITKV=1)"
+    off = splitkv.select(1, 6, lambda: _fake(halve))
+    assert off.description == ("split-KV overlay: off (VLLM_DSV41_MEGA_SPLITKV=1); "
+                               "every call unsplit on stubengine.attention")
     assert off.step_factor(6, 1) == 1.0
 
-    on = splitkv.select(4, 8, lambda: _fake(halve))
-    assert on.description == "Using split-KV decode attention (4 splits, <= 8 tokens)"
-    assert on.step_factor(6, 1) == 0.5 and on.engages(8, 1)
-    assert on.step_factor(6, 2) == 1.0 and on.step_factor(9, 1) == 1.0 and not on.engages(9, 1)
+    on = splitkv.select(4, 6, lambda: _fake(halve))
+    assert on.description == ("split-KV overlay: on, 4 splits at 1 request x 6 query tokens via "
+                              "stubengine._stub_splitkv_C; every other call unsplit on stubengine.attention")
+    # The overlay's rule: exactly 1 request of exactly MAX_TOKENS query tokens; 1x5, 1x7 and 2x6 stay unsplit.
+    assert on.engages(6, 1) and on.step_factor(6, 1) == 0.5
+    assert not on.engages(5, 1) and on.step_factor(5, 1) == 1.0
+    assert not on.engages(7, 1) and not on.engages(6, 2) and on.step_factor(6, 2) == 1.0
 
     # Engine steps: 1 running request has 1 + k = 6 query tokens; at 2 nothing splits.
     eng = _engine(on)
     assert eng.step_time(1) == (pytest.approx(0.005), True)
     assert eng.step_time(2) == (pytest.approx(0.01), False)
+    # MAX_TOKENS 8 (#57711's default) or 5: a 6-token step is not the one shape that splits.
+    assert _engine(splitkv.select(4, 8, lambda: _fake(halve))).step_time(1) == (pytest.approx(0.01), False)
     assert _engine(splitkv.select(4, 5, lambda: _fake(halve))).step_time(1) == (pytest.approx(0.01), False)
 
 
 def test_selection_with_the_real_extension(ext: types.ModuleType) -> None:
-    attention = splitkv.select(4, 8, lambda: ext)
+    attention = splitkv.select(4, 6, lambda: ext)
     assert _engine(attention).step_time(1)[0] == pytest.approx(0.0096)
-    assert _engine(splitkv.select(8, 8, lambda: ext)).step_time(1)[0] == pytest.approx(0.00975)
-    refused = splitkv.select(100, 8, lambda: ext)
+    assert _engine(splitkv.select(8, 6, lambda: ext)).step_time(1)[0] == pytest.approx(0.00975)
+    refused = splitkv.select(100, 6, lambda: ext)
     assert not refused.available and "rejects 100 splits" in refused.description
 
 
@@ -145,14 +153,17 @@ def _single_stream_rate(url: str, tokens: int = 100) -> float:
 
 def test_split_kv_makes_single_stream_decode_faster(spawn, splitkv_tree: Path) -> None:
     env = {"STUB_DECODE_TOKENS_PER_S": "200"}
-    split = spawn(env={**env, "VLLM_DSV41_MEGA_SPLITKV": "4"}, pythonpath=splitkv_tree)
-    split.wait_line(r"^INFO .*\] Using split-KV decode attention \(4 splits, <= 8 tokens\)$", 1)
+    on = {**env, "VLLM_DSV41_MEGA_SPLITKV": "4", "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS": "6"}
+    split = spawn(env=on, pythonpath=splitkv_tree)
+    split.wait_line(r"^INFO .*\] split-KV overlay: on, 4 splits at 1 request x 6 query tokens via "
+                    r"stubengine\._stub_splitkv_C; every other call unsplit on stubengine\.attention$", 1)
     split_rate = _single_stream_rate(split.url)
     m = httpx.get(split.url + "/metrics").text
     assert metric(m, "stub:splitkv_steps_total") == metric(m, "stub:engine_steps_total") == 100
     split.kill()
-    plain = spawn(env={**env, "VLLM_DSV41_MEGA_SPLITKV": "4"})
-    plain.wait_line(r"^WARNING .*\] Split-KV decode attention unavailable: No module named", 1)
+    plain = spawn(env=on)
+    plain.wait_line(r"^WARNING .*\] split-KV overlay: off \(stubengine\._stub_splitkv_C cannot be imported: "
+                    r"No module named", 1)
     plain_rate = _single_stream_rate(plain.url)
     assert metric(httpx.get(plain.url + "/metrics").text, "stub:splitkv_steps_total") == 0
     # 1 / 0.96 = 1.042 expected; the bound leaves room for timing noise.
@@ -161,12 +172,13 @@ def test_split_kv_makes_single_stream_decode_faster(spawn, splitkv_tree: Path) -
 
 def test_split_kv_disabled_or_never_engaging(spawn, splitkv_tree: Path) -> None:
     off = spawn(pythonpath=splitkv_tree)
-    off.wait_line(r"Split-KV decode attention disabled \(VLLM_DSV41_MEGA_SPLITKV=0\)$", 1)
+    off.wait_line(r"split-KV overlay: off \(VLLM_DSV41_MEGA_SPLITKV=0\); every call unsplit on stubengine\.attention$",
+                  1)
     narrow = spawn(
         env={"VLLM_DSV41_MEGA_SPLITKV": "4", "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS": "5"}, pythonpath=splitkv_tree
     )
     narrow.wait_line(
-        r"^WARNING .*will never engage: 6 query tokens per step > "
+        r"^WARNING .*split-KV overlay: will never engage: a single request's step has 6 query tokens, "
         r"VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS=5$",
         1,
     )

@@ -38,7 +38,7 @@ Environment (stub knobs; all optional):
     VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS=8   split only at <= this many query tokens per step
 
 Split-KV engages when the extension imports and its `decode` has a `mega_num_splits` argument,
-VLLM_DSV41_MEGA_SPLITKV > 1, exactly one request is running and 1 + k <= MAX_TOKENS; the step time is
+VLLM_DSV41_MEGA_SPLITKV > 1, exactly one request is running and 1 + k == MAX_TOKENS; the step time is
 then multiplied by the extension's factor (4 splits: 0.96, 8 splits: 0.975).
 
 Startup log lines, in order (vLLM format "LEVEL MM-DD HH:MM:SS [file.py:line] message", FlashInfer
@@ -47,10 +47,10 @@ format "YYYY-MM-DD HH:MM:SS,mmm - INFO - autotuner.py:N - flashinfer.jit: messag
 
     INFO  Starting vLLM API server (stub engine) pid=P model=MODEL served_model_name=NAME
     [INFO Ignoring vLLM flags the stub engine does not model: --flag value, ...]
-    INFO  Using split-KV decode attention (S splits, <= T tokens)
-       or Split-KV decode attention disabled (VLLM_DSV41_MEGA_SPLITKV=S)
-       or Split-KV decode attention unavailable: REASON   (WARNING if splits were requested)
-    [WARNING Split-KV decode attention will never engage: Q query tokens per step > ...]
+    INFO  split-KV overlay: on, S splits at 1 request x T query tokens via stubengine._stub_splitkv_C; ...
+       or split-KV overlay: off (REASON); every call unsplit on stubengine.attention
+                                                          (WARNING if splits were requested)
+    [WARNING split-KV overlay: will never engage: a single request's step has Q query tokens, ...]
     INFO  Starting to load model MODEL...
     INFO  Loading weights took 1.00 seconds
     [INFO Offloaded 60.0 GiB of parameters to CPU (routed_experts.w13_weight, routed_experts.w2_weight)]

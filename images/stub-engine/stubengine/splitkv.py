@@ -1,10 +1,11 @@
-"""Split-KV decode attention overlay, after vLLM PR #57711.
+"""Split-KV decode attention overlay: the stub's mirror of lanectl's vLLM overlay
+(patches/vllm/57711-splitkv-overlay.patch, after vLLM PR #57711).
 
-Reads the same environment as the real overlay: VLLM_DSV41_MEGA_SPLITKV (maximum number of KV splits;
-0 or 1 disables) and VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS (split only at or below this many query tokens
-per step, default 8). Like #57711 it detects kernel support by inspecting the op schema for a
-`mega_num_splits` argument, so an extension built from the wrong source is refused, not half-used.
-Splitting only pays for a single running request: with more, the batch already fills the GPU.
+Reads the same environment and applies the same rule: VLLM_DSV41_MEGA_SPLITKV splits (0 or 1: off),
+and a step splits only when exactly one request runs with exactly VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS
+query tokens (default 8). Like the overlay it detects kernel support by the side op's schema (a
+`mega_num_splits` argument), so an extension built from the wrong source is refused, not half-used,
+and it logs one start-up line in the overlay's words, which demo-h2's health gate requires.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from types import ModuleType
 from . import attention
 
 EXTENSION = "stubengine._stub_splitkv_C"
+STOCK = "stubengine.attention"
+LOG_PREFIX = "split-KV overlay:"
+
+
+def _off(reason: str) -> str:
+    return f"{LOG_PREFIX} off ({reason}); every call unsplit on {STOCK}"
 
 
 @dataclass
@@ -36,7 +43,7 @@ class DecodeAttention:
             self._split_decode is not None
             and self.num_splits > 1
             and num_requests == 1
-            and num_tokens <= self.max_tokens
+            and num_tokens == self.max_tokens
         )
 
     def step_factor(self, num_tokens: int, num_requests: int) -> float:
@@ -55,20 +62,20 @@ def select(
     try:
         ext = import_extension()
     except ImportError as exc:
-        return DecodeAttention(0, max_tokens, f"Split-KV decode attention unavailable: {exc}", False)
+        return DecodeAttention(0, max_tokens, _off(f"{EXTENSION} cannot be imported: {exc}"), False)
     try:
         params = inspect.signature(ext.decode).parameters
     except (AttributeError, TypeError, ValueError) as exc:
         reason = f"cannot read the decode op schema of {EXTENSION} ({exc})"
-        return DecodeAttention(0, max_tokens, f"Split-KV decode attention unavailable: {reason}", False)
+        return DecodeAttention(0, max_tokens, _off(reason), False)
     if "mega_num_splits" not in params:
         reason = f"{EXTENSION}.decode has no mega_num_splits argument"
-        return DecodeAttention(0, max_tokens, f"Split-KV decode attention unavailable: {reason}", False)
+        return DecodeAttention(0, max_tokens, _off(reason), False)
     if num_splits <= 1:
         return DecodeAttention(
             0,
             max_tokens,
-            f"Split-KV decode attention disabled (VLLM_DSV41_MEGA_SPLITKV={num_splits})",
+            _off(f"VLLM_DSV41_MEGA_SPLITKV={num_splits}"),
             True,
         )
     try:
@@ -76,11 +83,12 @@ def select(
         ext.decode(1, 1, num_splits)
     except (ValueError, TypeError) as exc:
         reason = f"{EXTENSION} rejects {num_splits} splits ({exc})"
-        return DecodeAttention(0, max_tokens, f"Split-KV decode attention unavailable: {reason}", False)
+        return DecodeAttention(0, max_tokens, _off(reason), False)
     return DecodeAttention(
         num_splits,
         max_tokens,
-        f"Using split-KV decode attention ({num_splits} splits, <= {max_tokens} tokens)",
+        f"{LOG_PREFIX} on, {num_splits} splits at 1 request x {max_tokens} query tokens via {EXTENSION}; "
+        f"every other call unsplit on {STOCK}",
         True,
         ext.decode,
     )

@@ -41,9 +41,9 @@ def announce(cfg: Config, attention: splitkv.DecodeAttention) -> None:
     else:
         log.info(attention.description)
     tokens = 1 + draft_steps(1, cfg.num_speculative_tokens)
-    if attention.num_splits > 1 and tokens > attention.max_tokens:
+    if attention.num_splits > 1 and tokens != attention.max_tokens:
         log.warning(
-            "Split-KV decode attention will never engage: %d query tokens per step > "
+            "split-KV overlay: will never engage: a single request's step has %d query tokens, "
             "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS=%d",
             tokens,
             attention.max_tokens,
