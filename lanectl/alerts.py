@@ -16,14 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 from tenacity.wait import wait_base
 
 from lanectl.errors import OperationFailed
@@ -34,6 +36,12 @@ logger = logging.getLogger(__name__)
 SEVERITIES = ("critical", "warning", "info")
 DEFAULT_WEBHOOK_WAIT = wait_exponential(multiplier=1, min=1, max=10)
 WEBHOOK_TIMEOUT_SECONDS = 10.0
+# One delivery, retries and their waits included, ends by this deadline: an alert is sent from inside
+# a watchdog pass, and a webhook that answers slowly (or drips its answer byte by byte) must not hold
+# the pass past its next probe. The watchdog gives a tighter one from the lane's poll interval.
+DEFAULT_DELIVERY_DEADLINE_SECONDS = 10.0
+# Only an excerpt of an error body reaches the journal; reading more is a webhook making us wait.
+MAX_RESPONSE_BYTES = 64 * 1024
 # httpx logs every request URL at INFO; httpcore logs the host it connects to at DEBUG.
 HTTP_CLIENT_LOGGERS = (
     "httpx",
@@ -100,11 +108,15 @@ class WebhookAlerter:
         client: httpx.Client | None = None,
         attempts: int = 4,
         wait: wait_base = DEFAULT_WEBHOOK_WAIT,
+        deadline_seconds: float = DEFAULT_DELIVERY_DEADLINE_SECONDS,
     ) -> None:
         if attempts < 1:
             raise ValueError(f"a webhook needs at least 1 attempt, got {attempts}")
+        if not deadline_seconds > 0:
+            raise ValueError(f"a delivery deadline must be positive, got {deadline_seconds}")
         self.url_env = url_env
         self.attempts = attempts
+        self.deadline_seconds = deadline_seconds
         self._environ = environ
         self._client = client
         self._wait = wait
@@ -120,17 +132,40 @@ class WebhookAlerter:
             return AlertDelivery(False, 0, f"no webhook: ${self.url_env} is not set")
         redaction = UrlRedaction(url)
         body: dict[str, object] = {"text": alert.summary(), "alert": asdict(alert)}
+        deadline = time.monotonic() + self.deadline_seconds
+
+        def remaining() -> float:
+            return deadline - time.monotonic()
+
         retrying = Retrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=self._wait,
+            stop=lambda state: state.attempt_number >= self.attempts or remaining() <= 0,
+            # A wait never reaches past the deadline; the last try then gets what time is left.
+            wait=lambda state: max(0.0, min(self._wait(state), remaining())),
             retry=retry_if_result(lambda answer: answer.retryable),
             # When the attempts run out, tenacity hands back the last answer instead of raising RetryError.
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
             before_sleep=self._log_retry,
         )
-        with self._http_client() as client, scrubbed_http_client_logs(redaction):
-            answer: _Answer = retrying(self._post, client, url, body, redaction)
-        return self._delivery(answer, retrying.statistics["attempt_number"])
+        outcome: list[_Answer] = []
+        tries = [0]  # counted here: tenacity keeps its statistics per thread
+
+        def attempt(client: httpx.Client) -> _Answer:
+            tries[0] += 1
+            return self._post(client, url, body, redaction, remaining)
+
+        def deliver() -> None:
+            with self._http_client() as client, scrubbed_http_client_logs(redaction):
+                outcome.append(retrying(attempt, client))
+
+        # httpx's timeouts bound each read, not a whole response: a server dripping a byte a second
+        # would never time out. The delivery runs beside the caller, who stops waiting at the deadline.
+        worker = threading.Thread(target=deliver, name="lanectl-webhook", daemon=True)
+        worker.start()
+        worker.join(self.deadline_seconds + 0.5)
+        if not outcome:
+            return AlertDelivery(False, tries[0], f"webhook (${self.url_env}) gave no complete answer within the "
+                                               f"{self.deadline_seconds:g} s delivery deadline; given up")
+        return self._delivery(outcome[0], tries[0])
 
     @contextmanager
     def _http_client(self) -> Iterator[httpx.Client]:
@@ -141,9 +176,16 @@ class WebhookAlerter:
         with httpx.Client(timeout=WEBHOOK_TIMEOUT_SECONDS) as client:
             yield client
 
-    def _post(self, client: httpx.Client, url: str, body: dict[str, object], redaction: UrlRedaction) -> _Answer:
+    def _post(self, client: httpx.Client, url: str, body: dict[str, object], redaction: UrlRedaction,
+              remaining: Callable[[], float]) -> _Answer:
+        left = remaining()
+        if left <= 0:
+            return _Answer(error="no time left before the delivery deadline", failure="timed out")
         try:
-            response = client.post(url, json=body)
+            timeout = min(client.timeout.read or WEBHOOK_TIMEOUT_SECONDS, left)
+            with client.stream("POST", url, json=body, timeout=timeout) as response:
+                status = response.status_code
+                text = _read_capped(response, remaining) if status >= 300 else ""
         except httpx.ConnectError as exc:
             return _Answer(error=_error_text(exc, redaction), failure="could not connect", retryable=True)
         except httpx.TimeoutException as exc:
@@ -154,8 +196,7 @@ class WebhookAlerter:
             return _Answer(error=_error_text(exc, redaction), failure="is not a usable URL")
         except Exception as exc:  # an alert that cannot be sent must never stop the watchdog
             return _Answer(error=_error_text(exc, redaction))
-        status = response.status_code
-        excerpt = redaction.scrub(_one_line(response.text))[:200] if status >= 300 else ""
+        excerpt = redact_credentials(redaction.scrub(_one_line(text)))[:200] if status >= 300 else ""
         return _Answer(status=status, body_excerpt=excerpt, retryable=status == 429 or status >= 500)
 
     def _delivery(self, answer: _Answer, tries: int) -> AlertDelivery:
@@ -195,7 +236,10 @@ class UrlRedaction:
     def __init__(self, url: str) -> None:
         parts = urllib.parse.urlsplit(url)
         candidates = {url, parts.netloc, parts.hostname or "", parts.path, parts.path.lstrip("/"), parts.query,
-                      parts.password or ""}
+                      parts.password or "", parts.username or ""}
+        # A webhook's error page may echo one piece of the path (the token alone) or one query value.
+        candidates |= {segment for segment in parts.path.split("/") if len(segment) >= 8}
+        candidates |= {value for _, value in urllib.parse.parse_qsl(parts.query)}
         try:  # httpx logs the URL as it normalised it (percent-encoded path, lower-case host)
             normalised = httpx.URL(url)
             candidates |= {str(normalised), normalised.host, normalised.raw_path.decode("ascii", "replace")}
@@ -242,10 +286,41 @@ def scrubbed_http_client_logs(redaction: UrlRedaction) -> Iterator[None]:
             target.removeFilter(scrubber)
 
 
+def _read_capped(response: httpx.Response, remaining: Callable[[], float]) -> str:
+    """At most MAX_RESPONSE_BYTES of the body, and only until the deadline: the rest is not read."""
+    kept = b""
+    for chunk in response.iter_raw():
+        kept += chunk[: MAX_RESPONSE_BYTES - len(kept)]
+        if len(kept) >= MAX_RESPONSE_BYTES or remaining() <= 0:
+            break
+    return kept.decode("utf-8", errors="replace")
+
+
+# Things in an error body that look like credentials: an Authorization value, `token=…`-style pairs
+# (also as JSON), Slack/GitHub/AWS-style tokens, and long unbroken runs of key-like characters.
+_CREDENTIALS = re.compile(
+    r"(?i)\b(?:bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"
+    r"|(?i:\b[\w-]*(?:token|secret|passw(?:or)?d|api[_-]?key|apikey|auth|signature|sig|key|credential)[\w-]*)"
+    r"(?:\"?\s*[:=]\s*\"?)(?:(?:bearer|basic)\s+)?[^\s\"',;&]+"
+    r"|\bxox[abposr]-[A-Za-z0-9-]+|\bgh[pousr]_[A-Za-z0-9]{20,}|\bAKIA[0-9A-Z]{16}\b"
+    r"|\b[A-Za-z0-9_\-+/]{32,}={0,2}"
+)
+
+
+def redact_credentials(text: str) -> str:
+    """`text` with whatever looks like a credential replaced by `<redacted>` (the name kept where there is one)."""
+
+    def replace(found: re.Match[str]) -> str:
+        pair = re.match(r"(?i)([\w-]+\"?\s*[:=]\s*\"?)", found[0])
+        return f"{pair[1]}{REDACTED}" if pair and not found[0].lower().startswith(("bearer", "basic")) else REDACTED
+
+    return _CREDENTIALS.sub(replace, text)
+
+
 def _error_text(exc: BaseException, redaction: UrlRedaction) -> str:
     message = _one_line(str(exc))
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    return redaction.scrub(text)[:200]
+    return redact_credentials(redaction.scrub(text))[:200]
 
 
 def _one_line(text: str) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from lanectl import __version__
 from lanectl.errors import EXIT_FAILED, LanectlError, RecipeInvalid
@@ -31,7 +32,9 @@ app.add_typer(watchdog_app, name="watchdog")
 fleet_app = typer.Typer(no_args_is_help=True, help="Lanes on a fleet of boxes, run by Docker Swarm.")
 app.add_typer(fleet_app, name="fleet")
 
-# No emoji codes: "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7".
+# Engine text (container logs, engine and webhook errors, health details) reaches these consoles:
+# it is printed as `Text` or with markup=False, never parsed as rich markup. No emoji codes either:
+# "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7", and `:fire:` in a log line stays `:fire:`.
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
@@ -183,8 +186,8 @@ def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", 
     else:
         for outcome in outcomes:
             colour = {"built": "green", "unchanged": "cyan", "failed": "red"}[outcome.status]
-            out.print(f"[{colour}]{outcome.status:<9}[/] {outcome.lane}: {outcome.message}"
-                      + (" (pushed)" if outcome.pushed else ""))
+            out.print(Text.assemble((f"{outcome.status:<9}", colour), f" {outcome.lane}: {outcome.message}",
+                                    " (pushed)" if outcome.pushed else ""))
             if outcome.status == "failed":
                 err.print("[bold]last lines of the failing step:[/]")
                 for line in outcome.log_tail:
@@ -203,12 +206,12 @@ class ConsoleReporter:
 
     def step(self, text: str, *, ok: bool = True) -> None:
         if not self.quiet:
-            self.console.print("[green]✓[/] " if ok else "[red]✗[/] ", end="", highlight=False)
-            self.console.print(text, markup=False, highlight=False)
+            mark = ("✓", "green") if ok else ("✗", "red")
+            self.console.print(Text.assemble(mark, " ", text), highlight=False)
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(f"[yellow]![/] {text}", highlight=False)
+            self.console.print(Text.assemble(("!", "yellow"), " ", text), highlight=False)
 
     def gate(self, progress: GateProgress) -> None:
         import time
@@ -265,7 +268,7 @@ def _finish(outcome: SwitchOutcome, as_json: bool) -> None:
 def _print_outcome(outcome: Any, failed: str) -> None:
     """The result line on stdout, the failed engine's last lines on stderr; exits with the outcome's code."""
     colour = "green" if outcome.exit_code == 0 else "red"
-    out.print(f"[{colour}]{outcome.result}[/]: {outcome.message}", highlight=False)
+    out.print(Text.assemble((outcome.result, colour), ": ", outcome.message), highlight=False)
     if outcome.diagnostics.get("log_tail"):
         err.print(f"[bold]last log lines of {failed}:[/]")
         for line in outcome.diagnostics["log_tail"][-15:]:
@@ -382,28 +385,30 @@ def status(as_json: JsonOption = False) -> None:
         emit_json("status", data)
         return
     for lane in data["lanes"]:
-        marks = ("[bold green]active[/] " if lane["active"] else "") + ("known-good " if lane["known_good"] else "")
         health = f"  health: {lane['health']}" if lane["health"] else ""
-        out.print(f"[bold]{lane['lane']}[/]  {marks}{lane['image']}{'' if lane['built'] else ' (not built)'}{health}",
+        out.print(Text.assemble((lane["lane"], "bold"), "  ", ("active", "bold green") if lane["active"] else "",
+                                " " if lane["active"] else "", "known-good " if lane["known_good"] else "",
+                                f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"),
                   highlight=False)
         for c in lane["containers"]:
             detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
             if c["exit_code"] not in (None, 0):
                 detail += f" (exit {c['exit_code']})"
-            stale = "" if c["current_build"] else f"  [yellow]older build {c['image']}[/]"
-            out.print(f"    {c['role']:<8} {c['name']:<40} {detail:<14} restarts {c['restarts']}{stale}",
-                      highlight=False)
+            stale = ("", "") if c["current_build"] else (f"  older build {c['image']}", "yellow")
+            out.print(Text.assemble(f"    {c['role']:<8} {c['name']:<40} {detail:<14} restarts {c['restarts']}",
+                                    stale), highlight=False)
     watchdog = data["watchdog"]
     lease = watchdog["lease"]
     lease_text = (f"; lease until {lease['until']} ({lease['reason']}){' expired' if lease['expired'] else ''}"
                   if lease else "")
-    out.print(f"watchdog: {'armed' if watchdog['armed'] else 'disarmed'}{lease_text}", highlight=False)
-    out.print(f"known-good: {', '.join(data['known_good']) or '-'}", highlight=False)
+    out.print(f"watchdog: {'armed' if watchdog['armed'] else 'disarmed'}{lease_text}", markup=False, highlight=False)
+    out.print(f"known-good: {', '.join(data['known_good']) or '-'}", markup=False, highlight=False)
     if data["unfinished_switch"]:
         u = data["unfinished_switch"]
-        out.print(f"[red]unfinished {u['action']}[/] {u['from'] or '-'} -> {u['to'] or '-'} since {u['ts']} "
-                  f"({len(u['done_steps'])}/{len(u['steps'])} steps); the next up/rollback finishes or undoes it",
-                  highlight=False)
+        out.print(Text.assemble((f"unfinished {u['action']}", "red"),
+                                f" {u['from'] or '-'} -> {u['to'] or '-'} since {u['ts']} "
+                                f"({len(u['done_steps'])}/{len(u['steps'])} steps); the next up/rollback finishes "
+                                f"or undoes it"), highlight=False)
     for problem in data["journal_problems"]:
         err.print(f"journal: {problem}", markup=False)
     for name in data["unknown_containers"]:
@@ -427,21 +432,22 @@ def fleet_status(as_json: JsonOption = False) -> None:
             colour = "green" if node["state"] == "ready" else "red"
             gpus = ", ".join(f"{k}={v}" for k, v in node["gpus"].items()) or "no GPUs advertised"
             labels = ", ".join(f"{k}={v}" for k, v in sorted(node["labels"].items())) or "-"
-            out.print(f"[bold]{node['hostname']}[/] [{colour}]{node['state']}[/] {node['availability']} "
-                      f"{node['role']} {node['addr']}  {gpus}  labels: {labels}", highlight=False)
+            out.print(Text.assemble((node["hostname"], "bold"), " ", (node["state"], colour),
+                                    f" {node['availability']} {node['role']} {node['addr']}  {gpus}  labels: {labels}"),
+                      highlight=False)
             if node["lease"]:
                 out.print(f"    being changed by {node['lease']}", markup=False)
             for lane in node["lanes"]:
                 health = f"  health: {lane['health']}" if lane["health"] else ""
                 update = f"  last update: {lane['update']}" if lane["update"] else ""
-                problem = f"  [red]{lane['problem']}[/]" if lane["problem"] else ""
-                problem += f"  failed tasks: {lane['failed_tasks']}" if lane["failed_tasks"] else ""
-                out.print(f"    {lane['lane']:<20} {lane['role']:<8} task {lane['task']:<9}{health}{update}{problem}",
-                          highlight=False)
+                problem = (f"  {lane['problem']}", "red") if lane["problem"] else ("", "")
+                failed = f"  failed tasks: {lane['failed_tasks']}" if lane["failed_tasks"] else ""
+                row = f"    {lane['lane']:<20} {lane['role']:<8} task {lane['task']:<9}{health}{update}"
+                out.print(Text.assemble(row, problem, failed), highlight=False)
             if not node["lanes"]:
                 out.print("    no lanectl lanes", markup=False)
         for problem in data["problems"]:
-            err.print(f"[red]problem:[/] {problem}", highlight=False)
+            err.print(Text.assemble(("problem:", "red"), " ", problem), highlight=False)
     if not data["healthy"]:
         raise typer.Exit(EXIT_FAILED)
 
@@ -508,9 +514,10 @@ def doctor(as_json: JsonOption = False) -> None:
     else:
         colours = {"ok": "green", "warn": "yellow", "error": "red"}
         for f in findings:
-            out.print(f"[{colours[f.severity]}]{f.severity:<5}[/] {f.check}: {f.detail}", highlight=False)
+            out.print(Text.assemble((f"{f.severity:<5}", colours[f.severity]), f" {f.check}: {f.detail}"),
+                      highlight=False)
             if f.fix:
-                out.print(f"      fix: {f.fix}", highlight=False)
+                out.print(f"      fix: {f.fix}", markup=False, highlight=False)
     if any(f.severity == "error" for f in findings):
         raise typer.Exit(EXIT_FAILED)
 

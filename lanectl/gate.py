@@ -27,7 +27,7 @@ from lanectl.loadgen import ArmResult, run_arm
 from lanectl.recipe.catalog import Lane
 from lanectl.switching import LaneSwitcher, probe_base_url
 from lanectl.workload import Workload, prefixed
-from lanectl.xid import parse_xid
+from lanectl.xid import believed_xid
 
 # Logprobs asked for in the fidelity pass: enough to find the candidate's token among the control's top.
 FIDELITY_TOP_LOGPROBS = 5
@@ -97,7 +97,7 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
                                if any(p.search(line) for p in patterns)]
     if kernel_log is not None:
         lines, _ = kernel_log.read_new(kernel_cursor)
-        result.xid_lines = [line.text for line in lines if parse_xid(line.text) is not None]
+        result.xid_lines = [line.text for line in lines if believed_xid(line) is not None]
     return result
 
 

@@ -15,17 +15,21 @@ import json
 import os
 import pwd
 import socket
+import stat
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from lanectl.errors import OperationFailed
-from lanectl.state_dir import create_state_dir, fsync_directory
+from lanectl.state_dir import check_state_file, create_state_dir, fsync_directory
 
 RESERVED_FIELDS = ("ts", "who", "pid", "kind")
+# lanectl writes records of a few hundred bytes (a log tail at most some KiB): a longer line is not
+# one of ours, and is skipped without being parsed.
+MAX_RECORD_BYTES = 1024 * 1024
 
 
 def utc_now() -> datetime:
@@ -92,9 +96,12 @@ class Journal:
 
     def _append_line(self, line: bytes) -> None:
         create_state_dir(self.path.parent)
+        check_state_file(self.path)
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # O_NOFOLLOW: a link planted after the check above is refused (ELOOP) rather than written through.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
+            _require_regular(fd, self.path)
             # The flock makes "look at the last byte, then write" one step among lanectl processes
             # (an `up` and the cron watchdog), so the newline repair below cannot double up.
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -123,18 +130,21 @@ class Journal:
         """Every readable record, in order; each unreadable line is skipped and named in `problems`."""
         records: list[dict[str, Any]] = []
         problems: list[str] = []
+        check_state_file(self.path)
         try:
-            journal = self.path.open("rb")
+            journal = os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb")
         except FileNotFoundError:
             return JournalContents(records=[], problems=[])
+        except OSError as exc:
+            raise OperationFailed(f"could not read the journal {self.path}: {exc.strerror or exc}") from exc
+        _require_regular(journal.fileno(), self.path)
         with journal:
-            for number, raw in enumerate(journal, start=1):
-                line = raw.rstrip(b"\n")
+            for number, (line, size) in enumerate(_bounded_lines(journal), start=1):
                 if not line.strip():
                     continue
-                record = _parse_record(line)
-                if record is None:
-                    problems.append(self._unreadable(f"line {number}", len(line)))
+                record = _parse_record(line) if size <= MAX_RECORD_BYTES else f"longer than {MAX_RECORD_BYTES} bytes"
+                if isinstance(record, str):
+                    problems.append(self._unreadable(f"line {number}", size, record))
                 else:
                     records.append(record)
         return JournalContents(records=records, problems=problems)
@@ -150,17 +160,21 @@ class Journal:
         problems: list[str] = []
         if count <= 0:
             return JournalContents(records=[], problems=[])
+        check_state_file(self.path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return JournalContents(records=[], problems=[])
+        except OSError as exc:
+            raise OperationFailed(f"could not read the journal {self.path}: {exc.strerror or exc}") from exc
         try:
-            for from_end, line in enumerate(_lines_backwards(fd, self.tail_block_bytes), start=1):
+            _require_regular(fd, self.path)
+            for from_end, (line, size) in enumerate(_lines_backwards(fd, self.tail_block_bytes), start=1):
                 if not line.strip():
                     continue
-                record = _parse_record(line)
-                if record is None:
-                    problems.append(self._unreadable(f"line {from_end} from the end", len(line)))
+                record = _parse_record(line) if size <= MAX_RECORD_BYTES else f"longer than {MAX_RECORD_BYTES} bytes"
+                if isinstance(record, str):
+                    problems.append(self._unreadable(f"line {from_end} from the end", size, record))
                     continue
                 records.append(record)
                 if len(records) == count:
@@ -171,8 +185,8 @@ class Journal:
         problems.reverse()
         return JournalContents(records=records, problems=problems)
 
-    def _unreadable(self, where: str, size: int) -> str:
-        return f"{self.path.name} {where}: unreadable record (truncated or corrupt, {size} bytes); ignored"
+    def _unreadable(self, where: str, size: int, why: str) -> str:
+        return f"{self.path.name} {where}: unreadable record ({why}, {size} bytes); ignored"
 
     # Switch bookkeeping: `up` and `rollback` write an intent before touching anything, a step after
     # each one completes, and an outcome at the end. An intent without an outcome is a switch that
@@ -217,21 +231,100 @@ class Journal:
         return None
 
 
-def _parse_record(line: bytes) -> dict[str, Any] | None:
+# The fields each kind of record must hold, with their types, so that a record of the wrong shape
+# (hand-edited, or written by something else) is reported and skipped rather than crashing whoever
+# reads it: `status` counts an intent's steps, a switch finishes one from its `from` and `to`.
+_TEXT, _OPTIONAL_TEXT, _TEXT_LIST, _WHOLE = "text", "text or null", "a list of text", "a whole number"
+_HEADER_SHAPE = {"ts": _TEXT, "who": _TEXT, "pid": _WHOLE, "kind": _TEXT}
+_KIND_SHAPES = {
+    "intent": {"switch": _TEXT, "action": _TEXT, "from": _OPTIONAL_TEXT, "to": _OPTIONAL_TEXT, "why": _TEXT,
+               "steps": _TEXT_LIST},
+    "step": {"switch": _TEXT, "step": _TEXT},
+    "outcome": {"switch": _TEXT, "result": _TEXT},
+}
+
+
+def _has_shape(value: Any, shape: str) -> bool:
+    if shape == _TEXT:
+        return isinstance(value, str)
+    if shape == _OPTIONAL_TEXT:
+        return value is None or isinstance(value, str)
+    if shape == _TEXT_LIST:
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    return type(value) is int
+
+
+def _shape_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with a record's shape, or None. Header fields are checked when present (readers
+    show '?' for a missing one); the fields of a switch record are required."""
+    for name, shape in _HEADER_SHAPE.items():
+        if name in record and not _has_shape(record[name], shape):
+            return f"{name} must be {shape}, got {_json_type(record[name])}"
+    for name, shape in _KIND_SHAPES.get(record.get("kind"), {}).items():  # type: ignore[arg-type]
+        if name not in record:
+            return f"a {record['kind']} record without {name}"
+        if not _has_shape(record[name], shape):
+            return f"{name} must be {shape}, got {_json_type(record[name])}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "text", bool: "true/false", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _parse_record(line: bytes) -> dict[str, Any] | str:
+    """The record on `line`, or why it cannot be used."""
+    if len(line) > MAX_RECORD_BYTES:
+        return f"longer than {MAX_RECORD_BYTES} bytes"
     try:
         record = json.loads(line)
-    except ValueError:  # also UnicodeDecodeError
-        return None
-    return record if isinstance(record, dict) else None
+    except (ValueError, RecursionError):  # also UnicodeDecodeError, and [[[[…]]]] nested past the limit
+        return "truncated or corrupt"
+    if not isinstance(record, dict):
+        return "truncated or corrupt"
+    return _shape_problem(record) or record
 
 
-def _lines_backwards(fd: int, block_bytes: int) -> Iterator[bytes]:
-    """The file's lines, last first, without their newlines; reads only as far back as it is asked to.
+def _require_regular(fd: int, path: Path) -> None:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        raise OperationFailed(f"the journal {path} is not a regular file ({stat.filemode(mode)}); move it aside")
+
+
+def _bounded_lines(handle: BinaryIO) -> Iterator[tuple[bytes, int]]:
+    """Each line without its newline, and its length; a line longer than MAX_RECORD_BYTES comes cut
+    short (with its full length), so a journal that is one endless line costs one bounded buffer."""
+    while True:
+        line = handle.readline(MAX_RECORD_BYTES + 1)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line[:-1], len(line) - 1
+            continue
+        size = len(line)
+        while len(line) > MAX_RECORD_BYTES:  # an oversized line: count the rest of it, keep none of it
+            rest = handle.readline(MAX_RECORD_BYTES + 1)
+            if not rest:
+                break
+            if rest.endswith(b"\n"):
+                size += len(rest) - 1
+                break
+            size += len(rest)
+        yield line, size
+
+
+def _lines_backwards(fd: int, block_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """The file's lines, last first, without their newlines, each with its length; reads only as far
+    back as it is asked to. A line longer than MAX_RECORD_BYTES comes back as b"x" with its length:
+    its bytes are counted, not kept.
 
     A final newline ends the last line rather than starting an empty one, as for `tail -n`.
     """
     position = os.fstat(fd).st_size
     carried: list[bytes] = []  # the start of the earliest line seen so far, its blocks last-read first
+    carried_size = 0
     at_end = True
     while position > 0:
         size = min(block_bytes, position)
@@ -242,12 +335,18 @@ def _lines_backwards(fd: int, block_bytes: int) -> Iterator[bytes]:
             if block.endswith(b"\n"):
                 block = block[:-1]
         if b"\n" not in block:
-            carried.append(block)
+            carried_size += len(block)
+            if carried_size <= MAX_RECORD_BYTES:
+                carried.append(block)
             continue
-        # One join per block that holds a line break, so a huge single line is not rebuilt per block.
-        pieces = (block + b"".join(reversed(carried))).split(b"\n")
-        carried = [pieces[0]]
-        yield from reversed(pieces[1:])
+        # The block's last line break ends the earliest line seen so far: its start is after that break.
+        earlier, _, start = block.rpartition(b"\n")
+        line_size = len(start) + carried_size
+        yield (start + b"".join(reversed(carried)) if line_size <= MAX_RECORD_BYTES else b"x"), line_size
+        inner = earlier.split(b"\n")
+        carried = [inner[0]]
+        carried_size = len(inner[0])
+        for line in reversed(inner[1:]):
+            yield line, len(line)
     if carried:
-        yield b"".join(reversed(carried))
-
+        yield (b"".join(reversed(carried)) if carried_size <= MAX_RECORD_BYTES else b"x"), carried_size

@@ -15,6 +15,7 @@ import os
 import re
 import select
 import shlex
+import stat
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -25,7 +26,8 @@ from typing import Protocol
 from lanectl.errors import BadInput, OperationFailed
 
 DEFAULT_SPEC = "kmsg"
-SPEC_FORMS = "'kmsg' (read /dev/kmsg, needs root), 'file:/var/log/kern.log' or 'cmd:dmesg'"
+SPEC_FORMS = ("'kmsg' (read /dev/kmsg, needs root), 'kmsg-file:PATH' (records as read from /dev/kmsg), "
+              "'file:/var/log/kern.log' or 'cmd:dmesg --raw'")
 
 # Text of the line a source reports in place of records it could not read in time
 # (the kernel's ring buffer overwrote them), so the loss is visible to whoever logs the lines.
@@ -44,6 +46,26 @@ COMMAND_TIMEOUT_SECONDS = 30.0
 class KernelLogLine:
     text: str
     cursor: str  # pass back to the same source to read what came after this line
+    # The syslog facility the line was logged under (0: the kernel), None when the source cannot tell.
+    facility: int | None = None
+
+
+# A syslog header whose tag is `kernel:`, as rsyslog writes kern.log (traditional or RFC 3339 time).
+_SYSLOG_KERNEL = re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)) "
+                            r"\S+ kernel: ")
+_RAW_PRIORITY = re.compile(r"^<(?P<prio>\d{1,3})>")
+
+
+def text_facility(text: str) -> int | None:
+    """The facility a text log line shows: dmesg --raw's `<prio>` (facility = prio >> 3), or 0 for a
+    syslog line tagged `kernel:` (rsyslog's tag for kernel records; kern.log holds only kern.*);
+    None for a line that does not say (plain dmesg, which mixes in lines written to /dev/kmsg)."""
+    raw = _RAW_PRIORITY.match(text)
+    if raw is not None:
+        return int(raw["prio"]) >> 3
+    if _SYSLOG_KERNEL.match(text):
+        return 0
+    return None
 
 
 class KernelLogSource(Protocol):
@@ -60,6 +82,8 @@ def open_kernel_log(spec: str = DEFAULT_SPEC) -> KernelLogSource:
     """The source a `kernel_log` setting names: 'kmsg', 'file:PATH' or 'cmd:COMMAND ARGS'."""
     if spec == "kmsg":
         return DevKmsgSource()
+    if spec.startswith("kmsg-file:") and spec[len("kmsg-file:") :].strip():
+        return KmsgFileSource(Path(spec[len("kmsg-file:") :].strip()))
     if spec.startswith("file:") and spec[len("file:") :].strip():
         return FileLogSource(Path(spec[len("file:") :].strip()))
     if spec.startswith("cmd:"):
@@ -91,6 +115,7 @@ def write_kmsg(text: str, path: str = KMSG_PATH) -> None:
 class _KmsgRecord:
     seq: int
     text: str
+    facility: int
 
 
 _KMSG_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
@@ -103,19 +128,24 @@ def _parse_kmsg_record(raw: bytes) -> _KmsgRecord | None:
     """One read() of /dev/kmsg: `prio,seq,usec,flags[,...];text\\n` then ` KEY=value\\n` lines, skipped."""
     header, separator, rest = raw.partition(b";")
     fields = header.split(b",")
-    if not separator or len(fields) < 2 or not fields[1].isdigit():
+    if not separator or len(fields) < 2 or not fields[0].isdigit() or not fields[1].isdigit():
         return None
+    if len(fields[0]) > 4 or len(fields[1]) > 20:
+        return None  # not a record the kernel wrote: prio fits 11 bits, seq 64
     body = rest.split(b"\n", 1)[0]
     # The kernel escapes control characters, backslashes and every non-ASCII byte as \xNN.
     body = _KMSG_ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), body)
-    return _KmsgRecord(int(fields[1]), body.decode("utf-8", errors="replace"))
+    # prio is facility << 3 | level: the kernel's own lines have facility 0 (kern), lines written to
+    # /dev/kmsg from user space have 1 (user) unless the writer gave a prefix, which the kernel
+    # refuses to be 0 (kern): so facility 0 is the kernel's word.
+    return _KmsgRecord(int(fields[1]), body.decode("utf-8", errors="replace"), int(fields[0]) >> 3)
 
 
 class DevKmsgSource:
     """The kernel's own ring buffer. Cursor: `<boot id>:<seq>` (seq restarts at 0 on every boot).
 
-    Lines written to /dev/kmsg from user space carry the `user` facility, not `kern`; no facility is
-    filtered out, or those lines (and tests that inject Xid lines) would never be seen.
+    Every record is handed out with its facility; lines written to /dev/kmsg from user space carry
+    `user`, not `kern`, and `xid.believed_xid` ignores them.
     """
 
     def __init__(self, path: str = KMSG_PATH, boot_id_path: str = BOOT_ID_PATH):
@@ -223,13 +253,54 @@ def _kmsg_lines(records: list[_KmsgRecord], after: int, boot_id: str) -> tuple[l
                     _kmsg_cursor(boot_id, record.seq - 1),
                 )
             )
-        lines.append(KernelLogLine(record.text, _kmsg_cursor(boot_id, record.seq)))
+        lines.append(KernelLogLine(record.text, _kmsg_cursor(boot_id, record.seq), record.facility))
         last = record.seq
     return lines, last
 
 
 def _kmsg_cursor(boot_id: str, seq: int) -> str:
     return f"{boot_id}:{seq}"
+
+
+class KmsgFileSource(DevKmsgSource):
+    """A file of /dev/kmsg records (`prio,seq,usec,flags;text`, one a line, ` KEY=value` lines after),
+    as `cat /dev/kmsg` writes them: the kernel log of another namespace or machine, relayed with its
+    facilities and seqs, and what tests feed. Same cursor as /dev/kmsg; the records are read again
+    from the file's start each time and those after the cursor handed out. An unfinished last line
+    is left for the next read.
+    """
+
+    def __init__(self, path: Path | str, boot_id_path: str = BOOT_ID_PATH):
+        super().__init__(str(path), boot_id_path)
+
+    def follow(self, cursor: str | None, stop: threading.Event) -> Iterator[KernelLogLine]:
+        if cursor is None:
+            _, cursor = self.read_new(None)
+        while not stop.is_set():
+            lines, cursor = self.read_new(cursor)
+            yield from lines
+            stop.wait(FOLLOW_POLL_SECONDS)
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as error:
+            raise OperationFailed(f"cannot read the kernel log records in {self.path}: {error.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OperationFailed(f"kernel log records {self.path}: not a regular file")
+        return fd
+
+    @staticmethod
+    def _drain(fd: int) -> Iterator[_KmsgRecord]:
+        data = b""
+        while chunk := os.read(fd, 1024 * 1024):
+            data += chunk
+        for raw in data[: data.rfind(b"\n") + 1].split(b"\n"):
+            if raw and not raw.startswith(b" "):
+                record = _parse_kmsg_record(raw)
+                if record is not None:
+                    yield record
 
 
 # --- a log file ----------------------------------------------------------------------------------
@@ -272,7 +343,7 @@ class FileLogSource:
         for raw in complete.split(b"\n")[:-1]:
             position += len(raw) + 1
             text = raw.rstrip(b"\r").decode("utf-8", errors="replace")
-            lines.append(KernelLogLine(text, f"{inode}:{position}"))
+            lines.append(KernelLogLine(text, f"{inode}:{position}", text_facility(text)))
         return lines, f"{inode}:{position}"
 
     def follow(self, cursor: str | None, stop: threading.Event) -> Iterator[KernelLogLine]:
@@ -313,7 +384,8 @@ class CommandLogSource:
         if cursor is None:
             return [], _command_cursor(count, output)
         start = _command_start(output, cursor)
-        lines = [KernelLogLine(output[index], _command_cursor(index + 1, output)) for index in range(start, count)]
+        lines = [KernelLogLine(output[index], _command_cursor(index + 1, output), text_facility(output[index]))
+                 for index in range(start, count)]
         return lines, _command_cursor(count, output)
 
     def follow(self, cursor: str | None, stop: threading.Event) -> Iterator[KernelLogLine]:

@@ -16,11 +16,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from lanectl.errors import BadInput, OperationFailed
+from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
 from lanectl.journal import utc_now, utc_timestamp
-from lanectl.state_dir import create_state_dir, write_atomically
+from lanectl.state_dir import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
 
 STATE_VERSION = 1
+MAX_STATE_BYTES = 1024 * 1024
+# A lease past a year is a typo (or an overflow waiting to happen), not maintenance.
+MAX_DISARM_SECONDS = 366 * 86400  # a few lane names and a lease; anything bigger was not written by lanectl
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class LaneState:
         # A disarm always ends: a forgotten one would leave the box unguarded until someone notices.
         if not seconds > 0:
             raise BadInput(f"the watchdog can be disarmed only for a positive number of seconds, got {seconds}")
+        if seconds > MAX_DISARM_SECONDS:
+            raise BadInput(f"the watchdog can be disarmed for at most {MAX_DISARM_SECONDS // 86400} days, "
+                           f"got {seconds:g} s")
         lease = WatchdogLease(until=utc_timestamp(now + timedelta(seconds=seconds)), reason=reason, by=by)
         return replace(self, watchdog_armed=False, watchdog_lease=lease)
 
@@ -75,6 +81,9 @@ class LaneState:
 
 
 class StateFileCorrupt(OperationFailed):
+    # Exit 2: the input (the file) is bad; running the command again cannot help until it is moved.
+    exit_code = EXIT_BAD_INPUT
+
     def __init__(self, path: Path, detail: str, *, newer_version: int | None = None):
         self.path = path
         self.detail = detail
@@ -99,14 +108,20 @@ class LaneStateStore:
     def load(self) -> LaneState:
         """The saved state; the default state if there is no file yet."""
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return LaneState()
+            raw = read_state_file(self.path, MAX_STATE_BYTES)
+        except NotAStateFile as exc:
+            raise StateFileCorrupt(self.path, str(exc)) from exc
         except OSError as exc:
             raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
+        if raw is None:
+            return LaneState()
+        if len(raw) > MAX_STATE_BYTES:
+            raise StateFileCorrupt(self.path, f"more than the {MAX_STATE_BYTES} bytes a lane state can hold")
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise StateFileCorrupt(self.path, f"not UTF-8 text (byte {exc.start})") from exc
+        except (ValueError, RecursionError) as exc:  # RecursionError: [[[[…]]]] nested past Python's limit
             raise StateFileCorrupt(self.path, f"not JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise StateFileCorrupt(self.path, f"expected a JSON object, got {type(data).__name__}")
@@ -132,6 +147,7 @@ class LaneStateStore:
         text = json.dumps(asdict(stamped), indent=2) + "\n"
         try:
             create_state_dir(self.path.parent)
+            check_state_file(self.path)
             write_atomically(self.path, text.encode())
         except OSError as exc:
             raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc

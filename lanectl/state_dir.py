@@ -7,8 +7,12 @@
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 import tempfile
 from pathlib import Path
+
+from lanectl.errors import BadInput
 
 SYSTEM_STATE_DIR = Path("/var/lib/lanectl")
 
@@ -28,13 +32,110 @@ def state_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "lanectl"
 
 
+class StateDirUnsafe(BadInput):
+    """The state folder, a folder above it, or a state file could be changed by someone else."""
+
+
 def create_state_dir(path: Path) -> None:
-    """Create the state folder (and its parents) if missing, readable by its owner only.
+    """Create the state folder (and its parents) if missing, readable by its owner only, and refuse
+    one that others could tamper with (`check_state_dir`).
 
     The journal names who ran what on the box; nobody else needs to read it. An existing folder
     keeps the mode its owner gave it.
     """
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_state_dir(path)
+
+
+def check_state_dir(path: Path) -> None:
+    """Refuse a state folder that is a link, sits below a link, or that another user could write.
+
+    The watchdog runs as root from cron: a state file reached through a link, or a folder on the way
+    that someone else can write (and so swap for a link), would let that someone make root write
+    or read wherever they like. Links are refused outright (the fix is to name the real folder);
+    folders must belong to root or to us and be writable by their owner only (sticky /tmp-style
+    folders excepted, as for sshd's StrictModes).
+    """
+    absolute = Path(os.path.abspath(path))
+    uid = os.geteuid()
+    for component in (absolute, *absolute.parents):
+        try:
+            status = component.lstat()
+        except FileNotFoundError:
+            continue  # not created yet: nothing there to tamper with
+        if stat.S_ISLNK(status.st_mode):
+            raise StateDirUnsafe(
+                f"state folder {absolute}: {component} is a symbolic link; lanectl does not keep state "
+                f"through links. Set LANECTL_STATE_DIR={os.path.realpath(absolute)} (the real folder)")
+        if status.st_uid not in (0, uid):
+            raise StateDirUnsafe(
+                f"state folder {absolute}: {component} belongs to {_user_name(status.st_uid)}, who could "
+                f"replace what lanectl keeps there; fix: chown {_user_name(uid)} {component}")
+        sticky = bool(status.st_mode & stat.S_ISVTX)
+        if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky and component != absolute):
+            raise StateDirUnsafe(
+                f"state folder {absolute}: {component} can be written by other users "
+                f"(mode {stat.S_IMODE(status.st_mode):04o}); fix: chmod go-w {component}")
+
+
+def check_state_file(path: Path) -> None:
+    """What every store calls before it reads or writes `path`: a safe folder, and no link."""
+    if path.parent.exists():
+        check_state_dir(path.parent)
+    refuse_link(path)
+
+
+class NotAStateFile(ValueError):
+    """A state path holds something other than a regular file (a folder, a FIFO, a device)."""
+
+
+def read_state_file(path: Path, limit: int) -> bytes | None:
+    """The first `limit` + 1 bytes of a state file, None when there is none.
+
+    Opened without following a link and without blocking, then checked to be a regular file:
+    a FIFO named `state.json` would otherwise hang every command that reads the state.
+    """
+    check_state_file(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise NotAStateFile("a folder, not a file") from None
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise NotAStateFile(f"not a regular file (mode {stat.filemode(kind)})")
+        chunks = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1024 * 1024))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def refuse_link(path: Path) -> None:
+    """Refuse to read or write a state file that is a symbolic link."""
+    try:
+        status = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(status.st_mode):
+        raise StateDirUnsafe(
+            f"{path} is a symbolic link (to {os.readlink(path)}); lanectl does not read or write state "
+            f"through links. Remove the link (rm {path}) and run the command again")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def fsync_directory(directory: Path) -> None:

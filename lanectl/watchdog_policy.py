@@ -35,6 +35,7 @@ class Observation:
     xids: tuple[XidEvent, ...] = ()
     started_at: datetime | None = None  # the primary's current run
     ever_ready_since_start: bool = False
+    xid_notes: tuple[str, ...] = ()  # where an Xid's GPU was a guess (see xid.xid_on_lane)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ events and kernel-log lines as they arrive, and by the probe interval (a service
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import threading
@@ -20,10 +21,11 @@ from lanectl.health_gate import FATAL_ENGINE_LINES
 from lanectl.journal import Journal, utc_timestamp
 from lanectl.lane_state import LaneState, LaneStateStore
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.state_dir import check_state_file
 from lanectl.switching import LaneSwitcher, Reporter, probe_base_url
 from lanectl.watchdog_policy import Decision, Observation, decide
 from lanectl.watchdog_state import WatchdogRecord, WatchdogStateStore
-from lanectl.xid import XidEvent, parse_xid
+from lanectl.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 
 # A pass that must act waits this long for a command holding the host lock (a switch in progress
 # has disarmed the watchdog anyway); past it the pass skips acting and says so.
@@ -48,7 +50,8 @@ class Watchdog:
     def __init__(self, catalog: Catalog, directory: Path, *, engine: ContainerEngine, reporter: Reporter,
                  kernel_log: Any | None = None, kernel_log_problem: str | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 gpu_wait: Callable[[list[str] | None, float], str] | None = None):
+                 gpu_wait: Callable[[list[str] | None, float], str] | None = None,
+                 gpu_inventory: Callable[[], list[Gpu] | None] | None = None):
         self.catalog = catalog
         self.directory = directory
         self.engine = engine
@@ -64,6 +67,11 @@ class Watchdog:
 
             gpu_wait = wait_for_release
         self.gpu_wait = gpu_wait
+        if gpu_inventory is None:
+            from lanectl.gpu_inventory import query_gpus
+
+            gpu_inventory = query_gpus
+        self.gpu_inventory = gpu_inventory
 
     # -- arm state -----------------------------------------------------------------------------------
 
@@ -91,19 +99,50 @@ class Watchdog:
 
     def check(self) -> PassResult:
         """One pass. Passes never overlap: a cron pass that finds another still running (a restart
-        waiting out a long startup budget) skips, and leaves the lane to it."""
+        waiting out a long startup budget) skips, and leaves the lane to it.
+
+        A pass that fails (a state file it cannot use, an engine error, a bug) does not raise: it is
+        journaled where the journal can be written and comes back as a result saying why, with the
+        error's exit code (2 for bad state or set-up, and for anything unexpected), so `run` goes on
+        to its next pass and `check` exits with the cause instead of a traceback.
+        """
+        try:
+            return self._guarded_check()
+        except Exception as exc:
+            exit_code = exc.exit_code if isinstance(exc, LanectlError) else EXIT_BAD_INPUT
+            detail = str(exc) if isinstance(exc, LanectlError) else f"{type(exc).__name__}: {exc}"
+            result = PassResult(exit_code, None, "none", f"pass failed: {detail}")
+            try:
+                self.journal.append("watchdog", event="pass-failed", message=result.reason)
+            except Exception as journal_error:  # the journal itself may be what is broken
+                self.reporter.note(f"the failed pass could not be journaled either: {journal_error}")
+            return result
+
+    def _guarded_check(self) -> PassResult:
         import fcntl
 
-        with open(self.directory / "watchdog.pass.lock", "a") as guard:
+        guard_path = self.directory / "watchdog.pass.lock"
+        check_state_file(guard_path)
+        fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
             try:
-                fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return PassResult(EXIT_OK, None, "none", "skipped: another watchdog pass is still running")
             return self._check()
+        finally:
+            os.close(fd)
+
+    def _load_memory(self) -> WatchdogRecord:
+        record = self.memory.load()
+        if self.memory.problem:
+            self.reporter.note(self.memory.problem)
+            self.journal.append("watchdog", event="state-moved-aside", message=self.memory.problem)
+        return record
 
     def _check(self) -> PassResult:
         started = time.monotonic()
-        record = self.memory.load()
+        record = self._load_memory()
         state = self.lanes.load()
         now = self.now()
         armed = state.watchdog_armed or state.lease_expired(now)
@@ -124,12 +163,13 @@ class Watchdog:
         outcome = None
         if decision.failing or decision.action != "none" or decision.xid_application or decision.xid_hardware:
             self.journal.append("watchdog", event="observation", lane=lane.name, action=decision.action,
-                                armed=armed, reason=decision.reason,
+                                armed=armed, reason="; ".join((decision.reason, *observation.xid_notes)),
                                 xids=[x.line for x in (*decision.xid_application, *decision.xid_hardware)])
         if armed and decision.action in ("restart", "rollback", "stop"):
             outcome, record = self._act(lane, decision, record)
         exit_code = EXIT_OK if not decision.failing and decision.action == "none" else EXIT_FAILED
-        result = PassResult(exit_code, lane.name, decision.action, decision.reason, outcome)
+        reason = "; ".join((decision.reason, *observation.xid_notes))
+        result = PassResult(exit_code, lane.name, decision.action, reason, outcome)
         self._finish(record, result, started, now, armed, lane)
         return result
 
@@ -162,6 +202,7 @@ class Watchdog:
                 if any(p.search(line) for p in patterns):
                     fatal.append(line)
         xids, record = self._read_xids(record)
+        xids, xid_notes, record = self._xids_on_lane(lane, xids, record)
         memory = record.memory.for_lane(lane.name)
         if memory.ready_since_start and started and record.log_since and started > record.log_since:
             memory = replace(memory, ready_since_start=False)  # a new run of the container: a new startup
@@ -170,7 +211,7 @@ class Watchdog:
             lane=lane.name, containers_running=not down, container_detail=container_detail,
             health_ok=health_ok, health_detail=health_detail, generation_ok=generation_ok,
             generation_detail=generation_detail, fatal_lines=tuple(fatal), xids=tuple(xids),
-            started_at=datetime.fromtimestamp(started, UTC) if started else None,
+            started_at=datetime.fromtimestamp(started, UTC) if started else None, xid_notes=tuple(xid_notes),
         )
         return observation, record
 
@@ -178,8 +219,31 @@ class Watchdog:
         if self.kernel_log is None:
             return [], record
         lines, cursor = self.kernel_log.read_new(record.kernel_cursor)
-        events = [event for line in lines if (event := parse_xid(line.text, line.cursor)) is not None]
+        events = [event for line in lines if (event := believed_xid(line)) is not None]
         return events, replace(record, kernel_cursor=cursor)
+
+    def _xids_on_lane(self, lane: Lane, events: list[XidEvent], record: WatchdogRecord
+                      ) -> tuple[list[XidEvent], list[str], WatchdogRecord]:
+        """The Xids on the lane's GPUs, and notes where that was a guess; the others are journaled
+        and counted, and never stop or restart the lane."""
+        if not events:
+            return [], [], record
+        gpus = self.gpu_inventory()
+        wanted = _lane_gpus(lane)
+        on_lane: list[XidEvent] = []
+        notes: list[str] = []
+        totals = dict(record.xid_total)
+        for event in events:
+            ours, note = xid_on_lane(event, wanted, gpus)
+            if ours:
+                on_lane.append(event)
+                if note and note not in notes:
+                    notes.append(note)
+                continue
+            totals[str(event.code)] = totals.get(str(event.code), 0) + 1
+            self.journal.append("watchdog", event="xid-elsewhere", lane=lane.name, xid=event.code, pci=event.pci,
+                                message=f"{note}: recorded, not acted on", line=event.line)
+        return on_lane, notes, replace(record, xid_total=totals)
 
     def _count_xids(self, record: WatchdogRecord, decision: Decision) -> WatchdogRecord:
         totals = dict(record.xid_total)
@@ -249,7 +313,9 @@ class Watchdog:
             facts.update({"xid": str(event.code), "pci": event.pci or "?"})
         alert = Alert(severity=severity, lane=lane.name, title=title, detail=detail,
                       host=current_user_at_host().split("@")[-1], ts=utc_timestamp(self.now()), facts=facts)
-        delivery = WebhookAlerter(lane.spec.watchdog.alert.webhook_url_env).send(alert)
+        # Well under the poll interval, so an alert never costs the next probe; at least a second to connect.
+        deadline = min(10.0, max(1.0, lane.spec.health.poll_interval_seconds / 2))
+        delivery = WebhookAlerter(lane.spec.watchdog.alert.webhook_url_env, deadline_seconds=deadline).send(alert)
         self.journal.append("watchdog", event="alert", lane=lane.name, severity=severity, title=title,
                             delivered=delivery.delivered, detail=delivery.detail)
 
@@ -289,10 +355,7 @@ class Watchdog:
             threading.Thread(target=self._follow_kernel_log, args=(wake, stop), daemon=True).start()
         why = "start"
         while not stop.is_set():
-            try:
-                result = self.check()
-            except Exception as exc:  # an engine restart or a transient error must not end the watchdog
-                result = PassResult(EXIT_FAILED, None, "none", f"pass failed: {type(exc).__name__}: {exc}")
+            result = self.check()  # never raises: a failed pass is journaled and the next one runs
             on_pass(result, why)
             try:
                 why = wake.get(timeout=self._interval())
@@ -302,7 +365,10 @@ class Watchdog:
                 why = "interval"
 
     def _interval(self) -> float:
-        active = self.lanes.load().active
+        try:
+            active = self.lanes.load().active
+        except LanectlError:  # the pass reports it; the watchdog keeps its rhythm meanwhile
+            return RUN_DEFAULT_INTERVAL_SECONDS
         lane = self.catalog.lanes.get(active) if active else None
         return lane.spec.health.poll_interval_seconds if lane else RUN_DEFAULT_INTERVAL_SECONDS
 
@@ -326,8 +392,30 @@ class Watchdog:
                 backoff = min(backoff * 2, 10.0)
 
     def _follow_kernel_log(self, wake: queue.Queue[str], stop: threading.Event) -> None:
+        """Wakes a pass on each Xid line; the pass itself reads the lines again from its cursor."""
         assert self.kernel_log is not None
-        cursor = self.memory.load().kernel_cursor
-        for line in self.kernel_log.follow(cursor, stop):
-            if parse_xid(line.text) is not None:
-                wake.put(f"kernel log: {line.text.strip()[:120]}")
+        while not stop.is_set():
+            try:
+                for line in self.kernel_log.follow(None, stop):
+                    if believed_xid(line) is not None:
+                        wake.put(f"kernel log: {line.text.strip()[:120]}")
+            except Exception as exc:  # a source that fails now may work in a moment (log rotation, dmesg)
+                wake.put(f"kernel log unreadable: {type(exc).__name__}: {exc}"[:200])
+                stop.wait(RUN_DEFAULT_INTERVAL_SECONDS)
+
+
+def _lane_gpus(lane: Lane) -> LaneGpus:
+    """Every GPU the lane's containers ask for, the companions' included."""
+    requests = [lane.spec.engine.gpus, *(companion.engine.gpus for companion in lane.spec.companions.values())]
+    device_ids: list[str] = []
+    count = 0
+    every = False
+    for request in requests:
+        if request is None:
+            continue
+        device_ids += request.device_ids or []
+        if request.count == "all":
+            every = True
+        elif isinstance(request.count, int):
+            count = max(count, request.count)
+    return LaneGpus(device_ids=tuple(device_ids), count=count, all=every)

@@ -382,3 +382,118 @@ def test_write_into_a_missing_directory_says_where(tmp_path: Path) -> None:
 def test_the_file_name_must_be_one_the_collector_reads() -> None:
     with pytest.raises(ValueError, match="ending in .prom"):
         PrometheusTextfile(Path("/tmp"), name="lanectl.txt")
+
+
+# --- hostile webhooks: no stall, no flood, no leak ----------------------------------------------------
+
+
+class HostileWebhook:
+    """A raw TCP server on 127.0.0.1 that answers each connection with `serve(connection)`."""
+
+    def __init__(self, serve) -> None:  # type: ignore[no-untyped-def]
+        self.sent = 0
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stop = threading.Event()
+
+        def accept() -> None:
+            while not self.stop.is_set():
+                try:
+                    connection, _ = self.listener.accept()
+                except OSError:
+                    return
+                self.connections += 1
+                threading.Thread(target=self._serve, args=(serve, connection), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    def _serve(self, serve, connection: socket.socket) -> None:  # type: ignore[no-untyped-def]
+        with connection:
+            connection.recv(65536)
+            try:
+                serve(self, connection)
+            except OSError:
+                pass  # the client gave up, as it should
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/services/{TOKEN}"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+def send_within(alerter_: WebhookAlerter, limit: float = 30.0) -> AlertDelivery:
+    """Send from a thread and fail the test, rather than hang it, if the send never returns."""
+    result: list[AlertDelivery] = []
+    thread = threading.Thread(target=lambda: result.append(alerter_.send(ALERT)), daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert result, "the delivery stalled its caller"
+    return result[0]
+
+
+def never_answers(server: HostileWebhook, connection: socket.socket) -> None:
+    server.stop.wait(60)
+
+
+def drips_forever(server: HostileWebhook, connection: socket.socket) -> None:
+    connection.sendall(b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+    while not server.stop.is_set():
+        connection.sendall(b"1\r\nx\r\n")
+        server.sent += 1
+        time.sleep(0.05)
+
+
+def floods(server: HostileWebhook, connection: socket.socket) -> None:
+    size = 200 * 1024 * 1024
+    connection.sendall(f"HTTP/1.1 500 Oops\r\nContent-Length: {size}\r\n\r\n".encode())
+    chunk = b"y" * 65536
+    while server.sent < size and not server.stop.is_set():
+        connection.sendall(chunk)
+        server.sent += len(chunk)
+
+
+@pytest.mark.parametrize(("serve", "reported"), [
+    (never_answers, f"webhook (${VAR}) timed out"),
+    (drips_forever, f"webhook (${VAR}) answered 500 after "),  # what came before the deadline, no more
+], ids=["never answers", "drips its body"])
+def test_a_webhook_that_stalls_is_given_up_at_the_delivery_deadline(serve, reported: str) -> None:  # type: ignore[no-untyped-def]
+    server = HostileWebhook(serve)
+    try:
+        delivery = send_within(WebhookAlerter(VAR, environ={VAR: server.url()}, deadline_seconds=1.0))
+    finally:
+        server.close()
+
+    assert not delivery.delivered
+    assert delivery.detail.startswith(reported), delivery.detail
+    assert TOKEN not in delivery.detail
+
+
+def test_a_flood_of_an_error_body_is_not_read_past_the_cap() -> None:
+    server = HostileWebhook(floods)
+    try:
+        delivery = send_within(WebhookAlerter(VAR, environ={VAR: server.url()}, attempts=1))
+    finally:
+        time.sleep(0.2)
+        server.close()
+
+    assert delivery.detail == f"webhook (${VAR}) answered 500 after 1 attempt: " + "y" * 200 or \
+        delivery.detail.startswith(f"webhook (${VAR}) answered 500 after 1 attempt: <redacted>")
+    assert server.sent < 200 * 1024 * 1024, "the client stopped reading; the server could not send it all"
+
+
+def test_an_error_body_is_redacted_before_it_is_reported(webhook: FakeWebhook) -> None:
+    webhook.then = 403
+    webhook.answer_body = ('{"error": "invalid_auth", "token": "xoxb-1111-2222-abcdefgh", "seen": "{path}", '
+                           '"piece": "xoxFakeSecretToken123", "auth": "Bearer abcdefghijklmnop", '
+                           '"key": "AKIAABCDEFGHIJKLMNOP", "ok": "no such channel #general"}')
+
+    delivery = alerter(webhook.url()).send(ALERT)
+
+    assert not delivery.delivered
+    for secret in ("xoxb-1111", "xoxFakeSecretToken123", "abcdefghijklmnop", "AKIAABCDEFGHIJKLMNOP", "T0FAKE",
+                   "B0FAKE"):
+        assert secret not in delivery.detail, delivery.detail
+    assert "invalid_auth" in delivery.detail

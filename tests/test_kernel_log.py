@@ -372,10 +372,39 @@ def test_open_kernel_log_rejects_other_forms(spec: str) -> None:
         open_kernel_log(spec)
     assert str(raised.value) == (
         f"kernel log {spec!r} is not one of 'kmsg' (read /dev/kmsg, needs root), "
-        "'file:/var/log/kern.log' or 'cmd:dmesg'"
+        "'kmsg-file:PATH' (records as read from /dev/kmsg), 'file:/var/log/kern.log' or 'cmd:dmesg --raw'"
     )
 
 
 def test_open_kernel_log_bad_quoting() -> None:
     with pytest.raises(BadInput, match=r"^kernel log \"cmd:dmesg 'x\": No closing quotation$"):
         open_kernel_log("cmd:dmesg 'x")
+
+
+# --- facilities ------------------------------------------------------------------------------------
+
+from lanectl.kernel_log import KmsgFileSource, text_facility  # noqa: E402
+
+
+def test_a_kmsg_record_file_hands_out_each_records_facility(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,100,-;boot line\n")
+    source = open_kernel_log(f"kmsg-file:{log}")
+    assert isinstance(source, KmsgFileSource)
+    _, cursor = source.read_new(None)
+    with log.open("a") as records:
+        records.write("3,2,200,-;NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y\n SUBSYSTEM=pci\n")
+        records.write("11,3,300,-;NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y\n")
+        records.write("3,4,400,-;unfinished")
+    lines, cursor = source.read_new(cursor)
+    assert [(line.facility, seq(line.cursor)) for line in lines] == [(0, 2), (1, 3)]
+    assert source.read_new(cursor)[0] == []
+
+
+@pytest.mark.parametrize(("text", "facility"), [
+    ("<3>[ 12.345] NVRM: Xid", 0), ("<11>[ 12.345] NVRM: Xid", 1), ("[ 12.345] NVRM: Xid", None),
+    ("Nov 30 12:00:00 gpu-1 kernel: NVRM: Xid", 0), ("2026-11-30T12:00:00.1+00:00 gpu-1 kernel: x", 0),
+    ("Nov 30 12:00:00 gpu-1 docker/abc[1]: kernel: NVRM: Xid", None), ("NVRM: Xid", None),
+])
+def test_text_lines_show_their_facility_only_where_the_log_says_it(text: str, facility: int | None) -> None:
+    assert text_facility(text) == facility

@@ -66,7 +66,7 @@ def test_an_unreadable_state_file_is_refused_and_left_byte_identical(store: Lane
         f"(char 25)); the file was left untouched. Move it aside (mv {path} {path}.broken): `lanectl status` "
         f"then rebuilds what it can from the engine's container labels."
     )
-    assert corrupt.value.exit_code == 1
+    assert corrupt.value.exit_code == 2  # bad input: exit 2, with the file named
     assert store.path.read_bytes() == broken
     with pytest.raises(StateFileCorrupt):
         store.update(lambda state: state.with_active("h1-REF"))

@@ -1,6 +1,7 @@
 """The watchdog against real stub-engine lanes on the real engine, faults injected for real:
-a killed container, the stub's admin endpoint (hang, fatal line, crash), Xid lines through the
-real /dev/kmsg, and alerts received by a real local HTTP server."""
+a killed container, the stub's admin endpoint (hang, fatal line, crash), Xid lines through a kernel
+log in /dev/kmsg's record format (and the real /dev/kmsg, for forged lines), and alerts received by
+a real local HTTP server."""
 
 from __future__ import annotations
 
@@ -114,6 +115,8 @@ def test_healthy_lane_passes_and_leaves_a_heartbeat_and_metrics(lanes, state, tm
         lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
         data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
         assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
+        # Engine lines are printed as they are: "[Autotuner]: ..." is not rich markup.
+        assert "[Autotuner]: Loaded " in lanes.cli("logs", "demo-h1", state=state, check=True).stdout
         status = watchdog_status(lanes, state)
         assert status["armed"] and status["heartbeat_age_seconds"] < 30
         assert status["last_pass_result"] == "none: healthy"
@@ -178,27 +181,128 @@ def test_a_fatal_engine_line_is_restarted(lanes, state, tmp_path):
     assert "fatal engine line" in data["reason"] and "illegal memory access" in data["reason"]
 
 
-@pytest.mark.skipif(not KMSG_WRITABLE, reason="writing Xid lines to /dev/kmsg needs root")
-def test_an_application_xid_restarts_and_a_hardware_xid_stops_and_alerts(lanes, state, sink):
-    from lanectl.kernel_log import write_kmsg
+class KmsgFeed:
+    """A kernel log the test writes: /dev/kmsg records (`prio,seq,usec,flags;text`) in a file read through
+    `kmsg-file:`, the same parser and cursor as /dev/kmsg. Unlike /dev/kmsg, where the kernel files
+    every line user space writes under `user`, it can carry the kernel facility (0) a real Xid has."""
 
+    KERN_ERR = 3  # facility 0 (kern) << 3 | level 3 (err)
+    USER_ERR = 11  # facility 1 (user) << 3 | level 3: what root's `echo ... > /dev/kmsg` gets
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seq = 0
+        path.write_text("")
+
+    @property
+    def spec(self) -> str:
+        return f"kmsg-file:{self.path}"
+
+    def write(self, text: str, prio: int = KERN_ERR) -> None:
+        self.seq += 1
+        with self.path.open("a") as log:
+            log.write(f"{prio},{self.seq},{self.seq * 1000},-;{text}\n SUBSYSTEM=pci\n")
+
+
+def xid(code: int, pci: str = "0000:01:00", tag: str = "") -> str:
+    return f"NVRM: Xid (PCI:{pci}): {code}, pid=4242, name=python3-{tag}, Ch 00000008, test line"
+
+
+def test_an_application_xid_restarts_and_a_hardware_xid_stops_and_alerts(lanes, state, sink, tmp_path):
+    feed = KmsgFeed(tmp_path / "kmsg")
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    assert check(lanes, state, sink, kernel_log="kmsg")["exit_code"] == 0  # sets the cursor to "now"
-    tag = uuid.uuid4().hex[:6]
-    write_kmsg(f"NVRM: Xid (PCI:0000:01:00): 31, pid=4242, name=python3-{tag}, Ch 00000008, MMU Fault")
-    data = check(lanes, state, sink, kernel_log="kmsg")
+    assert check(lanes, state, sink, kernel_log=feed.spec)["exit_code"] == 0  # sets the cursor to "now"
+    feed.write(xid(31))
+    data = check(lanes, state, sink, kernel_log=feed.spec)
     assert data["action"] == "restart" and "application Xid 31" in data["reason"]
+    # No nvidia-smi here: the GPU map is unknown, and the rule (fail safe) is said.
+    assert data["reason"].endswith("; GPU map unknown (no nvidia-smi): the Xid is taken as on the lane's GPU")
     assert primary_running(lanes, "demo-h1")
 
-    write_kmsg(f"NVRM: Xid (PCI:0000:01:00): 79, pid=4242, name=python3-{tag}, GPU has fallen off the bus.")
-    data = check(lanes, state, sink, kernel_log="kmsg")
+    feed.write(xid(79))
+    data = check(lanes, state, sink, kernel_log=feed.spec)
     assert data["action"] == "stop" and data["reason"].startswith("hardware Xid 79")
     assert not primary_running(lanes, "demo-h1"), "never restarted onto a GPU that needs attention"
     critical = [a for a in sink.received if a["alert"]["severity"] == "critical"]
     assert critical and critical[-1]["alert"]["facts"]["xid"] == "79"
-    assert check(lanes, state, sink, kernel_log="kmsg")["reason"] == "no active lane: nothing to watch"
+    assert check(lanes, state, sink, kernel_log=feed.spec)["reason"] == "no active lane: nothing to watch"
     journal = (state / "journal.jsonl").read_text()
     assert "SECRET-TOKEN" not in journal, "the webhook URL never reaches the journal"
+    assert "GPU map unknown (no nvidia-smi)" in journal
+
+
+FORGED = {
+    "user facility (root writing /dev/kmsg)": (xid(79), KmsgFeed.USER_ERR),
+    "daemon facility": (xid(79), 3 << 3 | 3),
+    "quoted inside a kernel line": ("python3[4242]: worker said NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y",
+                                    KmsgFeed.KERN_ERR),
+    "after a container log prefix": ("[core.py:700] NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y",
+                                     KmsgFeed.KERN_ERR),
+    "not NVRM's shape": ("NVRM: Xid 79 (PCI:0000:01:00)", KmsgFeed.KERN_ERR),
+}
+
+
+def test_forged_xid_lines_are_not_believed(lanes, state, tmp_path):
+    feed = KmsgFeed(tmp_path / "kmsg")
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    assert check(lanes, state, kernel_log=feed.spec)["exit_code"] == 0
+    for text, prio in FORGED.values():
+        feed.write(text, prio)
+    data = check(lanes, state, kernel_log=feed.spec)
+    assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
+    # A plain text log cannot say the facility: its NVRM lines are not believed either.
+    plain = tmp_path / "kern.log"
+    plain.write_text("")
+    assert check(lanes, state, kernel_log=f"file:{plain}")["exit_code"] == 0
+    plain.write_text(xid(79) + "\n")
+    assert check(lanes, state, kernel_log=f"file:{plain}")["reason"] == "healthy"
+    if KMSG_WRITABLE:  # the real /dev/kmsg: what root writes there is filed under `user`
+        from lanectl.kernel_log import write_kmsg
+
+        assert check(lanes, state, kernel_log="kmsg")["exit_code"] == 0
+        write_kmsg(xid(79, tag=uuid.uuid4().hex[:6]))
+        assert check(lanes, state, kernel_log="kmsg")["reason"] == "healthy"
+    assert primary_running(lanes, "demo-h1")
+    assert watchdog_status(lanes, state)["xid_total"] == {}
+
+
+def test_an_xid_on_a_gpu_the_lane_does_not_use_leaves_it_running(lanes, state, tmp_path):
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    original = recipe.read_text()
+    # nvidia-smi as a GPU host answers it: two GPUs, the lane declares device 0.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in\n  *pci.bus_id*) printf '0, 00000000:01:00.0, GPU-aaaa\\n"
+                   "1, 00000000:02:00.0, GPU-bbbb\\n' ;;\n  *) printf '0, 0\\n1, 0\\n' ;;\nesac\n")
+    smi.chmod(0o755)
+    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    feed = KmsgFeed(tmp_path / "kmsg")
+    try:
+        recipe.write_text(original.replace("    description: The control lane (mirrors h1-REF).\n",
+                                           "    description: The control lane (mirrors h1-REF).\n"
+                                           "    engine: {gpus: {device_ids: [\"0\"]}}\n", 1))
+        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        env = {**path, "LANECTL_KERNEL_LOG": feed.spec}
+        first = lanes.cli("watchdog", "check", "--json", state=state, extra_env=env)
+        assert first.returncode == 0, first.stderr
+        feed.write(xid(79, pci="0000:02:00"))
+        other = json.loads(lanes.cli("watchdog", "check", "--json", state=state, extra_env=env).stdout)["data"]
+        assert (other["exit_code"], other["action"], other["reason"]) == (0, "none", "healthy")
+        assert primary_running(lanes, "demo-h1")
+        elsewhere = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()
+                     if '"xid-elsewhere"' in line]
+        assert elsewhere and elsewhere[0]["message"] == (
+            "Xid 79 is on GPU 1 (PCI 0000:02:00), which the lane does not use: recorded, not acted on")
+        assert watchdog_status(lanes, state)["xid_total"] == {"79": 1}
+
+        feed.write(xid(79, pci="0000:01:00"))
+        ours = json.loads(lanes.cli("watchdog", "check", "--json", state=state, extra_env=env).stdout)["data"]
+        assert ours["action"] == "stop" and ours["reason"] == (
+            "hardware Xid 79: the GPU needs attention; restarting onto it would loop")
+        assert not primary_running(lanes, "demo-h1")
+    finally:
+        recipe.write_text(original)
 
 
 def test_a_lease_observes_only_and_rearm_rearms_after_it_expires(lanes, state, tmp_path):
@@ -256,3 +360,26 @@ def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
     # Woken by the die event or by the probe interval (0.2 s here), whichever comes first.
     assert "demo-h1: restart: primary exited" in stderr, stderr
     assert run.returncode in (0, 143)
+
+
+def test_a_webhook_that_never_answers_does_not_stall_the_pass(lanes, state, tmp_path):
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does) and never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hooks/T000/SECRET-TOKEN"
+    feed = KmsgFeed(tmp_path / "kmsg")
+    try:
+        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        env = {"LANECTL_ALERT_WEBHOOK": url, "LANECTL_KERNEL_LOG": feed.spec}
+        assert lanes.cli("watchdog", "check", state=state, extra_env=env).returncode == 0
+        feed.write(xid(79))
+        result = lanes.cli("watchdog", "check", "--json", state=state, extra_env=env, timeout=60)
+    finally:
+        listener.close()
+    data = json.loads(result.stdout)["data"]
+    assert data["action"] == "stop" and result.returncode == 1
+    alerts = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()
+              if '"event":"alert"' in line]
+    assert alerts and alerts[-1]["delivered"] is False
+    assert alerts[-1]["detail"].startswith("webhook ($LANECTL_ALERT_WEBHOOK) timed out"), alerts[-1]["detail"]
+    assert "SECRET-TOKEN" not in (state / "journal.jsonl").read_text()

@@ -177,3 +177,63 @@ def test_descriptions() -> None:
     assert XID_DESCRIPTIONS[79] == "GPU has fallen off the bus"
     assert event("", code=119, message="").description == "GSP RPC timeout"
     assert event("", code=149, message="").description == "unlisted Xid"
+
+
+# --- belief: the kernel's facility, the line's start, the lane's GPU ------------------------------
+
+from lanectl.kernel_log import KernelLogLine  # noqa: E402
+from lanectl.xid import Gpu, LaneGpus, believed_xid, normalise_pci, xid_on_lane  # noqa: E402
+
+REAL = "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(("facility", "believed"), [(0, True), (1, False), (3, False), (None, False)])
+def test_only_kernel_facility_lines_are_believed(facility: int | None, believed: bool) -> None:
+    assert (believed_xid(KernelLogLine(REAL, "c", facility)) is not None) is believed
+
+
+@pytest.mark.parametrize("line", [
+    "worker: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y",
+    "[core.py:700] NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y",
+    "Nov 30 12:00:00 host docker/abc[12]: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, y",
+    "Nov 30 12:00:00 host docker/abc[12]: kernel: NVRM: Xid (PCI:0000:01:00): 79",
+    " NVRM: Xid (PCI:0000:01:00): 79",
+    "NVRM: Xid (PCI:0000:01:00): 1234567, overflowing code",
+])
+def test_an_xid_quoted_anywhere_but_the_start_of_the_message_is_not_one(line: str) -> None:
+    assert parse_xid(line) is None
+
+
+GPUS = [Gpu("0", "0000:01:00", "GPU-aaaa"), Gpu("1", "0000:02:00", "GPU-bbbb")]
+
+
+@pytest.mark.parametrize(("lane", "pci", "on_lane"), [
+    (LaneGpus(device_ids=("0",)), "0000:01:00", True),
+    (LaneGpus(device_ids=("0",)), "0000:02:00", False),
+    (LaneGpus(device_ids=("GPU-bbbb",)), "0000:02:00", True),
+    (LaneGpus(count=1), "0000:02:00", False),
+    (LaneGpus(count=2), "0000:02:00", True),
+    (LaneGpus(all=True), "0000:02:00", True),
+    (LaneGpus(), "0000:01:00", False),
+    (LaneGpus(device_ids=("0",)), "0000:09:00", True),  # not listed: fail safe
+])
+def test_an_xid_is_on_the_lane_when_its_bus_id_maps_to_the_lanes_gpu(lane: LaneGpus, pci: str,
+                                                                      on_lane: bool) -> None:
+    event = parse_xid(f"NVRM: Xid (PCI:{pci}): 79, pid=1, name=x, y")
+    assert event is not None
+    assert xid_on_lane(event, lane, GPUS)[0] is on_lane
+
+
+def test_an_unknown_gpu_map_takes_the_xid_as_on_the_lane_and_says_so() -> None:
+    event = parse_xid("NVRM: Xid (PCI:0000:02:00): 79, pid=1, name=x, y")
+    assert event is not None
+    assert xid_on_lane(event, LaneGpus(device_ids=("0",)), None) == (
+        True, "GPU map unknown (no nvidia-smi): the Xid is taken as on the lane's GPU")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("00000000:01:00.0", "0000:01:00"), ("0000:01:00", "0000:01:00"), ("PCI:0001:C1:00", "0001:c1:00"),
+    ("01:00.0", None), ("zz", None),
+])
+def test_normalise_pci(text: str, expected: str | None) -> None:
+    assert normalise_pci(text) == expected

@@ -44,7 +44,7 @@ def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bo
 def watchdog_status() -> dict[str, Any]:
     directory = state_dir()
     state = LaneStateStore(directory / "state.json").load()
-    memory_store = WatchdogStateStore(directory / "watchdog.json")
+    memory_store = WatchdogStateStore(directory / "watchdog.json", quarantine=False)
     record = memory_store.load()
     now = datetime.now(UTC)
     heartbeat_age = None
