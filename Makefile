@@ -14,7 +14,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 # The pure core only: no Docker, no network.
 test-unit:
