@@ -1,7 +1,7 @@
 """The load generator's own overhead: what it measures against a stub engine whose rate is known.
 
 The stub runs STUB_STEP_MS=10, so every stream decodes at exactly 100 tok/s and a step takes 10 ms.
-For 1 and 32 streams, the client's figures are printed next to their references:
+For 1, 8 and 32 streams, the client's figures are printed next to their references:
   decode tok/s per stream and ms/step     vs the configured 100 tok/s and 10 ms     (target: within 2 %)
   output tok/s (all streams, window)      vs the tokens the stub itself counted in the same window
   TTFT / ITL percentiles                   vs a bare-socket asyncio client on the same stub, same run
@@ -102,7 +102,7 @@ def main() -> None:
         run_arm(url, MODEL_NAME, PROMPTS, concurrency=1, requests=1, max_tokens=4, warmup=0)  # imports, sockets
         print(f"stub engine at STUB_STEP_MS={STEP_MS:g} ({RATE:g} tok/s per stream), {MAX_TOKENS} tokens per "
               f"request, median of {REPEATS} arms; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        for streams in (1, 32):
+        for streams in (1, 8, 32):
             runs = [measure(url, streams) for _ in range(REPEATS)]
             arm = sorted(runs, key=lambda r: r[0].output_tok_per_s)[REPEATS // 2][0]
             decode = statistics.median(r[0].decode_tok_per_s or 0.0 for r in runs)
