@@ -1,10 +1,12 @@
 """The load generator's own overhead: what it measures against a stub engine whose rate is known.
 
 The stub runs STUB_STEP_MS=10, so every stream decodes at exactly 100 tok/s and a step takes 10 ms.
-For 1 and 32 streams, the client's figures are printed next to their references:
+For 1, 8 and 32 streams, the client's figures are printed next to their references:
   decode tok/s per stream and ms/step     vs the configured 100 tok/s and 10 ms     (target: within 2 %)
   output tok/s (all streams, window)      vs the tokens the stub itself counted in the same window
   TTFT / ITL percentiles                   vs a bare-socket asyncio client on the same stub, same run
+Then the split-KV overlay's single-stream speed-up (stub split step = 0.96 of a plain one, so 1/0.96 =
+1.042 expected), which tests/stub_engine/test_stub_splitkv.py checks by step counts, not in real time.
 Figures, not pass/fail: the machine is shared, so the load average is printed with them.
 """
 
@@ -13,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,6 +100,40 @@ def ms(values: list[float], p: float) -> float:
     return percentile(values, p) * 1000
 
 
+def single_stream_rate(url: str, tokens: int = 200) -> float:
+    run_arm(url, MODEL_NAME, PROMPTS, concurrency=1, requests=1, max_tokens=4, warmup=0)  # imports, sockets
+    arm = run_arm(url, MODEL_NAME, PROMPTS, concurrency=1, requests=REPEATS, max_tokens=tokens, warmup=0)
+    return arm.decode_tok_per_s or 0.0
+
+
+def splitkv_speedup() -> None:
+    """Single-stream decode with the split-KV extension built in vs the same settings without it."""
+    from tests.stub_engine.stubproc import KERNEL_SRC
+    from tests.stub_engine.test_stub_splitkv import BUILD, MODULE
+
+    if shutil.which("gcc") is None or not Path("/usr/include/python3.11/Python.h").exists():
+        print("\nsplit-KV: skipped (needs gcc and the python3.11 headers)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "stub-engine"
+        shutil.copytree(STUB_DIR, tree, ignore=shutil.ignore_patterns("__pycache__"))
+        env = {**os.environ, "LANECTL_KERNEL_MODULE": MODULE, "LANECTL_KERNEL_OUT": str(tree / "stubengine"),
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        subprocess.run(["bash", "-c", BUILD], cwd=KERNEL_SRC, env=env, check=True, capture_output=True)
+        settings = {"STUB_DECODE_TOKENS_PER_S": "200", "STUB_STATS_INTERVAL_S": "0", "VLLM_DSV41_MEGA_SPLITKV": "4",
+                    "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS": "6"}
+        rates = {}
+        for name, path in (("split", tree), ("plain", STUB_DIR)):
+            stub = StubProcess(settings, [], path, 0)
+            try:
+                rates[name] = single_stream_rate(stub.wait_ready())
+            finally:
+                stub.kill()
+    ratio = rates["split"] / rates["plain"]
+    print(f"\nsplit-KV single stream at 200 tok/s: split {rates['split']:.2f} tok/s, plain {rates['plain']:.2f} "
+          f"tok/s, speed-up {ratio:.4f} (expected {1 / 0.96:.4f})")
+
+
 def main() -> None:
     stub = StubProcess({"STUB_STEP_MS": str(STEP_MS), "STUB_STATS_INTERVAL_S": "0"}, [], STUB_DIR, 0)
     try:
@@ -102,7 +141,7 @@ def main() -> None:
         run_arm(url, MODEL_NAME, PROMPTS, concurrency=1, requests=1, max_tokens=4, warmup=0)  # imports, sockets
         print(f"stub engine at STUB_STEP_MS={STEP_MS:g} ({RATE:g} tok/s per stream), {MAX_TOKENS} tokens per "
               f"request, median of {REPEATS} arms; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        for streams in (1, 32):
+        for streams in (1, 8, 32):
             runs = [measure(url, streams) for _ in range(REPEATS)]
             arm = sorted(runs, key=lambda r: r[0].output_tok_per_s)[REPEATS // 2][0]
             decode = statistics.median(r[0].decode_tok_per_s or 0.0 for r in runs)
@@ -122,6 +161,7 @@ def main() -> None:
                   f"bare-socket client {ms(gaps, 50):7.2f} /{ms(gaps, 99):7.2f}")
     finally:
         stub.kill()
+    splitkv_speedup()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,11 @@
 the real monotonic clock, and short budgets.
 
 The process stands in for the lane's container: its stdout is the log, its exit is the container's.
+
+These tests run beside other work on a shared CI machine, so they assert outcomes, not wall-clock figures.
+Where time is the point ("fails fast, not at the end of the budget"), the bound is a fraction of the
+budget, far from what a loaded machine adds; the gate's exact cadence is tested with a fake clock in
+test_health_gate.py.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_p
 
 EXPECT = [r"GPU KV cache size: [0-9,]+ tokens", r"\[Autotuner\]: Loaded [0-9]+ configs"]
 FORBID = ["Autotuning process starts"]
+# The budget of the gates that must end early; ending in under half of it is "fast", whatever the load.
+BUDGET_S = 30
+# The budget of the gates that must run it out: long enough for a loaded machine to start the stub (1 s
+# of loading plus Python's start) well inside it, so the last answers are the engine's, not refusals.
+SHORT_BUDGET_S = 6
 
 
 class ProcessLog:
@@ -49,11 +59,11 @@ RunGate = Callable[..., tuple[GateResult, list[GateProgress]]]
 
 @pytest.fixture
 def run_gate() -> Iterator[RunGate]:
-    """run_gate(env, budget_minutes=0.5, **health) starts a stub on a free port and gates it from its first second."""
+    """run_gate(env, budget_minutes=BUDGET_S / 60, **health) starts a stub on a free port and gates it at once."""
     stubs: list[StubProcess] = []
 
     def run(
-        env: Mapping[str, str], budget_minutes: float = 0.5, **health: object
+        env: Mapping[str, str], budget_minutes: float = BUDGET_S / 60, **health: object
     ) -> tuple[GateResult, list[GateProgress]]:
         settings = Health.model_validate(
             {
@@ -84,7 +94,9 @@ def test_a_healthy_engine_passes_after_refusing_while_it_loads(run_gate: RunGate
 
     assert result.passed, result
     assert result.failed_check is None and result.missing == ()
-    assert 1 <= result.seconds < 5
+    # The stub spends 1 s loading, counted from after the gate started, so passing sooner would mean the
+    # gate passed a lane that was not serving yet.
+    assert result.seconds >= 1
     assert "/v1/completions generated 3 tokens" in result.detail
     assert any(line.endswith("Application startup complete.") for line in result.log_tail)
     # It did not pass on the first poll: the engine was still loading and refused connections.
@@ -95,7 +107,7 @@ def test_an_engine_that_fails_to_start_fails_fast_on_its_fatal_line(run_gate: Ru
     result, _ = run_gate({"STUB_FAULT": "crash_on_start"})
 
     assert result.failed_check == "fatal-engine-line"
-    assert result.seconds < 3
+    assert result.seconds < BUDGET_S / 2  # on the line, not at the end of the budget
     assert "EngineCore failed to start." in result.detail
     assert any("Engine core initialization failed" in line for line in result.log_tail)
 
@@ -106,7 +118,9 @@ def test_a_process_that_exits_without_a_fatal_line_is_a_container_exit(run_gate:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        settings = Health(startup_budget_minutes=0.5, poll_interval_seconds=0.2, served_model_name=MODEL_NAME)
+        settings = Health(
+            startup_budget_minutes=BUDGET_S / 60, poll_interval_seconds=0.2, served_model_name=MODEL_NAME
+        )
         stub = StubProcess({"STUB_LOAD_SECONDS": "0.3"}, (), STUB_DIR, port)
         try:
             with EndpointProbe(f"http://127.0.0.1:{port}", settings) as endpoints:
@@ -116,7 +130,7 @@ def test_a_process_that_exits_without_a_fatal_line_is_a_container_exit(run_gate:
 
     assert result.failed_check == "container-exited", result
     assert result.exit_code == 1
-    assert result.seconds < 3
+    assert result.seconds < BUDGET_S / 2  # on the exit, not at the end of the budget
     assert any("Cannot bind the API server" in line for line in result.log_tail)
 
 
@@ -124,7 +138,7 @@ def test_an_autotune_stall_fails_on_the_forbidden_line(run_gate: RunGate) -> Non
     result, _ = run_gate({"STUB_AUTOTUNE_STALL": "1"})
 
     assert result.failed_check == "startup-log-forbidden"
-    assert result.seconds < 3
+    assert result.seconds < BUDGET_S / 2  # on the line, not at the end of the budget
     assert result.detail.startswith("startup log line matches forbidden 'Autotuning process starts': ")
     assert result.detail.endswith("[Autotuner]: Autotuning process starts ...")
     assert "/health 200" in result.missing
@@ -134,28 +148,30 @@ def test_a_hung_engine_fails_the_generation_check_not_the_budget(run_gate: RunGa
     result, _ = run_gate({"STUB_FAULT": "hang"})
 
     assert result.failed_check == "generation"
-    assert result.seconds < 8  # the budget is 30 s
+    assert result.seconds < BUDGET_S / 2  # after its failed probes, not at the end of the budget
     assert result.detail.endswith("last: generation probe timed out after 0.5 s (health 200: engine stuck?)")
     assert result.missing == ("/v1/completions generates a token",)
 
 
 def test_an_unhealthy_engine_runs_out_the_budget_waiting_for_health(run_gate: RunGate) -> None:
-    result, progress = run_gate({"STUB_FAULT": "unhealthy"}, budget_minutes=0.05)
+    result, progress = run_gate({"STUB_FAULT": "unhealthy"}, budget_minutes=SHORT_BUDGET_S / 60)
 
     assert result.failed_check == "startup-budget"
     assert result.missing == ("/health 200",)
-    assert result.detail == "after 3 s still waiting for: /health 200. Last answers: /health answered 503"
-    assert 3 <= result.seconds < 4
-    assert all(p.elapsed < 3 for p in progress)
+    assert result.detail == "after 6 s still waiting for: /health 200. Last answers: /health answered 503"
+    # It waited out the whole budget, polling all along, and gave up at its end: its last poll is at the
+    # deadline, so it ends after the budget but not a second budget later.
+    assert SHORT_BUDGET_S <= result.seconds < 2 * SHORT_BUDGET_S
+    assert len(progress) > 1 and all(p.elapsed < SHORT_BUDGET_S for p in progress)
 
 
 def test_a_served_model_name_that_differs_is_missing_from_the_model_list(run_gate: RunGate) -> None:
-    result, _ = run_gate({}, budget_minutes=0.04, served_model_name="dsv41-flash-uva")
+    result, _ = run_gate({}, budget_minutes=SHORT_BUDGET_S / 60, served_model_name="dsv41-flash-uva")
 
     assert result.failed_check == "startup-budget"
     assert result.missing == ("/v1/models lists 'dsv41-flash-uva'",)
     assert result.detail == (
-        "after 2.4 s still waiting for: /v1/models lists 'dsv41-flash-uva'. "
+        "after 6 s still waiting for: /v1/models lists 'dsv41-flash-uva'. "
         f"Last answers: /v1/models does not list 'dsv41-flash-uva' (it lists: {MODEL_NAME})"
     )
 

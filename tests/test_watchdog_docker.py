@@ -334,8 +334,11 @@ def test_a_slow_starting_lane_is_never_killed_inside_its_budget(lanes, state, tm
         assert data["action"] == "none", data
         reasons.append(data["reason"])
     assert reasons and all(r.startswith("starting (inside its startup budget)") for r in reasons), reasons
-    time.sleep(max(0.0, 9 - (time.monotonic() - started)))
-    assert check(lanes, state, kernel_log=kernel_log)["reason"] == "healthy"
+    # Once loaded (8 s on a quiet machine, later on a busy one) it is healthy, and until then it is left alone.
+    while (data := check(lanes, state, kernel_log=kernel_log))["reason"] != "healthy":
+        assert data["action"] == "none", data
+        assert time.monotonic() - started < 60, f"not healthy 60 s after the restart: {data}"
+        time.sleep(0.5)
 
 
 def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
