@@ -47,7 +47,7 @@ def tagged(lines: list[KernelLogLine], tag: str) -> list[KernelLogLine]:
 def follow_until(
     source: KernelLogSource, cursor: str | None, tag: str, write: Callable[[], None] = lambda: None
 ) -> tuple[KernelLogLine | None, float]:
-    """Follows `source` until a line carrying `tag` arrives (3 s at most), calling `write` 0.2 s in.
+    """Follows `source` until a line carrying `tag` arrives (20 s at most), calling `write` 0.2 s in.
 
     Returns that line and the seconds from the write to its arrival.
     """
@@ -59,7 +59,8 @@ def follow_until(
         written_at = time.monotonic()
         write()
 
-    timers = [threading.Timer(3.0, stop.set), threading.Timer(0.2, timed_write)]
+    # The bound only ends a broken follow; a working one returns at the line, loaded machine or not.
+    timers = [threading.Timer(20.0, stop.set), threading.Timer(0.2, timed_write)]
     for timer in timers:
         timer.start()
     try:
@@ -151,7 +152,7 @@ def test_kmsg_follow_yields_a_line_as_it_is_written() -> None:
     found, delay = follow_until(DevKmsgSource(), None, tag, lambda: write_kmsg(xid_line(tag)))
 
     assert found is not None and found.text == xid_line(tag)
-    assert 0 <= delay < 1.0
+    assert 0 <= delay < 5.0  # polled every 0.2 s; the margin is for a loaded CI machine
 
 
 @needs_kmsg
@@ -183,7 +184,8 @@ def test_follow_ends_soon_after_stop_while_waiting_for_lines(spec: str, tmp_path
     ended_at = time.monotonic()
 
     assert stopped_at, "follow ended before stop was set"
-    assert ended_at - stopped_at[0] < 0.5
+    # It notices at its next poll (0.2 s); the margin is for a loaded CI machine, not for a slower follow.
+    assert ended_at - stopped_at[0] < 3.0
 
 
 def test_kmsg_that_cannot_be_opened_says_what_to_do(tmp_path: Path) -> None:
@@ -308,7 +310,7 @@ def test_file_follow_yields_an_appended_line(tmp_path: Path) -> None:
     found, delay = follow_until(FileLogSource(log), None, tag, lambda: append(log, xid_line(tag) + "\n"))
 
     assert found == KernelLogLine(xid_line(tag), f"{log.stat().st_ino}:{log.stat().st_size}")
-    assert 0 <= delay < 1.0
+    assert 0 <= delay < 5.0  # polled every 0.2 s; the margin is for a loaded CI machine
 
 
 # --- a command's output ---------------------------------------------------------------------------------

@@ -271,7 +271,7 @@ def test_client_disconnect_aborts_the_request(spawn) -> None:
     ) as resp:
         lines = resp.iter_lines()
         assert next(lines).startswith("data: ")
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         m = httpx.get(p.url + "/metrics").text
         if metric(m, "vllm:request_success_total", finished_reason="abort") == 1:
@@ -287,15 +287,20 @@ def test_max_num_seqs_queues_the_rest(spawn) -> None:
     done: list[int] = []
 
     def one(i: int) -> None:
-        r = httpx.post(p.url + "/v1/completions", json={"prompt": f"q{i}", "max_tokens": 30}, timeout=10)
+        r = httpx.post(p.url + "/v1/completions", json={"prompt": f"q{i}", "max_tokens": 200}, timeout=30)
         done.append(r.status_code)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    time.sleep(0.15)
-    m = httpx.get(p.url + "/metrics").text
+    # Wait until all three have arrived (threads start when the scheduler lets them), then look.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = httpx.get(p.url + "/metrics").text
+        if metric(m, "vllm:num_requests_running") + metric(m, "vllm:num_requests_waiting") == 3:
+            break
+        time.sleep(0.02)
     assert (metric(m, "vllm:num_requests_running"), metric(m, "vllm:num_requests_waiting")) == (2, 1)
     for t in threads:
-        t.join(10)
+        t.join(30)
     assert done == [200, 200, 200]
