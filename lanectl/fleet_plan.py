@@ -279,6 +279,15 @@ def task_problem(tasks: Sequence[TaskInfo]) -> str | None:
 
 
 def last_task_error(tasks: Sequence[TaskInfo]) -> str | None:
-    """The newest error any task reported: after Swarm's rollback, why the new task did not make it."""
+    """The newest error any task reported: after Swarm's rollback, why the new task did not make it.
+
+    A task still waiting to be placed ("no suitable node (host-mode port already in use …)") is the rollback's
+    own task queuing behind the failed one for its port, on a busy node: it says nothing about why the update
+    failed, so a task that actually ran or was rejected is preferred."""
     failed = [t for t in tasks if t.error]
-    return max(failed, key=lambda t: t.created).error if failed else None
+    settled = [t for t in failed if t.state not in SCHEDULING_STATES]
+    pick = settled or failed
+    return max(pick, key=lambda t: t.created).error if pick else None
+
+
+SCHEDULING_STATES = frozenset({"new", "pending", "assigned"})

@@ -203,6 +203,11 @@ def test_reading_tasks():
     assert last_task_error([task("failed", error="old", created="2026-11-30T09:00:00Z"),
                             task("shutdown", desired="shutdown", error="unhealthy container"),
                             task("running", created="2026-11-30T11:00:00Z")]) == "unhealthy container"
+    # The rollback's task queued behind the failed one for its host port is not why the update failed.
+    assert last_task_error([task("rejected", error="No such image: x", created="2026-11-30T10:00:00Z"),
+                            task("pending", error="no suitable node (host-mode port already in use on 1 node)",
+                                 created="2026-11-30T11:00:00Z")]) == "No such image: x"
+    assert last_task_error([task("pending", error="no suitable node")]) == "no suitable node"
 
 
 def service(lane: str, role: str, node_name: str, sid: str, **kw) -> ServiceState:
