@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from lanectl.bench_stats import percentile  # noqa: E402
-from lanectl.loadgen import ArmResult, run_arm  # noqa: E402
+from lanectl.bench.loadgen import ArmResult, run_arm  # noqa: E402
+from lanectl.bench.stats import percentile  # noqa: E402
 from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, metric  # noqa: E402
 
 STEP_MS = 10.0

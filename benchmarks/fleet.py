@@ -24,14 +24,14 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lanectl.containers import plan_containers  # noqa: E402
-from lanectl.fleet import FleetRollout  # noqa: E402
-from lanectl.fleet_plan import plan_service  # noqa: E402
-from lanectl.journal import Journal  # noqa: E402
+from lanectl.dockerapi.swarm import SwarmEngine  # noqa: E402
+from lanectl.fleet.plan import plan_service  # noqa: E402
+from lanectl.fleet.rollout import FleetRollout  # noqa: E402
+from lanectl.image.containers import plan_containers  # noqa: E402
+from lanectl.image.render import plan_image  # noqa: E402
 from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import Lane, load_catalog  # noqa: E402
-from lanectl.render import plan_image  # noqa: E402
-from lanectl.swarm_engine import SwarmEngine  # noqa: E402
+from lanectl.state.journal import Journal  # noqa: E402
 from tests.lane_fixtures import make_fleet_project, remove_everything  # noqa: E402
 from tests.swarm_cluster import missing_prerequisites, start_two_node_swarm, stop_two_node_swarm  # noqa: E402
 

@@ -24,12 +24,12 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lanectl.docker_engine import ContainerEngine  # noqa: E402
-from lanectl.journal import Journal  # noqa: E402
-from lanectl.lane_state import LaneStateStore  # noqa: E402
+from lanectl.dockerapi.containers import ContainerEngine  # noqa: E402
+from lanectl.lanes.switcher import LaneSwitcher  # noqa: E402
 from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import load_catalog  # noqa: E402
-from lanectl.switching import LaneSwitcher  # noqa: E402
+from lanectl.state.journal import Journal  # noqa: E402
+from lanectl.state.lanes import LaneStateStore  # noqa: E402
 from tests.lane_fixtures import make_lane_project, remove_everything  # noqa: E402
 
 REPEAT = 3
@@ -117,7 +117,7 @@ def main() -> int:
                 subprocess.run(["docker", "ps"], capture_output=True, check=True)
                 ps_runs.append(time.perf_counter() - started)
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import lanectl.cli, lanectl.commands.status"], check=True)
+            subprocess.run([sys.executable, "-c", "import lanectl.cli.app, lanectl.commands.status"], check=True)
             imports = time.perf_counter() - started
             print(f"status: `lanectl status` {median(status_runs) * 1000:6.0f} ms   `docker ps` "
                   f"{median(ps_runs) * 1000:5.0f} ms   ratio {median(status_runs) / median(ps_runs):5.1f}x   "

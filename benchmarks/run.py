@@ -21,11 +21,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lanectl.build import build_lane  # noqa: E402
-from lanectl.docker_engine import DockerEngine  # noqa: E402
+from lanectl.dockerapi.containers import DockerEngine  # noqa: E402
+from lanectl.image.build import build_lane  # noqa: E402
+from lanectl.image.render import plan_image  # noqa: E402
 from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import load_catalog  # noqa: E402
-from lanectl.render import plan_image  # noqa: E402
 
 
 def timed(action, repeat: int) -> float:

@@ -1,6 +1,6 @@
 """lanectl: run GPU LLM serving lanes safely.
 
-The package is the API; the CLI (`lanectl.cli`) only parses arguments, calls one domain
+The package is the API; the CLI (`lanectl.cli.app`) only parses arguments, calls one domain
 function and renders its result.
 """
 

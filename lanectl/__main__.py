@@ -1,3 +1,3 @@
-from lanectl.cli import main
+from lanectl.cli.app import main
 
 main()

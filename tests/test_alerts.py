@@ -18,7 +18,8 @@ import httpx
 import pytest
 from tenacity import wait_none
 
-from lanectl.alerts import (
+from lanectl.errors import OperationFailed
+from lanectl.watchdog.alerts import (
     Alert,
     AlertDelivery,
     PrometheusTextfile,
@@ -27,7 +28,6 @@ from lanectl.alerts import (
     WebhookAlerter,
     render_metrics,
 )
-from lanectl.errors import OperationFailed
 
 VAR = "LANECTL_ALERT_WEBHOOK"
 TOKEN = "T0FAKE/B0FAKE/xoxFakeSecretToken123"
@@ -149,13 +149,13 @@ def test_retries_server_errors_and_rate_limits_until_delivered(webhook: FakeWebh
 
 def test_gives_up_after_the_last_attempt(webhook: FakeWebhook, caplog: pytest.LogCaptureFixture) -> None:
     webhook.then = 500
-    caplog.set_level(logging.WARNING, logger="lanectl.alerts")
+    caplog.set_level(logging.WARNING, logger="lanectl.watchdog.alerts")
 
     delivery = alerter(webhook.url(), attempts=3).send(ALERT)
 
     assert delivery == AlertDelivery(False, 3, f"webhook (${VAR}) answered 500 after 3 attempts: ok")
     assert len(webhook.received) == 3
-    assert [record.getMessage() for record in caplog.records if record.name == "lanectl.alerts"] == [
+    assert [record.getMessage() for record in caplog.records if record.name == "lanectl.watchdog.alerts"] == [
         f"webhook (${VAR}) answered 500; retrying in 0.0 s (attempt 2 of 3)",
         f"webhook (${VAR}) answered 500; retrying in 0.0 s (attempt 3 of 3)",
     ]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lanectl.bench_stats import (
+from lanectl.bench.stats import (
     CellVerdict,
     Divergence,
     FidelityReport,

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from lanectl.build import build_lane
-from lanectl.docker_engine import DockerEngine
+from lanectl.dockerapi.containers import DockerEngine
 from lanectl.errors import OperationFailed
+from lanectl.image.build import build_lane
+from lanectl.image.render import plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
-from lanectl.render import plan_image
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.docker

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from lanectl.endpoint_probe import EndpointProbe
+from lanectl.health.probe import EndpointProbe
 from lanectl.recipe.model import GenerationProbe, Health
 
 Handler = Callable[[httpx.Request], httpx.Response]

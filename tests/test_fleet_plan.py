@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lanectl.containers import plan_containers
+from lanectl.dockerapi.labels import LEASE_LABEL
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.fleet_plan import (
-    LEASE_LABEL,
-    NodeInfo,
-    TaskInfo,
+from lanectl.fleet.plan import (
     choose_nodes,
     current_task,
     last_task_error,
@@ -18,11 +16,11 @@ from lanectl.fleet_plan import (
     spec_matches,
     task_problem,
 )
-from lanectl.fleet_status import Probe, summarize
+from lanectl.fleet.status import Probe, summarize
+from lanectl.image.containers import plan_containers
+from lanectl.image.render import plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
-from lanectl.render import plan_image
-from lanectl.swarm_engine import ServiceState
 
 RECIPE = """
 schema: lanectl/v1

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from lanectl.endpoint_probe import ProbeResult
-from lanectl.health_gate import (
+from lanectl.health.gate import (
     FATAL_ENGINE_LINES,
     ContainerStatus,
     GateProgress,
     HealthGate,
     fatal_engine_line,
 )
+from lanectl.health.probe import ProbeResult
 from lanectl.recipe.model import GenerationProbe, Health, StartupLog
 
 MODEL = "demo-model"

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from lanectl.endpoint_probe import EndpointProbe
-from lanectl.health_gate import ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
+from lanectl.health.gate import ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
+from lanectl.health.probe import EndpointProbe
 from lanectl.recipe.model import GenerationProbe, Health, StartupLog
 from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lanectl.host_lock import HOLDERLESS_GRACE_SECONDS, HostLock, LockBusy
+from lanectl.state.lock import HOLDERLESS_GRACE_SECONDS, HostLock, LockBusy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ HOLDER_SCRIPT = textwrap.dedent("""
     import sys
     from datetime import UTC, datetime
     from pathlib import Path
-    from lanectl.host_lock import HostLock, LockBusy
+    from lanectl.state.lock import HostLock, LockBusy
     lock = HostLock(Path(sys.argv[1]) / "lock", sys.argv[2], now=lambda: datetime(2026, 11, 30, 12, 3, 11, tzinfo=UTC))
     go = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     if go is not None:

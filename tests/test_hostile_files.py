@@ -159,7 +159,7 @@ def test_hostile_kernel_files(project: Path, write_recipe, content: str | bytes,
     ids=["fifo", "directory", "non-utf8", "billion-laughs"],
 )
 def test_hostile_workload_files(tmp_path: Path, content: str | bytes, expected: str) -> None:
-    from lanectl.workload import WorkloadInvalid, load_workload, workload_file
+    from lanectl.bench.workload import WorkloadInvalid, load_workload, workload_file
 
     folder = tmp_path / "recipes" / "workloads"
     folder.mkdir(parents=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lanectl.journal import Journal, utc_timestamp
+from lanectl.state.journal import Journal, utc_timestamp
 
 REPO = Path(__file__).resolve().parent.parent
 AT_NOON = datetime(2026, 11, 30, 12, 3, 11, 42_000, tzinfo=UTC)
@@ -235,7 +235,7 @@ def test_appends_from_several_processes_all_land_whole(journal: Journal):
     script = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from lanectl.journal import Journal
+        from lanectl.state.journal import Journal
         journal = Journal(Path(sys.argv[1]))
         for number in range(40):
             journal.append("probe", writer=sys.argv[2], n=number, padding="x" * 2000)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.kernel_log import (
+from lanectl.host.kernel_log import (
     LOST_RECORDS_NOTE,
     CommandLogSource,
     DevKmsgSource,
@@ -22,7 +22,7 @@ from lanectl.kernel_log import (
     open_kernel_log,
     write_kmsg,
 )
-from lanectl.xid import parse_xid
+from lanectl.host.xid import parse_xid
 
 KMSG = "/dev/kmsg"
 needs_kmsg = pytest.mark.skipif(
@@ -385,7 +385,7 @@ def test_open_kernel_log_bad_quoting() -> None:
 
 # --- facilities ------------------------------------------------------------------------------------
 
-from lanectl.kernel_log import KmsgFileSource, text_facility  # noqa: E402
+from lanectl.host.kernel_log import KmsgFileSource, text_facility  # noqa: E402
 
 
 def test_a_kmsg_record_file_hands_out_each_records_facility(tmp_path: Path) -> None:

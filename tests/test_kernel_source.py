@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lanectl.kernel_source import KernelSourceError, cached_source, fetch_source, source_dir
+from lanectl.image.kernel_source import KernelSourceError, cached_source, fetch_source, source_dir
 from lanectl.recipe.kernel import KernelSpec
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lanectl.errors import BadInput
-from lanectl.lane_state import LaneState, LaneStateStore, StateFileCorrupt, WatchdogLease
+from lanectl.state.lanes import LaneState, LaneStateStore, StateFileCorrupt, WatchdogLease
 
 REPO = Path(__file__).resolve().parent.parent
 AT_NOON = datetime(2026, 11, 30, 12, 3, 11, 42_000, tzinfo=UTC)
@@ -119,7 +119,7 @@ def test_state_files_of_the_wrong_shape_are_refused(store: LaneStateStore, conte
 WRITER_SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from lanectl.lane_state import LaneState, LaneStateStore
+    from lanectl.state.lanes import LaneState, LaneStateStore
     store = LaneStateStore(Path(sys.argv[1]))
     start = int(sys.argv[2])
     print("writing", flush=True)

@@ -250,11 +250,11 @@ def test_gpu_lane_on_a_host_without_nvidia_runtime_leaves_nothing_behind(lanes, 
 
 def test_gpu_request_is_on_the_created_container(lanes, state):
     """The request itself, checked on the container's config (this host has no GPU to start it on)."""
-    from lanectl.containers import plan_containers
-    from lanectl.docker_engine import ContainerEngine
+    from lanectl.dockerapi.containers import ContainerEngine
+    from lanectl.image.containers import plan_containers
+    from lanectl.image.render import plan_image
     from lanectl.project import Project
     from lanectl.recipe.catalog import load_catalog
-    from lanectl.render import plan_image
 
     lane = load_catalog(Project.locate(lanes.root / "recipes")).lane("demo-h1")
     spec = plan_containers(lane, plan_image(lane))[0]

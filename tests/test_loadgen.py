@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from lanectl.loadgen import WARMUP_PREFIX, RequestResult, run_arm, summarize
+from lanectl.bench.loadgen import WARMUP_PREFIX, RequestResult, run_arm, summarize
 
 
 def request(index: int, times: tuple[float, ...], tokens: int, *, started: float = 0.0, ok: bool = True,

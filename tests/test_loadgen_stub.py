@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Mapping
 import httpx
 import pytest
 
-from lanectl.bench_stats import CONFIDENT_P, fidelity
-from lanectl.loadgen import ArmResult, run_arm
-from lanectl.workload import load_workload
+from lanectl.bench.loadgen import ArmResult, run_arm
+from lanectl.bench.stats import CONFIDENT_P, fidelity
+from lanectl.bench.workload import load_workload
 from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port, metric
 from tests.test_workload import WORKLOADS
 

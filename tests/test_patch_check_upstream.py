@@ -22,10 +22,10 @@ import httpx
 import pytest
 from tenacity import wait_none
 
-from lanectl import upstream
-from lanectl.patch_check import check_patch_files
-from lanectl.patching import PatchFormatError, PatchStatus, apply, parse_patch_file
-from lanectl.upstream import UpstreamError, extract_files, fetch_sdist
+from lanectl.image import upstream
+from lanectl.image.in_image.patching import PatchFormatError, PatchStatus, apply, parse_patch_file
+from lanectl.image.patch_check import check_patch_files
+from lanectl.image.upstream import UpstreamError, extract_files, fetch_sdist
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_PATCH = REPO / "patches" / "vllm" / "60945-rejection-sampler-guard.patch"

@@ -1,4 +1,4 @@
-"""Unit tests of the patch parser and applier (lanectl/patching.py), on real files in tmp_path."""
+"""Unit tests of the patch parser and applier (lanectl/image/in_image/patching.py), on real files in tmp_path."""
 
 from __future__ import annotations
 
@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from lanectl import patching
-from lanectl.patching import PatchFormatError, PatchStatus, apply, check, main, parse_patch, parse_patch_file
+from lanectl.image.in_image import patching
+from lanectl.image.in_image.patching import (
+    PatchFormatError,
+    PatchStatus,
+    apply,
+    check,
+    main,
+    parse_patch,
+    parse_patch_file,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_PATCH = REPO / "patches" / "vllm" / "60945-rejection-sampler-guard.patch"

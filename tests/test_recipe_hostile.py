@@ -21,11 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lanectl.image.render import plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.recipe.kernel import KernelSpec
 from lanectl.recipe.model import LaneSpec, RecipeFile
-from lanectl.render import plan_image
 
 Slot = tuple[str, ...]
 
@@ -390,7 +390,7 @@ def test_hostile_values_are_refused_where_they_are_or_stay_inside_their_instruct
     # subprocess each would take a minute on a small machine).
     from typer.testing import CliRunner
 
-    from lanectl.cli import app
+    from lanectl.cli.app import app
 
     first_of_kind = {c.kind: c.name for c in reversed(accepted)}
     for case in accepted:

@@ -11,10 +11,10 @@ import re
 
 import pytest
 
+from lanectl.image.render import env_value, plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.recipe.model import merge
-from lanectl.render import env_value, plan_image
 from tests.conftest import REPO
 from tests.test_recipe_validation import GOOD
 
@@ -102,7 +102,7 @@ def test_labels_carry_provenance(shipped):
 
 
 def test_secrets_are_passed_by_name_only(shipped):
-    from lanectl.containers import plan_containers
+    from lanectl.image.containers import plan_containers
 
     lane = shipped.lane("h2-REF")
     primary, rtx = plan_containers(lane, plan_image(lane))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lanectl import patching
+from lanectl.image.in_image import patching
 from lanectl.project import cache_dir
 from tests.conftest import REPO
 
@@ -189,7 +189,7 @@ def test_the_overlay_and_lanectl_agree_on_the_split_limit(splitkv):
 
 @pytest.mark.network
 def test_the_overlay_applies_to_0_31_0_and_leaves_prefill_on_the_stock_op(tmp_path):
-    from lanectl.upstream import fetch_sdist
+    from lanectl.image.upstream import fetch_sdist
 
     sdist = fetch_sdist("vllm", "0.31.0", cache_dir())
     prefix = "vllm-0.31.0/"

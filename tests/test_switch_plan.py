@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lanectl.docker_engine import ContainerState
-from lanectl.durations import parse_duration
+from lanectl.cli.durations import parse_duration
+from lanectl.dockerapi.containers import ContainerState
 from lanectl.errors import BadInput
+from lanectl.lanes.plan import lanes_conflict, plan_switch
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
-from lanectl.switch_plan import lanes_conflict, plan_switch
 from tests.conftest import REPO
 
 

@@ -257,7 +257,7 @@ def test_forged_xid_lines_are_not_believed(lanes, state, tmp_path):
     plain.write_text(xid(79) + "\n")
     assert check(lanes, state, kernel_log=f"file:{plain}")["reason"] == "healthy"
     if KMSG_WRITABLE:  # the real /dev/kmsg: what root writes there is filed under `user`
-        from lanectl.kernel_log import write_kmsg
+        from lanectl.host.kernel_log import write_kmsg
 
         assert check(lanes, state, kernel_log="kmsg")["exit_code"] == 0
         write_kmsg(xid(79, tag=uuid.uuid4().hex[:6]))

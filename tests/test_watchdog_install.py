@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lanectl.errors import BadInput
-from lanectl.watchdog_install import (
+from lanectl.watchdog.install import (
     CRON_FILE,
     SYSTEMD_UNIT,
     InstalledFile,

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from lanectl.host.xid import parse_xid
 from lanectl.recipe.model import WatchdogPolicy
-from lanectl.watchdog_policy import Observation, WatchdogMemory, backoff_seconds, decide
-from lanectl.xid import parse_xid
+from lanectl.watchdog.policy import Observation, WatchdogMemory, backoff_seconds, decide
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 POLICY = WatchdogPolicy.model_validate({"failures_before_action": 3, "restart": {

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from lanectl.bench.workload import WorkloadInvalid, load_workload, prefixed, workload_file
 from lanectl.errors import BadInput
 from lanectl.project import Project
 from lanectl.recipe.catalog import recipe_files
-from lanectl.workload import WorkloadInvalid, load_workload, prefixed, workload_file
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "recipes" / "workloads"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanectl.xid import (
+from lanectl.host.xid import (
     DEFAULT_APPLICATION_CODES,
     DEFAULT_HARDWARE_CODES,
     XID_DESCRIPTIONS,
@@ -181,8 +181,8 @@ def test_descriptions() -> None:
 
 # --- belief: the kernel's facility, the line's start, the lane's GPU ------------------------------
 
-from lanectl.kernel_log import KernelLogLine  # noqa: E402
-from lanectl.xid import Gpu, LaneGpus, believed_xid, normalise_pci, xid_on_lane  # noqa: E402
+from lanectl.host.kernel_log import KernelLogLine  # noqa: E402
+from lanectl.host.xid import Gpu, LaneGpus, believed_xid, normalise_pci, xid_on_lane  # noqa: E402
 
 REAL = "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 

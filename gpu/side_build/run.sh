@@ -82,16 +82,16 @@ cp "$SIDE_SO" "$WORK/site/vllm/"
 side_rc=0
 python3 "$HERE/check_side.py" "$WORK/site" || side_rc=1
 ks_rc=0
-if [ -f "$REPO/lanectl/kernel_smoke.py" ]; then
-  echo "== lanectl/kernel_smoke.py (the image build's own CUDA-free check) on the installed layout =="
+if [ -f "$REPO/lanectl/image/in_image/kernel_smoke.py" ]; then
+  echo "== lanectl/image/in_image/kernel_smoke.py (the image build's own CUDA-free check) on the installed layout =="
   KS="{\"dir\": \"$WORK/site/vllm\", \"module\": \"_flashmla_splitkv_C\", \"beside\": \"_flashmla_C\", \"op\": \"torch.ops._flashmla_splitkv_C.$OP\", \"argument\": \"mega_num_splits\"}"
-  CUDA_VISIBLE_DEVICES= python3 "$REPO/lanectl/kernel_smoke.py" "$KS" || ks_rc=1
+  CUDA_VISIBLE_DEVICES= python3 "$REPO/lanectl/image/in_image/kernel_smoke.py" "$KS" || ks_rc=1
   echo "-- negative control: the stock module copied in under the side name (a build that skipped the rename)"
   mkdir -p "$WORK/norename/vllm"
   cp "$STOCK_SO" "$WORK/norename/vllm/"
   cp "$STOCK_SO" "$WORK/norename/vllm/_flashmla_splitkv_C.abi3.so"
   KS_NORENAME="{\"dir\": \"$WORK/norename/vllm\", \"module\": \"_flashmla_splitkv_C\", \"beside\": \"_flashmla_C\", \"op\": \"torch.ops._flashmla_splitkv_C.$OP\", \"argument\": \"mega_num_splits\"}"
-  if CUDA_VISIBLE_DEVICES= python3 "$REPO/lanectl/kernel_smoke.py" "$KS_NORENAME"; then
+  if CUDA_VISIBLE_DEVICES= python3 "$REPO/lanectl/image/in_image/kernel_smoke.py" "$KS_NORENAME"; then
     echo "negative control FAILED (kernel_smoke accepted an unrenamed module)"; ks_rc=1
   else
     echo "negative control ok: kernel_smoke refused it"

@@ -3,8 +3,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lanectl.build import BuildOutcome, build_lane
-from lanectl.docker_engine import BuildLog, DockerEngine
+from lanectl.dockerapi.containers import BuildLog, DockerEngine
+from lanectl.image.build import BuildOutcome, build_lane
 from lanectl.recipe.catalog import Lane
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from lanectl.recipe.catalog import Catalog
-from lanectl.state_dir import state_dir
+from lanectl.state.paths import state_dir
 
 # vLLM serving images are ~20 GB; a switch that cannot pull or build for lack of disk is a bad surprise.
 MIN_FREE_IMAGE_DISK_GB = 50
@@ -26,7 +26,7 @@ class Finding:
 def diagnose(catalog: Catalog | None) -> list[Finding]:
     findings = []
     try:
-        from lanectl.docker_engine import DockerEngine
+        from lanectl.dockerapi.containers import DockerEngine
 
         engine: Any = DockerEngine()
         info = engine.client.info()
@@ -58,7 +58,7 @@ def diagnose(catalog: Catalog | None) -> list[Finding]:
         if swarm_lanes:
             nodes = []
             if (info.get("Swarm") or {}).get("ControlAvailable"):
-                from lanectl.swarm_engine import SwarmEngine
+                from lanectl.dockerapi.swarm import SwarmEngine
 
                 nodes = SwarmEngine(engine.client).nodes()
             findings += swarm_findings(info, nodes, swarm_lanes)

@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from lanectl.fleet import FleetOutcome, FleetRollout
-from lanectl.host_lock import HostLock
-from lanectl.journal import Journal
+from lanectl.fleet.rollout import FleetOutcome, FleetRollout
+from lanectl.lanes.switcher import Reporter
 from lanectl.recipe.catalog import Catalog, Lane
-from lanectl.state_dir import create_state_dir, state_dir
-from lanectl.switching import Reporter
+from lanectl.state.journal import Journal
+from lanectl.state.lock import HostLock
+from lanectl.state.paths import create_state_dir, state_dir
 
 FLEET_JOURNAL = "fleet-journal.jsonl"
 
@@ -21,7 +21,7 @@ def fleet_rollout(catalog: Catalog, command: str, *, lock_wait: float, reporter:
                   no_gpu: bool) -> Iterator[FleetRollout]:
     """The host lock keeps this box's own switches and fleet rollouts from interleaving; node leases keep
     two managers from changing one node at once."""
-    from lanectl.swarm_engine import SwarmEngine
+    from lanectl.dockerapi.swarm import SwarmEngine
 
     directory = state_dir()
     create_state_dir(directory)
@@ -38,10 +38,10 @@ def run(action: Callable[[FleetRollout], FleetOutcome], catalog: Catalog, comman
 
 def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | None) -> list[str]:
     """What `up --fleet` would do; changes nothing and takes no lock."""
-    from lanectl.containers import plan_containers
-    from lanectl.fleet_plan import choose_nodes, service_name
-    from lanectl.render import plan_image
-    from lanectl.swarm_engine import SwarmEngine
+    from lanectl.dockerapi.swarm import SwarmEngine
+    from lanectl.fleet.plan import choose_nodes, service_name
+    from lanectl.image.containers import plan_containers
+    from lanectl.image.render import plan_image
 
     order = choose_nodes(lane, SwarmEngine().nodes(), nodes, canary)
     roles = [c.role for c in plan_containers(lane, plan_image(lane))]
@@ -56,7 +56,7 @@ def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | Non
 
 
 def status(catalog: Catalog | None) -> dict[str, Any]:
-    from lanectl.fleet_status import observe
-    from lanectl.swarm_engine import SwarmEngine
+    from lanectl.dockerapi.swarm import SwarmEngine
+    from lanectl.fleet.status import observe
 
     return observe(SwarmEngine(), catalog)

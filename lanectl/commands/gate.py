@@ -5,15 +5,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lanectl.bench_stats import Verdict
-from lanectl.gate import GateReport, bench_lane, run_gate, write_results
+from lanectl.bench.gate import GateReport, bench_lane, run_gate, write_results
+from lanectl.bench.stats import Verdict
+from lanectl.bench.workload import load_workload, workload_file
 from lanectl.recipe.catalog import Catalog, Lane
-from lanectl.workload import load_workload, workload_file
 
 
 def _kernel_log() -> Any | None:
     from lanectl.errors import LanectlError
-    from lanectl.kernel_log import open_kernel_log
+    from lanectl.host.kernel_log import open_kernel_log
 
     try:
         source = open_kernel_log(os.environ.get("LANECTL_KERNEL_LOG") or "kmsg")
@@ -26,10 +26,10 @@ def _kernel_log() -> Any | None:
 def bench(catalog: Catalog, lane: Lane | None, workload_name: str, concurrency: list[int], out: Path | None,
           progress: Callable[[str], None]) -> dict[str, Any]:
     """Measure the serving lane (or `lane`, which must be the active one) without switching anything."""
-    from lanectl.docker_engine import ContainerEngine
+    from lanectl.dockerapi.containers import ContainerEngine
     from lanectl.errors import BadInput
-    from lanectl.lane_state import LaneStateStore
-    from lanectl.state_dir import state_dir
+    from lanectl.state.lanes import LaneStateStore
+    from lanectl.state.paths import state_dir
 
     active = LaneStateStore(state_dir() / "state.json").load().active
     target = lane or (catalog.lanes.get(active) if active else None)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanectl.journal import Journal
-from lanectl.state_dir import state_dir
+from lanectl.state.journal import Journal
+from lanectl.state.paths import state_dir
 
 
 def journal_tail(count: int, *, fleet: bool = False) -> dict[str, Any]:

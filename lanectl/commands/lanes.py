@@ -3,14 +3,14 @@ from __future__ import annotations
 from typing import Any
 
 from lanectl.errors import OperationFailed
+from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import Catalog
-from lanectl.render import plan_image
 
 
 def list_lanes(catalog: Catalog) -> tuple[list[dict[str, Any]], str | None]:
     """One row per lane; `built` is None when the Docker engine cannot be asked."""
-    from lanectl.build import is_built
-    from lanectl.docker_engine import DockerEngine
+    from lanectl.dockerapi.containers import DockerEngine
+    from lanectl.image.build import is_built
 
     engine: DockerEngine | None
     note = None

@@ -5,8 +5,8 @@ from typing import Any
 from rich.console import Console
 
 from lanectl.errors import BadInput
-from lanectl.patch_check import check_patch_files
-from lanectl.patching import PatchFormatError, format_report, parse_patch_file
+from lanectl.image.in_image.patching import PatchFormatError, format_report, parse_patch_file
+from lanectl.image.patch_check import check_patch_files
 from lanectl.project import Project, cache_dir, leaves
 
 

@@ -5,15 +5,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lanectl.containers import plan_containers
 from lanectl.errors import BadInput
+from lanectl.image.containers import plan_containers
+from lanectl.image.render import plan_image
 from lanectl.project import leaves
 from lanectl.recipe.catalog import Lane
-from lanectl.render import plan_image
 
 
 def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
-    from lanectl.kernel_source import cached_source
+    from lanectl.image.kernel_source import cached_source
     from lanectl.project import cache_dir
 
     cached = {kernel.name: source.path for kernel in lane.kernels
@@ -25,7 +25,7 @@ def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
         _write_context(plan.files, containers, out_dir)
     services = []
     if lane.spec.placement.backend == "swarm":
-        from lanectl.fleet_plan import plan_service
+        from lanectl.fleet.plan import plan_service
 
         # The recipe's nodes, or a placeholder when the lane may go to any node with its labels.
         for node in lane.spec.placement.nodes or ["NODE"]:

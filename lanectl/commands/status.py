@@ -3,12 +3,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from lanectl.docker_engine import ContainerEngine, ContainerState
-from lanectl.journal import Journal
-from lanectl.lane_state import LaneStateStore
+from lanectl.dockerapi.containers import ContainerEngine, ContainerState
+from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
-from lanectl.render import plan_image
-from lanectl.state_dir import state_dir
+from lanectl.state.journal import Journal
+from lanectl.state.lanes import LaneStateStore
+from lanectl.state.paths import state_dir
 
 
 def lane_status(catalog: Catalog) -> dict[str, Any]:
@@ -16,8 +16,8 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
 
     The JSON shape (version 1 of the envelope) is documented in the README.
     """
-    from lanectl.endpoint_probe import EndpointProbe
-    from lanectl.switching import probe_base_url
+    from lanectl.health.probe import EndpointProbe
+    from lanectl.lanes.switcher import probe_base_url
 
     directory = state_dir()
     engine = ContainerEngine()

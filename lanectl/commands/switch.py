@@ -3,14 +3,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from lanectl.docker_engine import ContainerEngine
-from lanectl.host_lock import HostLock
-from lanectl.journal import Journal
-from lanectl.lane_state import LaneStateStore
+from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.lanes.plan import plan_switch
+from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target
 from lanectl.recipe.catalog import Catalog, Lane
-from lanectl.state_dir import create_state_dir, state_dir
-from lanectl.switch_plan import plan_switch
-from lanectl.switching import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target
+from lanectl.state.journal import Journal
+from lanectl.state.lanes import LaneStateStore
+from lanectl.state.lock import HostLock
+from lanectl.state.paths import create_state_dir, state_dir
 
 
 @contextmanager

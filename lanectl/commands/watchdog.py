@@ -5,19 +5,19 @@ from pathlib import Path
 from typing import Any
 
 from lanectl.errors import LanectlError
-from lanectl.lane_state import LaneStateStore
+from lanectl.lanes.switcher import Reporter
 from lanectl.recipe.catalog import Catalog
-from lanectl.state_dir import create_state_dir, state_dir
-from lanectl.switching import Reporter
-from lanectl.watchdog_runner import Watchdog
-from lanectl.watchdog_state import WatchdogStateStore
+from lanectl.state.lanes import LaneStateStore
+from lanectl.state.paths import create_state_dir, state_dir
+from lanectl.watchdog.runner import Watchdog
+from lanectl.watchdog.state import WatchdogStateStore
 
 
 def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bool, reporter: Reporter,
                   need_engine: bool = True) -> Watchdog:
     """The default kernel log (/dev/kmsg) needs root: without it the watchdog still watches the
     lane and says that Xid lines are not read; a source the user named must work (exit 2 if not)."""
-    from lanectl.kernel_log import open_kernel_log
+    from lanectl.host.kernel_log import open_kernel_log
 
     directory = state_dir()
     create_state_dir(directory)
@@ -31,7 +31,7 @@ def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bo
         kernel_log, problem = None, f"Xid lines are not read: {exc}"
     engine: Any = None
     if need_engine:
-        from lanectl.docker_engine import ContainerEngine
+        from lanectl.dockerapi.containers import ContainerEngine
 
         engine = ContainerEngine()
     watchdog = Watchdog(catalog, directory, engine=engine, reporter=reporter, kernel_log=kernel_log,
@@ -76,7 +76,7 @@ def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = 
     """The units carry where the state and the recipes are, so cron's bare environment finds them."""
     import os
 
-    from lanectl.watchdog_install import install, render_cron, render_systemd, running_lanectl_command
+    from lanectl.watchdog.install import install, render_cron, render_systemd, running_lanectl_command
 
     environ = {**os.environ, "LANECTL_STATE_DIR": str(state_dir()), "LANECTL_RECIPES": str(recipes_dir)}
     command = running_lanectl_command()

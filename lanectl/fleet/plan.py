@@ -1,0 +1,257 @@
+"""Lanes on Docker Swarm: which nodes, in what order, and the service spec each role runs as. Pure.
+
+Swarm does the running, restarting and rolling back; lanectl decides what to ask of it. A lane is
+one Swarm service per role *and node*, each with one replica pinned to its node. One service per
+role spanning all nodes would leave the update order to Swarm, which cannot be told to update a
+canary first; a service per node keeps Swarm's stop-first update, health-gated automatic rollback
+and restart policy on every node, while lanectl decides the order and stops at the first failure.
+
+A service is named for its recipe, role and node, not for its lane: switching a node from h1-REF
+to h2-REF is an *update* of the same service, so Swarm's rollback (`PreviousSpec`) is the way back.
+Specs are the Engine API's ServiceSpec JSON, so what `lanectl render --fleet` prints is what Swarm gets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from lanectl.dockerapi.containers import ContainerSpec
+from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX
+from lanectl.dockerapi.swarm import NodeInfo, TaskInfo
+from lanectl.errors import BadInput, OperationFailed
+from lanectl.recipe.catalog import Lane
+
+SECOND_NS = 1_000_000_000
+HEALTH_RETRIES = 3
+SERVICE_NAME_MAX = 63
+
+
+def service_name(lane: Lane, role: str, node: str) -> str:
+    """`<recipe>-<role>-<node>`, shortened with a hash when Swarm's 63-character limit needs it."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{lane.recipe.id}-{role}-{node}")
+    if len(name) <= SERVICE_NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:SERVICE_NAME_MAX - 9]}-{digest}"
+
+
+def service_labels(lane: Lane, role: str, node: str, inputs: str) -> dict[str, str]:
+    return {
+        FLEET_LABEL: "1",
+        LABEL_PREFIX + "recipe": lane.recipe.id,
+        LABEL_PREFIX + "lane": lane.name,
+        LABEL_PREFIX + "role": role,
+        LABEL_PREFIX + "node": node,
+        LABEL_PREFIX + "inputs": inputs,
+    }
+
+
+def choose_nodes(lane: Lane, inventory: Sequence[NodeInfo], requested: Sequence[str] = (),
+                 canary: str | None = None) -> list[NodeInfo]:
+    """The nodes a fleet `up` changes, canary first, then the rest by hostname.
+
+    Refuses, before anything changes, a node that is unknown, does not carry the lane's labels,
+    or cannot take a task now (down, paused, drained).
+    """
+    placement = lane.spec.placement
+    if placement.backend != "swarm":
+        raise BadInput(f"lane {lane.name} is not placed on Swarm (placement.backend is 'local'); "
+                       f"add `placement: {{backend: swarm}}` to its recipe, or run `lanectl up {lane.name}` "
+                       "without --fleet")
+    by_host: dict[str, list[NodeInfo]] = {}
+    for node in inventory:
+        by_host.setdefault(node.hostname, []).append(node)
+    twins = sorted(host for host, nodes in by_host.items() if len(nodes) > 1)
+    if twins:
+        raise OperationFailed(f"several Swarm nodes share the hostname {', '.join(twins)}; lanectl places lanes "
+                              "by hostname, so remove the stale node (`docker node rm`) or rename the host")
+    eligible = [n for n in inventory if all(n.labels.get(k) == v for k, v in placement.node_labels.items())]
+    names = list(requested) or list(placement.nodes)
+    if names:
+        chosen = []
+        for name in dict.fromkeys(names):
+            if name not in by_host:
+                known = ", ".join(sorted(by_host)) or "none"
+                raise BadInput(f"no Swarm node {name!r}; the nodes are: {known}")
+            node = by_host[name][0]
+            if node not in eligible:
+                wanted = ", ".join(f"{k}={v}" for k, v in placement.node_labels.items())
+                raise BadInput(f"node {name} lacks the labels lane {lane.name} requires ({wanted}); add them with "
+                               f"`docker node update --label-add KEY=VALUE {name}` or choose other nodes")
+            chosen.append(node)
+    else:
+        chosen = sorted((n for n in eligible if n.schedulable), key=lambda n: n.hostname)
+        if not chosen:
+            raise OperationFailed(f"no ready, active Swarm node matches lane {lane.name}'s placement")
+    unavailable = [f"{n.hostname} ({n.state}, {n.availability})" for n in chosen if not n.schedulable]
+    if unavailable:
+        raise OperationFailed(f"cannot place {lane.name} on {', '.join(unavailable)}: a node must be ready and "
+                              "active; bring it back or leave it out with --nodes")
+    first = canary or placement.canary
+    if first is not None:
+        if first not in {n.hostname for n in chosen}:
+            raise BadInput(f"canary {first!r} is not one of the chosen nodes "
+                           f"({', '.join(n.hostname for n in chosen)})")
+        chosen.sort(key=lambda n: n.hostname != first)  # stable: the rest keep their order
+    return chosen
+
+
+def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: bool,
+                 inputs: str) -> dict[str, Any]:
+    """The ServiceSpec for one role of `lane` on `node`.
+
+    Secret variables are listed by name under `lanectl_secret_env`; the adapter fills their values
+    from lanectl's environment when it sends the spec, and strips the key.
+    """
+    health = lane.spec.health
+    placement = lane.spec.placement
+    poll_ns = int(health.poll_interval_seconds * SECOND_NS)
+    task: dict[str, Any] = {
+        "ContainerSpec": _container_spec(lane, container, node, health_port=_health_port(container)),
+        "Placement": {"Constraints": [f"node.hostname=={node}",
+                                      *(f"node.labels.{k}=={v}" for k, v in sorted(placement.node_labels.items()))],
+                      "MaxReplicas": 1},
+        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget.
+        "RestartPolicy": {"Condition": "on-failure",
+                          "Delay": int(lane.spec.watchdog.restart.backoff_initial_seconds * SECOND_NS),
+                          "MaxAttempts": lane.spec.watchdog.restart.max_restarts,
+                          "Window": int(lane.spec.watchdog.restart.window_minutes * 60 * SECOND_NS)},
+        "Resources": {},
+    }
+    if with_gpus and container.gpus is not None:
+        count = container.gpus.get("count") or len(container.gpus.get("device_ids") or [])
+        # Swarm hands out GPUs as counted generic resources: it picks the devices, not the recipe.
+        task["Resources"]["Reservations"] = {
+            "GenericResources": [{"DiscreteResourceSpec": {"Kind": placement.gpu_resource, "Value": int(count)}}]
+        }
+    # A rollout waits until the task is healthy; watching this long after catches a lane that falls over
+    # right after its first healthy answer (three missed polls).
+    monitor_ns = HEALTH_RETRIES * poll_ns + int(health.request_timeout_seconds * SECOND_NS)
+    update = {"Parallelism": 1, "Delay": 0, "FailureAction": "rollback", "Monitor": monitor_ns,
+              "MaxFailureRatio": 0, "Order": "stop-first"}  # one GPU cannot hold two lanes
+    return {
+        "Name": service_name(lane, container.role, node),
+        "Labels": service_labels(lane, container.role, node, inputs),
+        "TaskTemplate": task,
+        "Mode": {"Replicated": {"Replicas": 1}},
+        "UpdateConfig": update,
+        "RollbackConfig": {**update, "FailureAction": "pause"},
+        "EndpointSpec": {"Mode": "vip", "Ports": [
+            # The routing mesh needs IPVS and would hide which node answered; host mode binds on the node.
+            {"Protocol": p["protocol"], "TargetPort": p["container"], "PublishedPort": p["host"],
+             "PublishMode": "host"} for p in container.ports]},
+    }
+
+
+def _health_port(container: ContainerSpec) -> int | None:
+    return int(container.ports[0]["container"]) if container.ports else None
+
+
+def _container_spec(lane: Lane, container: ContainerSpec, node: str, *, health_port: int | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "Image": container.image,
+        "Labels": {LABEL_PREFIX + "fleet-lane": lane.name, LABEL_PREFIX + "fleet-role": container.role,
+                   LABEL_PREFIX + "fleet-node": node},
+        "Env": [f"{k}={v}" for k, v in container.env.items()],
+        "Init": container.init,
+        "StopGracePeriod": container.stop_timeout_seconds * SECOND_NS,
+        "Mounts": [_mount(v) for v in container.volumes],
+        "lanectl_secret_env": list(container.secret_env),
+    }
+    if container.entrypoint is not None:
+        spec["Command"] = list(container.entrypoint)
+    if container.command is not None:
+        spec["Args"] = list(container.command)
+    if container.user is not None:
+        spec["User"] = container.user
+    if container.shm_size is not None:
+        spec["Mounts"].append({"Type": "tmpfs", "Target": "/dev/shm",
+                               "TmpfsOptions": {"SizeBytes": _bytes(container.shm_size)}})
+    if health_port is not None:
+        spec["Healthcheck"] = _healthcheck(lane, health_port)
+    return spec
+
+
+def _healthcheck(lane: Lane, port: int) -> dict[str, Any]:
+    """The recipe's /health check, run by Docker inside the task, so Swarm itself sees an unhealthy lane.
+
+    Python's urllib rather than curl: vLLM images and the stub image both have python3, not all have curl.
+    Failures inside the startup budget do not count: a model loads for minutes.
+    """
+    health = lane.spec.health
+    url = f"http://127.0.0.1:{port}{health.health_path}"
+    probe = f"import urllib.request; urllib.request.urlopen({url!r}, timeout={health.request_timeout_seconds})"
+    return {"Test": ["CMD", "python3", "-c", probe],
+            "Interval": int(health.poll_interval_seconds * SECOND_NS),
+            "Timeout": int(health.request_timeout_seconds * SECOND_NS),
+            "Retries": HEALTH_RETRIES,
+            "StartPeriod": int(health.startup_budget_minutes * 60 * SECOND_NS)}
+
+
+def _mount(volume: dict[str, Any]) -> dict[str, Any]:
+    if "volume" in volume:
+        return {"Type": "volume", "Source": volume["volume"], "Target": volume["target"],
+                "ReadOnly": bool(volume.get("read_only"))}
+    return {"Type": "bind", "Source": volume["source"], "Target": volume["target"],
+            "ReadOnly": bool(volume.get("read_only"))}
+
+
+def _bytes(size: str) -> int:
+    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    if size[-1].lower() in units:
+        return int(size[:-1]) * units[size[-1].lower()]
+    return int(size)
+
+
+def spec_matches(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether a running service already runs what `wanted` asks (same lane, same inputs, same image)."""
+    have, want = current.get("Labels") or {}, wanted["Labels"]
+    image = (current.get("TaskTemplate") or {}).get("ContainerSpec", {}).get("Image", "")
+    # Swarm may pin the image it resolved (name@sha256:…); the tag before it is what lanectl asked for.
+    return (have.get(LABEL_PREFIX + "lane") == want[LABEL_PREFIX + "lane"]
+            and have.get(LABEL_PREFIX + "inputs") == want[LABEL_PREFIX + "inputs"]
+            and image.split("@")[0] == wanted["TaskTemplate"]["ContainerSpec"]["Image"])
+
+
+# -- what Swarm reports --------------------------------------------------------------------------------
+
+UPDATE_DONE = "completed"
+ROLLED_BACK = "rollback_completed"
+UPDATE_FAILED_STATES = ("paused", "rollback_paused", ROLLED_BACK)
+
+
+def current_task(tasks: Sequence[TaskInfo]) -> TaskInfo | None:
+    """The task Swarm wants running (the newest such); else the newest task at all."""
+    wanted = [t for t in tasks if t.desired_state == "running"]
+    pool = wanted or list(tasks)
+    return max(pool, key=lambda t: t.created) if pool else None
+
+
+def task_problem(tasks: Sequence[TaskInfo]) -> str | None:
+    """Why the newest task is not serving, in Swarm's words, or None while it is running or getting there."""
+    task = current_task(tasks)
+    if task is None:
+        return "no task"
+    if task.state in ("failed", "rejected", "orphaned") or (task.state == "shutdown" and task.desired_state
+                                                             == "running"):
+        code = f" (exit code {task.exit_code})" if task.exit_code not in (None, 0) else ""
+        return f"task {task.state}{code}: {task.error or task.message}"
+    return None
+
+
+def last_task_error(tasks: Sequence[TaskInfo]) -> str | None:
+    """The newest error any task reported: after Swarm's rollback, why the new task did not make it.
+
+    A task still waiting to be placed ("no suitable node (host-mode port already in use …)") is the rollback's
+    own task queuing behind the failed one for its port, on a busy node: it says nothing about why the update
+    failed, so a task that actually ran or was rejected is preferred."""
+    failed = [t for t in tasks if t.error]
+    settled = [t for t in failed if t.state not in SCHEDULING_STATES]
+    pick = settled or failed
+    return max(pick, key=lambda t: t.created).error if pick else None
+
+
+SCHEDULING_STATES = frozenset({"new", "pending", "assigned"})

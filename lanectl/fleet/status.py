@@ -1,0 +1,102 @@
+"""`lanectl fleet status`: every node, its GPUs and labels, which lane runs there, and whether it answers.
+
+`summarize` is pure (nodes, services, tasks and probe results in; rows and problems out); `observe`
+gathers those from the manager and probes each node's published port itself, because a task Swarm
+calls running may still not answer (a hung engine, a firewall between the boxes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lanectl.dockerapi.labels import LEASE_LABEL
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
+from lanectl.fleet.plan import current_task, task_problem
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
+
+PROBE_TIMEOUT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    detail: str
+
+
+def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
+              tasks: Mapping[str, Sequence[TaskInfo]], probes: Mapping[str, Probe]) -> dict[str, Any]:
+    """The fleet as one document; `healthy` is false when any node is down or any lane role is not serving."""
+    problems: list[str] = []
+    rows = []
+    known = {n.hostname for n in nodes}
+    for node in sorted(nodes, key=lambda n: n.hostname):
+        lanes = []
+        for service in sorted((s for s in services if s.node == node.hostname), key=lambda s: (s.recipe, s.role)):
+            service_tasks = tasks.get(service.id, [])
+            task = current_task(service_tasks)
+            problem = task_problem(service_tasks)
+            probe = probes.get(service.id)
+            serving = problem is None and task is not None and task.state == "running" and (
+                probe is None or probe.ok)
+            entry = {
+                "recipe": service.recipe, "lane": service.lane, "role": service.role, "service": service.name,
+                "task": task.state if task else "none", "problem": problem,
+                # Swarm's restarts are the watchdog signal on a fleet: failed tasks in its (short) history.
+                "failed_tasks": sum(1 for t in service_tasks if t.state in ("failed", "rejected")),
+                "update": service.update_state, "update_message": service.update_message or None,
+                "previous_lane": service.previous_lane,
+                "health": None if probe is None else ("ok" if probe.ok else probe.detail),
+                "serving": serving,
+            }
+            lanes.append(entry)
+            if node.state == "ready" and not serving:
+                why = problem or (probe.detail if probe and not probe.ok else f"task {entry['task']}")
+                problems.append(f"{node.hostname}: {service.lane} {service.role} is not serving ({why})")
+        if node.state != "ready":
+            unreachable = ", ".join(sorted({str(e["lane"]) for e in lanes}))
+            problems.append(f"{node.hostname}: node is {node.state}" + (
+                f"; its lanes ({unreachable}) cannot be reached" if lanes else ""))
+        labels = {k: v for k, v in node.labels.items() if k != LEASE_LABEL}
+        rows.append({
+            "hostname": node.hostname, "state": node.state, "availability": node.availability, "role": node.role,
+            "addr": node.addr, "engine": node.engine_version, "gpus": node.gpus, "labels": labels,
+            "lease": node.labels.get(LEASE_LABEL), "lanes": lanes,
+        })
+    for service in services:
+        if service.node not in known:
+            problems.append(f"{service.name}: placed on {service.node}, which is not in the Swarm")
+    return {"healthy": not problems, "problems": problems, "nodes": rows}
+
+
+def observe(swarm: SwarmEngine, catalog: Catalog | None) -> dict[str, Any]:
+    nodes = swarm.nodes()
+    services = swarm.lane_services()
+    tasks = {s.id: swarm.tasks(s.id) for s in services}
+    by_host = {n.hostname: n for n in nodes}
+    probes: dict[str, Probe] = {}
+    for service in services:
+        node = by_host.get(service.node)
+        task = current_task(tasks[service.id])
+        if service.role != ROLE_PRIMARY or node is None or node.state != "ready" or task is None \
+                or task.state != "running":
+            continue
+        probes[service.id] = _probe(node, service, catalog)
+    return summarize(nodes, services, tasks, probes)
+
+
+def _probe(node: NodeInfo, service: ServiceState, catalog: Catalog | None) -> Probe:
+    import httpx
+
+    ports = (service.spec.get("EndpointSpec") or {}).get("Ports") or []
+    if not ports:
+        return Probe(False, "publishes no port")
+    lane = catalog.lanes.get(service.lane) if catalog else None
+    path = lane.spec.health.health_path if lane else "/health"
+    url = f"http://{node.addr}:{ports[0]['PublishedPort']}{path}"
+    try:
+        response = httpx.get(url, timeout=PROBE_TIMEOUT_SECONDS)
+    except httpx.HTTPError as exc:
+        return Probe(False, f"{url}: {type(exc).__name__}")
+    return Probe(response.status_code == 200, f"{url}: HTTP {response.status_code}")

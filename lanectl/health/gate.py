@@ -1,0 +1,276 @@
+"""The health gate: a newly started lane must prove it serves within the recipe's startup budget.
+
+Pure decision logic over four small interfaces (the engine's endpoints, its log, its container and a
+clock), so the rules are unit-tested with in-memory fakes and integration-tested against the stub engine.
+
+Each poll, in this order:
+1. A log line matching a `startup_log.forbid` regex, or one of vLLM's fatal lines, fails the gate at once.
+2. A container that is no longer running fails the gate at once.
+3. The lane is *ready* when `/health` answers 200, `/v1/models` lists the served model and every
+   `startup_log.expect` regex has matched some line so far. Connection refused is normal until then:
+   vLLM does not listen on its port before the model is loaded.
+4. Once ready, a 1-3 token generation passes the gate. `/health` can answer 200 while the engine is
+   stuck (vllm#39863), so a generation that fails `GENERATION_ATTEMPTS` times fails the gate rather than
+   waiting out a budget that may be 20 minutes long.
+5. When the budget runs out first, the gate fails and lists what it was still waiting for: the
+   readiness conditions not met, or, once the lane looked ready, the generated token.
+
+Checks run every `poll_interval_seconds`, the last one exactly at the end of the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from lanectl.health.probe import COMPLETIONS_PATH, ProbeResult
+from lanectl.recipe.model import Health
+
+# vLLM's own lines for a dead engine (see the product brief, section 4). The watchdog reuses them.
+FATAL_ENGINE_LINES: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"EngineCore encountered a fatal error\.",
+        r"EngineCore failed to start\.",
+        r"EngineDeadError",
+        r"Worker proc \S.* died unexpectedly",
+        r"engine core exited unexpectedly",
+        r"CUDA error: an illegal memory access was encountered",
+    )
+)
+
+GENERATION_ATTEMPTS = 3
+LOG_TAIL_LINES = 30
+PROBE_ACCESS_LINE = re.compile(r'"(GET|POST) /(health|v1/models|v1/completions) HTTP/[0-9.]+" [0-9]{3}')
+
+STARTUP_LOG_FORBIDDEN = "startup-log-forbidden"
+FATAL_ENGINE_LINE = "fatal-engine-line"
+CONTAINER_EXITED = "container-exited"
+GENERATION = "generation"
+STARTUP_BUDGET = "startup-budget"
+
+
+def fatal_engine_line(line: str, patterns: Sequence[re.Pattern[str]] = FATAL_ENGINE_LINES) -> bool:
+    return any(pattern.search(line) for pattern in patterns)
+
+
+class Endpoints(Protocol):
+    def health_ok(self) -> ProbeResult: ...
+
+    def models_lists_served_model(self) -> ProbeResult: ...
+
+    def generate(self) -> ProbeResult: ...
+
+
+class LogSource(Protocol):
+    def new_lines(self) -> list[str]:
+        """The lines the engine logged since the last call (all of them on the first call)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    running: bool
+    exit_code: int | None = None
+    detail: str = "running"  # e.g. "exited with code 1", "gone"
+
+
+class ContainerWatch(Protocol):
+    def status(self) -> ContainerStatus: ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class GateProgress:
+    """Where the gate stands after one poll, for a live display."""
+
+    elapsed: float
+    budget: float
+    satisfied: tuple[str, ...]
+    missing: tuple[str, ...]
+    generation_failures: int
+    last_log_line: str | None
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    failed_check: str | None  # one of the check names above; None when passed
+    detail: str
+    seconds: float
+    log_tail: tuple[str, ...]
+    missing: tuple[str, ...]
+    exit_code: int | None = None
+
+
+class HealthGate:
+    def __init__(
+        self,
+        health: Health,
+        endpoints: Endpoints,
+        logs: LogSource,
+        container: ContainerWatch,
+        clock: Clock,
+        on_progress: Callable[[GateProgress], None] = lambda progress: None,
+        *,
+        fatal_lines: Sequence[re.Pattern[str]] = FATAL_ENGINE_LINES,
+    ) -> None:
+        self.health = health
+        self.endpoints = endpoints
+        self.logs = logs
+        self.container = container
+        self.clock = clock
+        self.on_progress = on_progress
+        self.fatal_lines = tuple(fatal_lines)
+        self.budget = health.startup_budget_minutes * 60
+        self.forbid = [re.compile(pattern) for pattern in health.startup_log.forbid]
+        self.expect = {pattern: re.compile(pattern) for pattern in health.startup_log.expect}
+
+        self.health_requirement = f"{health.health_path} 200"
+        self.models_requirement = f"{health.models_path} lists '{health.served_model_name}'"
+        self.generation_requirement = f"{COMPLETIONS_PATH} generates a token"
+
+    def wait(self) -> GateResult:
+        start = self.clock.monotonic()
+        deadline = start + self.budget
+        seen = _Seen(tail=deque(maxlen=LOG_TAIL_LINES))
+
+        def result(check: str | None, detail: str, missing: Sequence[str], exit_code: int | None = None) -> GateResult:
+            return GateResult(
+                passed=check is None,
+                failed_check=check,
+                detail=detail,
+                seconds=self.clock.monotonic() - start,
+                log_tail=tuple(seen.tail),
+                missing=tuple(missing),
+                exit_code=exit_code,
+            )
+
+        while True:
+            # The container first, then its log: a log read after the exit was seen holds the engine's
+            # last words, so a crash that explains itself is reported by its fatal line, not as a bare exit.
+            status = self.container.status()
+            lines = self.logs.new_lines()
+            # The gate's own polls fill the engine's access log; keep them out of the tail, where
+            # they would push out the lines that say what went wrong.
+            seen.tail.extend(line for line in lines if not PROBE_ACCESS_LINE.search(line))
+            exit_code = None if status.running else status.exit_code
+            exited = "" if status.running else f"; container {status.detail}"
+            for line in lines:
+                forbidden = next((p for p in self.forbid if p.search(line)), None)
+                if forbidden is not None:
+                    detail = f"startup log line matches forbidden '{forbidden.pattern}': {line.strip()}{exited}"
+                    return result(STARTUP_LOG_FORBIDDEN, detail, self._missing(seen), exit_code)
+                if fatal_engine_line(line, self.fatal_lines):
+                    detail = f"the engine logged a fatal line: {line.strip()}{exited}"
+                    return result(FATAL_ENGINE_LINE, detail, self._missing(seen), exit_code)
+                seen.expected.update(pattern for pattern, regex in self.expect.items() if regex.search(line))
+            if not status.running:
+                elapsed = _seconds(self.clock.monotonic() - start)
+                detail = f"container {status.detail} after {elapsed} s, before the lane was ready"
+                return result(CONTAINER_EXITED, detail, self._missing(seen), exit_code)
+
+            seen.health = self.endpoints.health_ok()
+            seen.models = self.endpoints.models_lists_served_model()
+            missing = self._missing(seen)
+            answers = [probe.detail for probe in (seen.health, seen.models) if not probe.ok]
+            if not missing:
+                generation = self.endpoints.generate()
+                if generation.ok:
+                    elapsed = _seconds(self.clock.monotonic() - start)
+                    return result(None, f"lane ready after {elapsed} s: {self._ready(seen, generation)}", ())
+                # Any success passes the gate, so "in a row" is every attempt since the lane looked ready;
+                # a lane whose readiness flickers does not get a fresh count.
+                seen.generation_failures += 1
+                if seen.generation_failures >= GENERATION_ATTEMPTS:
+                    detail = (
+                        f"the lane looked ready but the generation probe failed {seen.generation_failures} "
+                        f"times in a row; last: {generation.detail}"
+                    )
+                    return result(GENERATION, detail, (self.generation_requirement,))
+                missing = [self.generation_requirement]
+                answers.append(generation.detail)
+
+            now = self.clock.monotonic()
+            if now >= deadline:
+                detail = f"after {_seconds(self.budget)} s still waiting for: {'; '.join(missing)}"
+                if answers:
+                    detail += f". Last answers: {'; '.join(answers)}"
+                return result(STARTUP_BUDGET, detail, missing)
+            self.on_progress(
+                GateProgress(
+                    elapsed=now - start,
+                    budget=self.budget,
+                    satisfied=tuple(r for r in self._readiness_requirements() if r not in missing),
+                    missing=tuple(missing),
+                    generation_failures=seen.generation_failures,
+                    last_log_line=seen.tail[-1] if seen.tail else None,
+                )
+            )
+            # Polls keep a fixed cadence from the start, so slow answers do not stretch the interval, and
+            # a poll that overran skips the ticks it missed rather than firing them back to back. The last
+            # poll lands on the deadline itself, so a lane gets all of its budget.
+            interval = self.health.poll_interval_seconds
+            next_poll = min(start + (math.floor((now - start) / interval) + 1) * interval, deadline)
+            self.clock.sleep(next_poll - now)
+
+    def _readiness_requirements(self) -> list[str]:
+        return [
+            self.health_requirement,
+            self.models_requirement,
+            *(_expect_requirement(pattern) for pattern in self.expect),
+        ]
+
+    def _missing(self, seen: _Seen) -> list[str]:
+        """Readiness conditions not met, in a fixed order; an endpoint not asked yet counts as unmet."""
+        missing = []
+        if seen.health is None or not seen.health.ok:
+            missing.append(self.health_requirement)
+        if seen.models is None or not seen.models.ok:
+            missing.append(self.models_requirement)
+        missing.extend(_expect_requirement(pattern) for pattern in self.expect if pattern not in seen.expected)
+        return missing
+
+    def _ready(self, seen: _Seen, generation: ProbeResult) -> str:
+        parts = [probe.detail for probe in (seen.health, seen.models) if probe is not None]
+        if self.expect:
+            parts.append(f"{len(self.expect)} expected startup log lines seen")
+        return ", ".join([*parts, generation.detail])
+
+
+@dataclass
+class _Seen:
+    """What one gate run has observed so far."""
+
+    tail: deque[str]
+    expected: set[str] = field(default_factory=set)
+    health: ProbeResult | None = None
+    models: ProbeResult | None = None
+    generation_failures: int = 0
+
+
+def _expect_requirement(pattern: str) -> str:
+    return f"startup log line matching '{pattern}'"
+
+
+def _seconds(value: float) -> str:
+    """120.0 -> "120", 2.54 -> "2.5": whole seconds read best, tenths matter only for short budgets."""
+    return f"{round(value, 1):g}"

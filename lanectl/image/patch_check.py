@@ -1,0 +1,88 @@
+"""`lanectl patches check`: does each patch apply to the exact source its ``Base:`` names?
+
+Checking never writes to the project: pinned upstream files are extracted into a temporary root.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from lanectl.image.in_image.patching import Patch, PatchFormatError, PatchReport, check, parse_patch_file
+from lanectl.image.upstream import extract_files, fetch_sdist
+from lanectl.project import leaves
+
+ACCEPTED_BASE_FORMS = "'pypi:<project>==<version>' or 'path:<directory relative to the project root>'"
+_PYPI_BASE = re.compile(r"^pypi:([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
+@dataclass(frozen=True)
+class PypiBase:
+    """The sdist of one pinned release, e.g. ``pypi:vllm==0.31.0``."""
+
+    project: str
+    version: str
+
+
+@dataclass(frozen=True)
+class PathBase:
+    """A directory of this project, e.g. ``path:images/stub-engine``."""
+
+    directory: str
+
+
+Base = PypiBase | PathBase
+
+
+def parse_base(patch: Patch) -> Base:
+    line = patch.field_lines.get("Base")
+    if match := _PYPI_BASE.match(patch.base):
+        return PypiBase(project=match.group(1), version=match.group(2))
+    if patch.base.startswith("path:"):
+        directory = patch.base.removeprefix("path:").strip()
+        parts = PurePosixPath(directory).parts
+        if directory and not PurePosixPath(directory).is_absolute() and ".." not in parts:
+            return PathBase(directory=directory)
+        raise PatchFormatError(
+            patch.source, line, f"Base {patch.base!r}: the directory must be relative and inside the project"
+        )
+    raise PatchFormatError(patch.source, line, f"Base {patch.base!r} is not understood; use {ACCEPTED_BASE_FORMS}")
+
+
+def check_patch_files(
+    patch_files: list[Path],
+    project_root: Path,
+    cache_dir: Path,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[PatchReport]:
+    """Check every patch against its Base; one report per patch, in the order given.
+
+    Every patch file is parsed and its Base validated before anything is downloaded, and each
+    pinned sdist is fetched (or taken from `cache_dir`) once however many patches name it.
+    """
+    patches = [parse_patch_file(path) for path in patch_files]
+    patches_by_base: dict[Base, list[int]] = {}
+    for index, patch in enumerate(patches):
+        patches_by_base.setdefault(parse_base(patch), []).append(index)
+
+    reports: dict[int, PatchReport] = {}
+    for base, indexes in patches_by_base.items():
+        if isinstance(base, PypiBase):
+            sdist = fetch_sdist(base.project, base.version, cache_dir, progress=progress)
+            targets = [target for index in indexes for target in patches[index].targets]
+            with tempfile.TemporaryDirectory(prefix="lanectl-patch-check-") as pristine:
+                # A target the release lacks is reported by check() as a conflict, per patch.
+                extract_files(sdist, targets, Path(pristine), missing_ok=True)
+                for index in indexes:
+                    reports[index] = check(patches[index], Path(pristine))
+        else:
+            if leaves(project_root / base.directory, project_root):
+                first = patches[indexes[0]]
+                raise PatchFormatError(first.source, first.field_lines.get("Base"),
+                                       f"Base {first.base!r} leads out of the project through a symlink")
+            for index in indexes:
+                reports[index] = check(patches[index], project_root / base.directory)
+    return [reports[index] for index in range(len(patches))]

@@ -1,0 +1,296 @@
+"""Rendering a lane into what Docker needs: a build context (Dockerfile and files) and container specs.
+
+Pure: reads project files, never talks to Docker. Recipe values reach the Dockerfile only
+through quoting filters (`tojson` for exec-form arrays, `env_value` for ENV), so no recipe
+value can start a new instruction.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jinja2 import FileSystemLoader, StrictUndefined
+from jinja2.sandbox import SandboxedEnvironment
+
+from lanectl.dockerapi.labels import LABEL_PREFIX
+from lanectl.errors import BadInput
+from lanectl.project import leaves
+from lanectl.recipe.catalog import Lane
+from lanectl.recipe.kernel import KernelSpec
+
+HELPERS_DIR = Path(__file__).parent / "in_image"  # stdlib-only scripts that run inside the image
+KERNEL_OUT = "/lanectl/kernel-out"
+KERNEL_SRC = "/lanectl/kernel-src"
+# Docker's classic builder stamps files with their tar mtime; a fixed one keeps the context bytes,
+# and so the layer cache, independent of when the checkout was made.
+FIXED_MTIME = 0
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    path: str
+    content: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class FetchedTree:
+    """A kernel's pinned source, fetched on the host (lanectl.image.kernel_source), sent under `prefix`."""
+
+    kernel: str
+    prefix: str  # folder in the build context
+    origin: str  # "git URL @ commit"
+    path: Path | None  # None: not fetched yet (render shows it; a build fetches it first)
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """Everything needed to build one lane's image, and its content-addressed name."""
+
+    lane: str
+    recipe_id: str
+    dockerfile: str
+    files: tuple[ContextFile, ...]
+    input_hash: str
+    local_images: tuple[str, ...]
+    labels: dict[str, str] = field(default_factory=dict)
+    # Pinned by commit, so hashed by their pins (a `kernels/<name>.pin` file), not by their bytes.
+    fetched_trees: tuple[FetchedTree, ...] = ()
+
+    @property
+    def repository(self) -> str:
+        return f"lanectl/{self.recipe_id}"
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.lane}-{self.input_hash[:12]}"
+
+    @property
+    def moving_tag(self) -> str:
+        return f"{self.repository}:{self.lane}"
+
+    def context_tar(self) -> bytes:
+        missing = [tree.kernel for tree in self.fetched_trees if tree.path is None]
+        if missing:
+            raise ValueError(f"kernel sources not fetched: {', '.join(missing)}")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for item in self.files:
+                info = tarfile.TarInfo(item.path)
+                info.size = len(item.content)
+                info.mode = item.mode
+                info.mtime = FIXED_MTIME
+                tar.addfile(info, io.BytesIO(item.content))
+            for tree in self.fetched_trees:
+                assert tree.path is not None
+                _add_tree(tar, tree.path, tree.prefix)
+        return buffer.getvalue()
+
+
+def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
+    # Links are sent as links, never followed: nothing outside the fetched tree enters the context.
+    for folder, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if (Path(folder) / d).is_symlink()]:
+            path = Path(folder) / name
+            info = tar.gettarinfo(str(path), f"{prefix}/{path.relative_to(root).as_posix()}")
+            info.mtime = FIXED_MTIME
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isreg():
+                with path.open("rb") as handle:
+                    tar.addfile(info, handle)
+            elif info.issym():
+                tar.addfile(info)
+
+
+def env_value(value: str) -> str:
+    """A value for a Dockerfile ENV line: double-quoted, with `$` escaped so Docker does not expand it."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{escaped}"'
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(images_dir: Path) -> SandboxedEnvironment:
+    """One environment per images folder: it caches compiled templates (re-read when a file changes)."""
+    env = SandboxedEnvironment(
+        loader=FileSystemLoader(str(images_dir)),
+        undefined=StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
+    env.filters["env_value"] = env_value
+    return env
+
+
+def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePlan:
+    """The lane's build: Dockerfile, context and content-addressed tag.
+
+    `fetched` maps git kernels to their fetched trees (lanectl.image.kernel_source); the tag does not
+    depend on it, so `render` and `status` need no fetch, and only a build's context needs the trees.
+    """
+    project_root = lane.recipe.project_root
+    images_dir = project_root / "images"
+    spec = lane.spec
+    files: list[ContextFile] = []
+
+    template_dir = images_dir / spec.image.template
+    files.extend(_folder_files(template_dir, "image", skip={"Dockerfile.j2", "README.md"}))
+
+    kernels = []
+    trees = []
+    for kernel in lane.kernels:
+        context_dir = f"kernels/{kernel.name}"
+        if kernel.source.path is not None:
+            files.extend(_folder_files(project_root / kernel.source.path, context_dir, skip=set()))
+        else:
+            pin = {"git": kernel.source.git, "commit": kernel.source.commit, "submodules": kernel.source.submodules}
+            files.append(ContextFile(f"{context_dir}.pin", (json.dumps(pin, sort_keys=True) + "\n").encode()))
+            trees.append(FetchedTree(kernel.name, context_dir, f"{kernel.source.git} @ {kernel.source.commit}",
+                                     (fetched or {}).get(kernel.name)))
+        kernels.append(_kernel_context(kernel, lane, context_dir))
+
+    patches = []
+    for patch in spec.patches:
+        path = project_root / "patches" / patch.path
+        files.append(ContextFile(f"patches/{patch.path}", path.read_bytes()))
+        patches.append({"name": patch.path, "file": f"/lanectl/patches/{patch.path}"})
+    if kernels:
+        files.append(ContextFile("lanectl-build/kernel_smoke.py", (HELPERS_DIR / "kernel_smoke.py").read_bytes()))
+    if patches:
+        files.append(ContextFile("lanectl-build/patching.py", (HELPERS_DIR / "patching.py").read_bytes()))
+
+    context = {
+        "lane": lane.name,
+        "recipe": lane.recipe.id,
+        "base": spec.image.base,
+        "python_site": spec.image.python_site,
+        "kernels": kernels,
+        "patches": patches,
+        "env": dict(sorted(spec.engine.env.items())),
+        "entrypoint": spec.engine.entrypoint,
+        "cmd": spec.engine.args,
+    }
+    template = _environment(images_dir).get_template(f"{spec.image.template}/Dockerfile.j2")
+    dockerfile = template.render(context)
+    files.insert(0, ContextFile("Dockerfile", dockerfile.encode()))
+
+    local_images = []
+    if spec.image.local_base:
+        local_images.append(spec.image.base)
+    for kernel in lane.kernels:
+        if kernel.builder.image and kernel.builder.local:
+            local_images.append(kernel.builder.image)
+
+    input_hash = _hash_inputs(files)
+    labels = {
+        LABEL_PREFIX + "recipe": lane.recipe.id,
+        LABEL_PREFIX + "lane": lane.name,
+        LABEL_PREFIX + "inputs": input_hash,
+        LABEL_PREFIX + "base": spec.image.base,
+        LABEL_PREFIX + "patches": json.dumps({p.path: p.sha256 for p in spec.patches}, sort_keys=True),
+        LABEL_PREFIX + "kernels": json.dumps(
+            {k.name: k.source.commit or f"path:{k.source.path}@{_folder_digest(files, f'kernels/{k.name}/')}"
+             for k in lane.kernels}, sort_keys=True),
+    }
+    return ImagePlan(lane=lane.name, recipe_id=lane.recipe.id, dockerfile=dockerfile, files=tuple(files),
+                     input_hash=input_hash, local_images=tuple(dict.fromkeys(local_images)), labels=labels,
+                     fetched_trees=tuple(trees))
+
+
+def _kernel_context(kernel: KernelSpec, lane: Lane, context_dir: str) -> dict[str, Any]:
+    env = {
+        **kernel.env,
+        "LANECTL_KERNEL_MODULE": kernel.install.module,
+        "LANECTL_KERNEL_OUT": KERNEL_OUT,
+    }
+    if kernel.arch_switches:
+        # The source picks its own -gencode list (FlashMLA's setup.py ignores TORCH_CUDA_ARCH_LIST);
+        # its switches turn off each arch the recipe does not ask for.
+        env.update({switch: "1" for arch, switch in kernel.arch_switches.items() if arch not in kernel.archs})
+    elif kernel.archs:
+        env["TORCH_CUDA_ARCH_LIST"] = ";".join(kernel.archs)
+    # The output may hold only the side module: anything else copied beside the shipped
+    # module could shadow or replace it.
+    guard = (
+        f'for f in "$LANECTL_KERNEL_OUT"/*; do case "${{f##*/}}" in "$LANECTL_KERNEL_MODULE".*) ;; '
+        f'*) echo "kernel {kernel.name}: build left ${{f##*/}} in its output; only '
+        f'$LANECTL_KERNEL_MODULE.* may be installed" >&2; exit 1;; esac; done\n'
+        f'ls "$LANECTL_KERNEL_OUT"/"$LANECTL_KERNEL_MODULE".* >/dev/null 2>&1 || '
+        f'{{ echo "kernel {kernel.name}: build produced no $LANECTL_KERNEL_MODULE module" >&2; exit 1; }}'
+    )
+    preflight = [_PREFLIGHT[need].format(kernel=kernel.name) for need in kernel.builder.requires]
+    build_script = "\n".join([*preflight, 'mkdir -p "$LANECTL_KERNEL_OUT"', *kernel.build, guard])
+    install_dir = lane.spec.image.python_site.rstrip("/") + "/" + kernel.install.package.replace(".", "/")
+    smoke = {"dir": install_dir, "module": kernel.install.module, "beside": kernel.install.beside,
+             **kernel.smoke.op_schema.model_dump()}
+    return {
+        "name": kernel.name,
+        "builder": kernel.builder.image or lane.spec.image.base,
+        "context_dir": context_dir,
+        "env": dict(sorted(env.items())),
+        "build_script": build_script,
+        "src": KERNEL_SRC,
+        "out": KERNEL_OUT,
+        "install_dir": install_dir,
+        "smoke": json.dumps(smoke, sort_keys=True),
+    }
+
+
+# What a builder image must have, checked before anything is compiled so a wrong builder fails
+# with its cause instead of a compiler error several minutes in.
+_PREFLIGHT = {
+    "nvcc": ('command -v nvcc >/dev/null 2>&1 || {{ echo "kernel {kernel}: the builder image has no nvcc '
+             '(CUDA toolkit); set builder.image to an image that ships it" >&2; exit 1; }}'),
+    "torch": ("python3 -c 'import os, torch.utils.cpp_extension as e; "
+              "raise SystemExit(not any(os.path.isfile(os.path.join(p, \"torch\", \"extension.h\")) "
+              "for p in e.include_paths()))' 2>/dev/null || "
+              '{{ echo "kernel {kernel}: the builder image has no torch with C++ headers (torch/extension.h); '
+              'set builder.image to one that has them" >&2; exit 1; }}'),
+}
+
+
+def _sh(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
+
+
+def _folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextFile]:
+    out = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if leaves(path, folder):
+            # A symlink in the project must not carry a host file into the image.
+            raise BadInput(f"{path} leads out of {folder} (a symlink to {path.resolve()}); "
+                           "copy the file into the folder instead")
+        if path.is_dir() or rel.as_posix() in skip or "__pycache__" in rel.parts or path.suffix == ".pyc":
+            continue
+        mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+        out.append(ContextFile(f"{prefix}/{rel.as_posix()}", path.read_bytes(), mode))
+    return out
+
+
+def _hash_inputs(files: list[ContextFile]) -> str:
+    digest = hashlib.sha256()
+    for item in sorted(files, key=lambda f: f.path):
+        digest.update(f"{item.path}\0{item.mode:o}\0{len(item.content)}\0".encode())
+        digest.update(item.content)
+    return digest.hexdigest()
+
+
+def _folder_digest(files: list[ContextFile], prefix: str) -> str:
+    return _hash_inputs([f for f in files if f.path.startswith(prefix)])[:12]
+

@@ -1,0 +1,197 @@
+"""What this host is serving, as lanectl last left it: `state_dir/state.json`.
+
+`LaneState` and its transitions are pure; `LaneStateStore` reads and writes the file, always whole:
+a new version goes to a temp file that replaces the old one, so a reader (or the next command
+after a crash) sees either the previous state or the new one, never a mix.
+
+Load, change and save (`update`) is not atomic between processes: callers hold the `HostLock`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
+from lanectl.state.journal import utc_now, utc_timestamp
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
+
+STATE_VERSION = 1
+MAX_STATE_BYTES = 1024 * 1024
+# A lease past a year is a typo (or an overflow waiting to happen), not maintenance.
+MAX_DISARM_SECONDS = 366 * 86400  # a few lane names and a lease; anything bigger was not written by lanectl
+
+
+@dataclass(frozen=True)
+class WatchdogLease:
+    """The watchdog is disarmed until `until` (ISO UTC), because `reason`, as asked by `by`."""
+
+    until: str
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True)
+class LaneState:
+    version: int = STATE_VERSION
+    active: str | None = None
+    known_good: tuple[str, ...] = ()  # lanes that passed their health gate here, most recent last
+    watchdog_armed: bool = False
+    watchdog_lease: WatchdogLease | None = None
+    updated: str | None = None
+
+    def with_active(self, lane: str) -> LaneState:
+        return replace(self, active=lane)
+
+    def with_inactive(self) -> LaneState:
+        return replace(self, active=None)
+
+    def with_known_good(self, lane: str) -> LaneState:
+        return replace(self, known_good=(*(known for known in self.known_good if known != lane), lane))
+
+    def armed(self) -> LaneState:
+        return replace(self, watchdog_armed=True, watchdog_lease=None)
+
+    def disarmed_for(self, seconds: float, reason: str, by: str, now: datetime) -> LaneState:
+        # A disarm always ends: a forgotten one would leave the box unguarded until someone notices.
+        if not seconds > 0:
+            raise BadInput(f"the watchdog can be disarmed only for a positive number of seconds, got {seconds}")
+        if seconds > MAX_DISARM_SECONDS:
+            raise BadInput(f"the watchdog can be disarmed for at most {MAX_DISARM_SECONDS // 86400} days, "
+                           f"got {seconds:g} s")
+        lease = WatchdogLease(until=utc_timestamp(now + timedelta(seconds=seconds)), reason=reason, by=by)
+        return replace(self, watchdog_armed=False, watchdog_lease=lease)
+
+    def lease_expired(self, now: datetime) -> bool:
+        """True when there is a lease and `now` has reached its end; False with no lease at all."""
+        if self.watchdog_lease is None:
+            return False
+        return now >= datetime.fromisoformat(self.watchdog_lease.until)
+
+    def last_known_good_before(self, current: str | None) -> str | None:
+        """The most recent known-good lane other than `current`: where a rollback goes."""
+        for lane in reversed(self.known_good):
+            if lane != current:
+                return lane
+        return None
+
+
+class StateFileCorrupt(OperationFailed):
+    # Exit 2: the input (the file) is bad; running the command again cannot help until it is moved.
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, path: Path, detail: str, *, newer_version: int | None = None):
+        self.path = path
+        self.detail = detail
+        aside = f"mv {path} {path}.broken"
+        if newer_version is not None:
+            message = (f"{path} holds lane state version {newer_version}, written by a newer lanectl "
+                       f"(this one reads version {STATE_VERSION}); the file was left untouched. "
+                       f"Use the newer lanectl, or move the file aside ({aside}): `lanectl status` then "
+                       f"rebuilds what it can from the engine's container labels.")
+        else:
+            message = (f"{path} is not a readable lane state ({detail}); the file was left untouched. "
+                       f"Move it aside ({aside}): `lanectl status` then rebuilds what it can from the "
+                       f"engine's container labels.")
+        super().__init__(message)
+
+
+class LaneStateStore:
+    def __init__(self, path: Path, *, now: Callable[[], datetime] = utc_now):
+        self.path = path
+        self.now = now
+
+    def load(self) -> LaneState:
+        """The saved state; the default state if there is no file yet."""
+        try:
+            raw = read_state_file(self.path, MAX_STATE_BYTES)
+        except NotAStateFile as exc:
+            raise StateFileCorrupt(self.path, str(exc)) from exc
+        except OSError as exc:
+            raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
+        if raw is None:
+            return LaneState()
+        if len(raw) > MAX_STATE_BYTES:
+            raise StateFileCorrupt(self.path, f"more than the {MAX_STATE_BYTES} bytes a lane state can hold")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise StateFileCorrupt(self.path, f"not UTF-8 text (byte {exc.start})") from exc
+        except (ValueError, RecursionError) as exc:  # RecursionError: [[[[…]]]] nested past Python's limit
+            raise StateFileCorrupt(self.path, f"not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise StateFileCorrupt(self.path, f"expected a JSON object, got {type(data).__name__}")
+        version = data.get("version")
+        if type(version) is int and version > STATE_VERSION:
+            raise StateFileCorrupt(self.path, f"version {version}", newer_version=version)
+        if type(version) is not int or version != STATE_VERSION:
+            raise StateFileCorrupt(self.path, f"version must be {STATE_VERSION}, got {version!r}")
+        try:
+            return _state_from_json(data)
+        except ValueError as exc:
+            raise StateFileCorrupt(self.path, str(exc)) from exc
+
+    def save(self, state: LaneState) -> None:
+        self._write(state)
+
+    def update(self, change: Callable[[LaneState], LaneState]) -> LaneState:
+        """Load, apply `change`, save; returns the state as saved (with `updated` stamped)."""
+        return self._write(change(self.load()))
+
+    def _write(self, state: LaneState) -> LaneState:
+        stamped = replace(state, updated=utc_timestamp(self.now()))
+        text = json.dumps(asdict(stamped), indent=2) + "\n"
+        try:
+            create_state_dir(self.path.parent)
+            check_state_file(self.path)
+            write_atomically(self.path, text.encode())
+        except OSError as exc:
+            raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc
+        return stamped
+
+
+def _state_from_json(data: dict[str, Any]) -> LaneState:
+    unknown = sorted(set(data) - {"version", "active", "known_good", "watchdog_armed", "watchdog_lease", "updated"})
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}")
+    known_good = data.get("known_good", [])
+    if not isinstance(known_good, list) or not all(isinstance(lane, str) for lane in known_good):
+        raise ValueError(f"known_good must be a list of lane names, got {known_good!r}")
+    armed = data.get("watchdog_armed", False)
+    if not isinstance(armed, bool):
+        raise ValueError(f"watchdog_armed must be true or false, got {armed!r}")
+    return LaneState(
+        version=STATE_VERSION,
+        active=_optional_text(data, "active"),
+        known_good=tuple(known_good),
+        watchdog_armed=armed,
+        watchdog_lease=_lease_from_json(data.get("watchdog_lease")),
+        updated=_optional_text(data, "updated"),
+    )
+
+
+def _lease_from_json(lease: Any) -> WatchdogLease | None:
+    if lease is None:
+        return None
+    if not isinstance(lease, dict) or set(lease) != {"until", "reason", "by"}:
+        raise ValueError(f"watchdog_lease must hold until, reason and by, got {lease!r}")
+    if not all(isinstance(value, str) for value in lease.values()):
+        raise ValueError(f"watchdog_lease values must be text, got {lease!r}")
+    try:
+        until = datetime.fromisoformat(lease["until"])
+    except ValueError:
+        raise ValueError(f"watchdog_lease.until is not an ISO timestamp: {lease['until']!r}") from None
+    if until.tzinfo is None:
+        raise ValueError(f"watchdog_lease.until has no timezone: {lease['until']!r}")
+    return WatchdogLease(until=lease["until"], reason=lease["reason"], by=lease["by"])
+
+
+def _optional_text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} must be text or null, got {value!r}")
+    return value

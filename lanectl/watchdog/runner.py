@@ -1,0 +1,421 @@
+"""The watchdog's passes: observe the active lane, decide (watchdog_policy), act through the lanes
+code path, and record everything. `check` is one pass (cron); `run` is passes triggered by Docker
+events and kernel-log lines as they arrive, and by the probe interval (a service)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
+from lanectl.health.gate import FATAL_ENGINE_LINES
+from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
+from lanectl.lanes.switcher import LaneSwitcher, Reporter, probe_base_url
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.state.journal import Journal, utc_timestamp
+from lanectl.state.lanes import LaneState, LaneStateStore
+from lanectl.state.paths import check_state_file
+from lanectl.watchdog.policy import Decision, Observation, decide
+from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
+
+# A pass that must act waits this long for a command holding the host lock (a switch in progress
+# has disarmed the watchdog anyway); past it the pass skips acting and says so.
+ACT_LOCK_WAIT_SECONDS = 5.0
+RUN_DEFAULT_INTERVAL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class PassResult:
+    exit_code: int
+    lane: str | None
+    action: str
+    reason: str
+    outcome: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "lane": self.lane, "action": self.action, "reason": self.reason,
+                "outcome": self.outcome}
+
+
+class Watchdog:
+    def __init__(self, catalog: Catalog, directory: Path, *, engine: ContainerEngine, reporter: Reporter,
+                 kernel_log: Any | None = None, kernel_log_problem: str | None = None,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 gpu_wait: Callable[[list[str] | None, float], str] | None = None,
+                 gpu_inventory: Callable[[], list[Gpu] | None] | None = None):
+        self.catalog = catalog
+        self.directory = directory
+        self.engine = engine
+        self.reporter = reporter
+        self.kernel_log = kernel_log
+        self.kernel_log_problem = kernel_log_problem
+        self.now = now
+        self.journal = Journal(directory / "journal.jsonl")
+        self.lanes = LaneStateStore(directory / "state.json")
+        self.memory = WatchdogStateStore(directory / "watchdog.json")
+        if gpu_wait is None:
+            from lanectl.host.gpu_memory import wait_for_release
+
+            gpu_wait = wait_for_release
+        self.gpu_wait = gpu_wait
+        if gpu_inventory is None:
+            from lanectl.host.gpu_inventory import query_gpus
+
+            gpu_inventory = query_gpus
+        self.gpu_inventory = gpu_inventory
+
+    # -- arm state -----------------------------------------------------------------------------------
+
+    def arm(self) -> LaneState:
+        return self.lanes.update(LaneState.armed)
+
+    def rearm(self) -> tuple[LaneState, str]:
+        """For cron: re-arm only when a lease has run out; an operator's live lease is respected."""
+        state = self.lanes.load()
+        now = self.now()
+        if state.watchdog_lease is not None and state.lease_expired(now):
+            state = self.lanes.update(LaneState.armed)
+            self.journal.append("watchdog", event="rearmed", message="maintenance lease expired; re-armed")
+            return state, "re-armed: the maintenance lease had expired"
+        if state.watchdog_lease is not None:
+            return state, f"still disarmed until {state.watchdog_lease.until} ({state.watchdog_lease.reason})"
+        return state, "armed" if state.watchdog_armed else "disarmed (no lease: `lanectl watchdog arm` arms it)"
+
+    def disarm(self, seconds: float, reason: str, by: str) -> LaneState:
+        state = self.lanes.update(lambda s: s.disarmed_for(seconds, reason, by, self.now()))
+        self.journal.append("watchdog", event="disarmed", message=f"disarmed for {seconds:.0f} s: {reason}")
+        return state
+
+    # -- one pass ------------------------------------------------------------------------------------
+
+    def check(self) -> PassResult:
+        """One pass. Passes never overlap: a cron pass that finds another still running (a restart
+        waiting out a long startup budget) skips, and leaves the lane to it.
+
+        A pass that fails (a state file it cannot use, an engine error, a bug) does not raise: it is
+        journaled where the journal can be written and comes back as a result saying why, with the
+        error's exit code (2 for bad state or set-up, and for anything unexpected), so `run` goes on
+        to its next pass and `check` exits with the cause instead of a traceback.
+        """
+        try:
+            return self._guarded_check()
+        except Exception as exc:
+            exit_code = exc.exit_code if isinstance(exc, LanectlError) else EXIT_BAD_INPUT
+            detail = str(exc) if isinstance(exc, LanectlError) else f"{type(exc).__name__}: {exc}"
+            result = PassResult(exit_code, None, "none", f"pass failed: {detail}")
+            try:
+                self.journal.append("watchdog", event="pass-failed", message=result.reason)
+            except Exception as journal_error:  # the journal itself may be what is broken
+                self.reporter.note(f"the failed pass could not be journaled either: {journal_error}")
+            return result
+
+    def _guarded_check(self) -> PassResult:
+        import fcntl
+
+        guard_path = self.directory / "watchdog.pass.lock"
+        check_state_file(guard_path)
+        fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return PassResult(EXIT_OK, None, "none", "skipped: another watchdog pass is still running")
+            return self._check()
+        finally:
+            os.close(fd)
+
+    def _load_memory(self) -> WatchdogRecord:
+        record = self.memory.load()
+        if self.memory.problem:
+            self.reporter.note(self.memory.problem)
+            self.journal.append("watchdog", event="state-moved-aside", message=self.memory.problem)
+        return record
+
+    def _check(self) -> PassResult:
+        started = time.monotonic()
+        record = self._load_memory()
+        state = self.lanes.load()
+        now = self.now()
+        armed = state.watchdog_armed or state.lease_expired(now)
+        if state.active is None:
+            result = PassResult(EXIT_OK, None, "none", "no active lane: nothing to watch")
+            self._finish(record, result, started, now, armed, None)
+            return result
+        lane = self.catalog.lanes.get(state.active)
+        if lane is None:
+            result = PassResult(EXIT_BAD_INPUT, state.active, "none",
+                                f"the active lane {state.active} is not in the recipes; fix LANECTL_RECIPES")
+            self._finish(record, result, started, now, armed, None)
+            return result
+        observation, record = self._observe(lane, record, now)
+        decision = decide(observation, record.memory, lane.spec.watchdog, now=now, armed=armed,
+                          startup_budget_seconds=lane.spec.health.startup_budget_minutes * 60)
+        record = self._count_xids(replace(record, memory=decision.memory), decision)
+        outcome = None
+        if decision.failing or decision.action != "none" or decision.xid_application or decision.xid_hardware:
+            self.journal.append("watchdog", event="observation", lane=lane.name, action=decision.action,
+                                armed=armed, reason="; ".join((decision.reason, *observation.xid_notes)),
+                                xids=[x.line for x in (*decision.xid_application, *decision.xid_hardware)])
+        if armed and decision.action in ("restart", "rollback", "stop"):
+            outcome, record = self._act(lane, decision, record)
+        exit_code = EXIT_OK if not decision.failing and decision.action == "none" else EXIT_FAILED
+        reason = "; ".join((decision.reason, *observation.xid_notes))
+        result = PassResult(exit_code, lane.name, decision.action, reason, outcome)
+        self._finish(record, result, started, now, armed, lane)
+        return result
+
+    def _observe(self, lane: Lane, record: WatchdogRecord, now: datetime) -> tuple[Observation, WatchdogRecord]:
+        from lanectl.health.probe import EndpointProbe
+
+        states = {role: self.engine.container(lane.container_name(role)) for role in lane.roles}
+        down = [(role, s) for role, s in states.items() if s is None or not s.running]
+        container_detail = "; ".join(
+            f"{role} {'is gone' if s is None else f'{s.status} (exit code {s.exit_code})'}" for role, s in down)
+        primary = states[ROLE_PRIMARY]
+        started = primary.started_epoch if primary else None
+        health_ok = generation_ok = None
+        health_detail = generation_detail = ""
+        if primary is not None and primary.running:
+            with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
+                health = endpoints.health_ok()
+                health_ok, health_detail = health.ok, health.detail
+                due = (record.last_generation_probe is None or time.time() - record.last_generation_probe
+                       >= lane.spec.health.generation_probe.interval_seconds)
+                if health.ok and due:
+                    generation = endpoints.generate()
+                    generation_ok, generation_detail = generation.ok, generation.detail
+                    record = replace(record, last_generation_probe=time.time())
+        fatal: list[str] = []
+        if primary is not None:
+            since = record.log_since if record.log_since and started and record.log_since > started else started
+            patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
+            for line in self.engine.logs(lane.container_name(), since=since).splitlines() if since else []:
+                if any(p.search(line) for p in patterns):
+                    fatal.append(line)
+        xids, record = self._read_xids(record)
+        xids, xid_notes, record = self._xids_on_lane(lane, xids, record)
+        memory = record.memory.for_lane(lane.name)
+        if memory.ready_since_start and started and record.log_since and started > record.log_since:
+            memory = replace(memory, ready_since_start=False)  # a new run of the container: a new startup
+        record = replace(record, log_since=now.timestamp(), memory=memory)
+        observation = Observation(
+            lane=lane.name, containers_running=not down, container_detail=container_detail,
+            health_ok=health_ok, health_detail=health_detail, generation_ok=generation_ok,
+            generation_detail=generation_detail, fatal_lines=tuple(fatal), xids=tuple(xids),
+            started_at=datetime.fromtimestamp(started, UTC) if started else None, xid_notes=tuple(xid_notes),
+        )
+        return observation, record
+
+    def _read_xids(self, record: WatchdogRecord) -> tuple[list[XidEvent], WatchdogRecord]:
+        if self.kernel_log is None:
+            return [], record
+        lines, cursor = self.kernel_log.read_new(record.kernel_cursor)
+        events = [event for line in lines if (event := believed_xid(line)) is not None]
+        return events, replace(record, kernel_cursor=cursor)
+
+    def _xids_on_lane(self, lane: Lane, events: list[XidEvent], record: WatchdogRecord
+                      ) -> tuple[list[XidEvent], list[str], WatchdogRecord]:
+        """The Xids on the lane's GPUs, and notes where that was a guess; the others are journaled
+        and counted, and never stop or restart the lane."""
+        if not events:
+            return [], [], record
+        gpus = self.gpu_inventory()
+        wanted = _lane_gpus(lane)
+        on_lane: list[XidEvent] = []
+        notes: list[str] = []
+        totals = dict(record.xid_total)
+        for event in events:
+            ours, note = xid_on_lane(event, wanted, gpus)
+            if ours:
+                on_lane.append(event)
+                if note and note not in notes:
+                    notes.append(note)
+                continue
+            totals[str(event.code)] = totals.get(str(event.code), 0) + 1
+            self.journal.append("watchdog", event="xid-elsewhere", lane=lane.name, xid=event.code, pci=event.pci,
+                                message=f"{note}: recorded, not acted on", line=event.line)
+        return on_lane, notes, replace(record, xid_total=totals)
+
+    def _count_xids(self, record: WatchdogRecord, decision: Decision) -> WatchdogRecord:
+        totals = dict(record.xid_total)
+        for event in (*decision.xid_application, *decision.xid_hardware):
+            totals[str(event.code)] = totals.get(str(event.code), 0) + 1
+        return replace(record, xid_total=totals, xid_hardware_total=record.xid_hardware_total
+                       + len(decision.xid_hardware))
+
+    # -- acting --------------------------------------------------------------------------------------
+
+    def _act(self, lane: Lane, decision: Decision, record: WatchdogRecord) -> tuple[str, WatchdogRecord]:
+        from lanectl.state.lock import HostLock, LockBusy
+
+        lock = HostLock(self.directory / "lock", f"lanectl watchdog {decision.action} {lane.name}")
+        try:
+            lock.acquire(ACT_LOCK_WAIT_SECONDS)
+        except LockBusy as exc:
+            return f"skipped: {exc}", record
+        try:
+            switcher = LaneSwitcher(self.catalog, self.engine, self.journal, self.lanes, reporter=self.reporter,
+                                    no_gpu=self._lane_ran_without_gpus(lane))
+            if decision.action == "restart":
+                gpus = lane.spec.engine.gpus.device_ids if lane.spec.engine.gpus else None
+                outcome = switcher.restart(lane, before_start=lambda: self.gpu_wait(
+                    gpus, lane.spec.watchdog.gpu_memory_release_timeout_seconds))
+                memory = replace(record.memory, restarts=(*record.memory.restarts, utc_timestamp(self.now())),
+                                 consecutive_failures=0, ready_since_start=False)
+                totals = {**record.restarts_total, lane.name: record.restarts_total.get(lane.name, 0) + 1}
+                record = replace(record, memory=memory, restarts_total=totals, last_generation_probe=None)
+                severity = "warning" if outcome.result == "ok" else "critical"
+            elif decision.action == "rollback":
+                try:
+                    outcome = switcher.rollback(None)
+                except LanectlError as exc:
+                    switcher.down(lane)
+                    outcome_message = f"no way back ({exc}); {lane.name} stopped"
+                    record = replace(record, rollbacks_total=record.rollbacks_total + 1)
+                    self._alert("critical", lane, "crash loop and no lane to roll back to", outcome_message,
+                                decision)
+                    return outcome_message, self._after_action(record, decision, outcome_message)
+                record = replace(record, rollbacks_total=record.rollbacks_total + 1,
+                                 memory=replace(record.memory, lane=None))
+                severity = "critical"
+            else:
+                outcome = switcher.down(lane)
+                severity = "critical"
+        finally:
+            lock.release()
+        self._alert(severity, lane, f"watchdog {decision.action} of {lane.name}", outcome.message, decision)
+        return f"{outcome.result}: {outcome.message}", self._after_action(record, decision, outcome.message)
+
+    def _after_action(self, record: WatchdogRecord, decision: Decision, outcome: str) -> WatchdogRecord:
+        return replace(record, last_action={"ts": utc_timestamp(self.now()), "action": decision.action,
+                                            "reason": decision.reason, "outcome": outcome})
+
+    def _lane_ran_without_gpus(self, lane: Lane) -> bool:
+        """Restart a lane the way it was started: a lane brought up with --no-gpu has no device requests."""
+        state = self.engine.container(lane.container_name())
+        return lane.spec.engine.gpus is not None and state is not None and not state.device_requests
+
+    def _alert(self, severity: str, lane: Lane, title: str, detail: str, decision: Decision) -> None:
+        from lanectl.state.journal import current_user_at_host
+        from lanectl.watchdog.alerts import Alert, WebhookAlerter
+
+        facts = {"reason": decision.reason}
+        for event in decision.xid_hardware or decision.xid_application:
+            facts.update({"xid": str(event.code), "pci": event.pci or "?"})
+        alert = Alert(severity=severity, lane=lane.name, title=title, detail=detail,
+                      host=current_user_at_host().split("@")[-1], ts=utc_timestamp(self.now()), facts=facts)
+        # Well under the poll interval, so an alert never costs the next probe; at least a second to connect.
+        deadline = min(10.0, max(1.0, lane.spec.health.poll_interval_seconds / 2))
+        delivery = WebhookAlerter(lane.spec.watchdog.alert.webhook_url_env, deadline_seconds=deadline).send(alert)
+        self.journal.append("watchdog", event="alert", lane=lane.name, severity=severity, title=title,
+                            delivered=delivery.delivered, detail=delivery.detail)
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+
+    def _finish(self, record: WatchdogRecord, result: PassResult, started: float, now: datetime, armed: bool,
+                lane: Lane | None) -> None:
+        seconds = time.monotonic() - started
+        record = replace(record, last_pass=utc_timestamp(now), last_pass_result=f"{result.action}: {result.reason}",
+                         last_pass_seconds=round(seconds, 3), heartbeat=utc_timestamp(self.now()))
+        self.memory.save(record)
+        if lane is not None and lane.spec.watchdog.alert.textfile_dir:
+            self._write_metrics(lane, record, result, seconds, now, armed)
+
+    def _write_metrics(self, lane: Lane, record: WatchdogRecord, result: PassResult, seconds: float, now: datetime,
+                       armed: bool) -> None:
+        from lanectl.watchdog.alerts import PrometheusTextfile, WatchdogMetrics
+
+        metrics = WatchdogMetrics(
+            lanes_up={lane.name: result.exit_code == EXIT_OK}, restarts_total=dict(record.restarts_total),
+            rollbacks_total=record.rollbacks_total, xid_total={int(k): v for k, v in record.xid_total.items()},
+            xid_hardware_total=record.xid_hardware_total, last_pass_timestamp=now.timestamp(),
+            last_pass_duration_seconds=seconds, armed=armed, heartbeat_timestamp=time.time())
+        try:
+            PrometheusTextfile(Path(lane.spec.watchdog.alert.textfile_dir or "")).write(metrics)
+        except LanectlError as exc:  # metrics are a report; failing to write them must not stop the watchdog
+            self.journal.append("watchdog", event="metrics-not-written", message=str(exc))
+
+    # -- the long-running mode -----------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, on_pass: Callable[[PassResult, str], None] = lambda r, why: None) -> None:
+        """Passes on Docker events (a container died, stopped, got unhealthy), on kernel-log lines,
+        and at the lane's poll interval; survives the engine restarting (reconnects with backoff)."""
+        wake: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._follow_docker_events, args=(wake, stop), daemon=True).start()
+        if self.kernel_log is not None:
+            threading.Thread(target=self._follow_kernel_log, args=(wake, stop), daemon=True).start()
+        why = "start"
+        while not stop.is_set():
+            result = self.check()  # never raises: a failed pass is journaled and the next one runs
+            on_pass(result, why)
+            try:
+                why = wake.get(timeout=self._interval())
+                while not wake.empty():  # one pass answers a burst of events
+                    wake.get_nowait()
+            except queue.Empty:
+                why = "interval"
+
+    def _interval(self) -> float:
+        try:
+            active = self.lanes.load().active
+        except LanectlError:  # the pass reports it; the watchdog keeps its rhythm meanwhile
+            return RUN_DEFAULT_INTERVAL_SECONDS
+        lane = self.catalog.lanes.get(active) if active else None
+        return lane.spec.health.poll_interval_seconds if lane else RUN_DEFAULT_INTERVAL_SECONDS
+
+    def _follow_docker_events(self, wake: queue.Queue[str], stop: threading.Event) -> None:
+        backoff = 0.5
+        while not stop.is_set():
+            try:
+                events = self.engine.client.events(decode=True, filters={"type": "container",
+                                                                         "label": "io.lanectl.lane"})
+                backoff = 0.5
+                for event in events:
+                    if stop.is_set():
+                        events.close()
+                        return
+                    status = str(event.get("status", ""))
+                    if status in ("die", "stop", "kill", "oom") or status.startswith("health_status"):
+                        wake.put(f"docker {status} {event.get('Actor', {}).get('Attributes', {}).get('name', '')}")
+            except Exception:  # the engine went away (restart, upgrade): reconnect with backoff
+                wake.put("engine connection lost")
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _follow_kernel_log(self, wake: queue.Queue[str], stop: threading.Event) -> None:
+        """Wakes a pass on each Xid line; the pass itself reads the lines again from its cursor."""
+        assert self.kernel_log is not None
+        while not stop.is_set():
+            try:
+                for line in self.kernel_log.follow(None, stop):
+                    if believed_xid(line) is not None:
+                        wake.put(f"kernel log: {line.text.strip()[:120]}")
+            except Exception as exc:  # a source that fails now may work in a moment (log rotation, dmesg)
+                wake.put(f"kernel log unreadable: {type(exc).__name__}: {exc}"[:200])
+                stop.wait(RUN_DEFAULT_INTERVAL_SECONDS)
+
+
+def _lane_gpus(lane: Lane) -> LaneGpus:
+    """Every GPU the lane's containers ask for, the companions' included."""
+    requests = [lane.spec.engine.gpus, *(companion.engine.gpus for companion in lane.spec.companions.values())]
+    device_ids: list[str] = []
+    count = 0
+    every = False
+    for request in requests:
+        if request is None:
+            continue
+        device_ids += request.device_ids or []
+        if request.count == "all":
+            every = True
+        elif isinstance(request.count, int):
+            count = max(count, request.count)
+    return LaneGpus(device_ids=tuple(device_ids), count=count, all=every)

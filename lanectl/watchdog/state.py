@@ -1,0 +1,173 @@
+"""The watchdog's memory between passes: `state_dir/watchdog.json`, replaced whole on every pass.
+
+Arm state and lease live in `state.json` with the lanes (a switch disarms the watchdog under the
+host lock); this file holds what only the watchdog needs: failure counts, its restarts in the
+window, the log and kernel-log cursors, counters for metrics, the last pass and action.
+
+The file is checked against a strict model (`WatchdogFile`) before any of it is used: a value of the
+wrong type, out of range or not finite would otherwise surface passes later as a crash (a restart
+time that is not a timestamp, a log cursor in the year 10^300). A file that fails is moved aside,
+never deleted, and the watchdog's memory starts afresh: counters are worth less than a watchdog
+that keeps watching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
+from lanectl.watchdog.policy import WatchdogMemory
+
+WATCHDOG_STATE_VERSION = 1
+# Anything bigger is not a file this lanectl wrote: 1 MiB holds years of counters.
+MAX_STATE_BYTES = 1024 * 1024
+# Counters and times are bounded so that nothing read back can overflow a later sum, a datetime or
+# the Docker API's `since` (UNIX seconds up to the year 5138; counts up to 2^53, exact as JSON numbers).
+MAX_COUNT = 2**53
+MAX_UNIX_SECONDS = 1e11
+
+
+def _timestamp(text: str) -> str:
+    moment = datetime.fromisoformat(text)  # ValueError -> a validation error naming the field
+    if moment.tzinfo is None:
+        raise ValueError("a timestamp needs a timezone")
+    return text
+
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+UnixSeconds = Annotated[float, Field(ge=0, le=MAX_UNIX_SECONDS, allow_inf_nan=False)]
+Timestamp = Annotated[str, Field(max_length=64), AfterValidator(_timestamp)]
+Text = Annotated[str, Field(max_length=4096)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class MemoryFile(_Strict):
+    lane: Text | None = None
+    consecutive_failures: Count = 0
+    restarts: tuple[Timestamp, ...] = Field(default=(), max_length=10_000)
+    ready_since_start: bool = False
+
+
+class LastActionFile(_Strict):
+    ts: Timestamp
+    action: Text
+    reason: Annotated[str, Field(max_length=65536)]
+    outcome: Annotated[str, Field(max_length=65536)]
+
+
+class WatchdogFile(_Strict):
+    """watchdog.json as written by `WatchdogStateStore.save`."""
+
+    version: Annotated[int, Field(ge=WATCHDOG_STATE_VERSION, le=WATCHDOG_STATE_VERSION)] = WATCHDOG_STATE_VERSION
+    memory: MemoryFile = MemoryFile()
+    log_since: UnixSeconds | None = None
+    kernel_cursor: Text | None = None
+    last_generation_probe: UnixSeconds | None = None
+    last_pass: Timestamp | None = None
+    last_pass_result: Annotated[str, Field(max_length=65536)] | None = None
+    last_pass_seconds: Annotated[float, Field(ge=0, le=MAX_UNIX_SECONDS, allow_inf_nan=False)] = 0.0
+    last_action: LastActionFile | None = None
+    heartbeat: Timestamp | None = None
+    restarts_total: dict[Text, Count] = {}
+    rollbacks_total: Count = 0
+    xid_total: dict[Annotated[str, Field(pattern=r"^\d{1,6}$")], Count] = {}
+    xid_hardware_total: Count = 0
+
+
+@dataclass(frozen=True)
+class WatchdogRecord:
+    version: int = WATCHDOG_STATE_VERSION
+    memory: WatchdogMemory = field(default_factory=WatchdogMemory)
+    log_since: float | None = None  # engine log cursor: UNIX time of the last pass that read it
+    kernel_cursor: str | None = None
+    last_generation_probe: float | None = None
+    last_pass: str | None = None
+    last_pass_result: str | None = None
+    last_pass_seconds: float = 0.0
+    last_action: dict[str, Any] | None = None
+    heartbeat: str | None = None
+    restarts_total: dict[str, int] = field(default_factory=dict)
+    rollbacks_total: int = 0
+    xid_total: dict[str, int] = field(default_factory=dict)
+    xid_hardware_total: int = 0
+
+
+def parse_watchdog_file(raw: bytes) -> WatchdogRecord:
+    """The record in `raw`; ValueError saying where and what when it is not a valid watchdog.json."""
+    if len(raw) > MAX_STATE_BYTES:
+        raise ValueError(f"{len(raw)} bytes, more than the {MAX_STATE_BYTES} a watchdog.json can hold")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        parsed = WatchdogFile.model_validate_json(text)
+    except ValidationError as exc:
+        raise ValueError(_validation_summary(exc)) from None
+    data = parsed.model_dump()
+    remembered = data.pop("memory")
+    memory = WatchdogMemory(**{**remembered, "restarts": tuple(remembered["restarts"])})
+    return replace(WatchdogRecord(**data), memory=memory)
+
+
+def _validation_summary(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors(include_url=False, include_input=False)[:5]:
+        where = ".".join(str(part) for part in item["loc"]) or "(the whole file)"
+        problems.append(f"{where}: {item['msg']}")
+    more = error.error_count() - len(problems)
+    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+
+
+class WatchdogStateStore:
+    def __init__(self, path: Path, *, quarantine: bool = True):
+        """`quarantine`: move an invalid file aside (the watchdog); False for readers such as `watchdog status`."""
+        self.path = path
+        self.quarantine = quarantine
+        self.problem: str | None = None
+
+    def load(self) -> WatchdogRecord:
+        """A missing file starts the watchdog's memory afresh; so does an invalid one, moved aside to
+        `watchdog.json.corrupt-<UTC time>` and described in `problem` for the caller to report."""
+        self.problem = None
+        try:
+            raw = read_state_file(self.path, MAX_STATE_BYTES)
+        except NotAStateFile as exc:
+            return self._invalid(str(exc))
+        except OSError as exc:
+            return self._invalid(exc.strerror or str(exc))
+        if raw is None:
+            return WatchdogRecord()
+        try:
+            return parse_watchdog_file(raw)
+        except ValueError as exc:
+            return self._invalid(str(exc))
+
+    def _invalid(self, detail: str) -> WatchdogRecord:
+        if not self.quarantine:
+            self.problem = f"{self.path} is not a valid watchdog state ({detail}); the next pass moves it aside"
+            return WatchdogRecord()
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}")
+        try:
+            os.rename(self.path, aside)
+            moved = f"moved aside to {aside}"
+        except OSError as exc:
+            moved = f"could not be moved aside ({exc.strerror or exc})"
+        self.problem = (f"{self.path} was not a valid watchdog state ({detail}); {moved}; "
+                        f"the watchdog's memory starts afresh")
+        return WatchdogRecord()
+
+    def save(self, record: WatchdogRecord) -> None:
+        create_state_dir(self.path.parent)
+        check_state_file(self.path)
+        write_atomically(self.path, (json.dumps(asdict(record), indent=2, sort_keys=True) + "\n").encode())
