@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SMOKE = REPO / "lanectl" / "kernel_smoke.py"
+SMOKE = REPO / "lanectl" / "image" / "in_image" / "kernel_smoke.py"
 SOURCE = REPO / "kernels" / "src" / "stub-splitkv" / "stub_splitkv.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 

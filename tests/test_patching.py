@@ -595,7 +595,7 @@ def test_runs_as_a_standalone_script_outside_the_package(tmp_path: Path) -> None
     # The image build runs a lone copy with the image's python3: no lanectl package, no venv.
     script = tmp_path / "lanectl-in-image" / "patching.py"
     script.parent.mkdir()
-    shutil.copy(REPO / "lanectl" / "patching.py", script)
+    shutil.copy(REPO / "lanectl" / "image" / "in_image" / "patching.py", script)
     root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES})
     path = write_patch(tmp_path, LINE_10_DIFF)
     python = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
@@ -757,7 +757,7 @@ def test_a_created_file_must_be_declared_as_a_target(tmp_path: Path) -> None:
 def test_main_apply_creates_the_file_in_a_standalone_copy(tmp_path: Path) -> None:
     script = tmp_path / "lanectl-in-image" / "patching.py"
     script.parent.mkdir()
-    shutil.copy(REPO / "lanectl" / "patching.py", script)
+    shutil.copy(REPO / "lanectl" / "image" / "in_image" / "patching.py", script)
     root = write_tree(tmp_path / "tree", {"pkg/mod.py": TWENTY_LINES})
     path = write_patch(tmp_path, LINE_10_DIFF + NEW_FILE_DIFF, targets=BOTH_TARGETS)
     python = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
