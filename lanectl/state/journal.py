@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from lanectl.errors import OperationFailed
-from lanectl.state.paths import check_state_file, create_state_dir, fsync_directory
+from lanectl.state.atomic import fsync_directory
+from lanectl.state.paths import check_state_file, create_state_dir
 
 RESERVED_FIELDS = ("ts", "who", "pid", "kind")
 # lanectl writes records of a few hundred bytes (a log tail at most some KiB): a longer line is not

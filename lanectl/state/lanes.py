@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
+from lanectl.state.atomic import write_atomically
 from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 
 STATE_VERSION = 1
 MAX_STATE_BYTES = 1024 * 1024

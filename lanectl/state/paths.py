@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-import tempfile
 from pathlib import Path
 
 from lanectl.errors import BadInput
@@ -136,36 +135,3 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a newly created or renamed entry survive a power cut, not only the file's contents."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, content: bytes, *, mode: int = 0o600) -> None:
-    """Replace `path` whole: a reader, or the next command after a crash, sees the old or the new file.
-
-    Temp file in the same folder (a dot name with a .tmp suffix, which cron, systemd and
-    node_exporter all skip), fsync, rename over, fsync the folder. The folder must exist.
-    """
-    directory = path.parent
-    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)  # the contents must be on disk before the rename makes them the file
-        finally:
-            os.close(fd)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-    fsync_directory(directory)

@@ -22,7 +22,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
+from lanectl.state.atomic import write_atomically
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 from lanectl.watchdog.policy import WatchdogMemory
 
 WATCHDOG_STATE_VERSION = 1
