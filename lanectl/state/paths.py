@@ -1,4 +1,4 @@
-"""Where lanectl keeps the durable state of this host: the journal, the host lock and `state.json`.
+"""Where lanectl keeps the durable state of this host, and what each file there is called (`StateFiles`).
 
 `state_dir()` only names the folder; the stores create it when they first write, through
 `create_state_dir`, so a read-only command (`lanectl status` on a fresh box) leaves no trace.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from lanectl.errors import BadInput
@@ -29,6 +30,43 @@ def state_dir() -> Path:
         return SYSTEM_STATE_DIR
     xdg = os.environ.get("XDG_STATE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "lanectl"
+
+
+@dataclass(frozen=True)
+class StateFiles:
+    """The files in the state folder `root`, named by what they hold: the one place their names are spelled."""
+
+    root: Path
+
+    @property
+    def lanes(self) -> Path:
+        """Which lane is active, which are known good, the watchdog's arm state (`state.lanes`)."""
+        return self.root / "state.json"
+
+    @property
+    def journal(self) -> Path:
+        """This box's journal (`state.journal`)."""
+        return self.root / "journal.jsonl"
+
+    @property
+    def fleet_journal(self) -> Path:
+        """The journal of the fleet rollouts run from this box; the box's own lanes use `journal`."""
+        return self.root / "fleet-journal.jsonl"
+
+    @property
+    def watchdog(self) -> Path:
+        """The watchdog's memory between passes (`watchdog.state`)."""
+        return self.root / "watchdog.json"
+
+    @property
+    def watchdog_pass_lock(self) -> Path:
+        """Flocked by a watchdog pass so that two never overlap."""
+        return self.root / "watchdog.pass.lock"
+
+    @property
+    def host_lock(self) -> Path:
+        """The lock every mutating command holds (`state.lock`)."""
+        return self.root / "lock"
 
 
 class StateDirUnsafe(BadInput):
