@@ -201,3 +201,12 @@ def test_a_disarm_lease_ends_at_its_time_and_arming_clears_it():
 def test_a_disarm_must_last_some_time():
     with pytest.raises(BadInput, match="positive number of seconds, got 0"):
         LaneState().disarmed_for(0, "benchmark", "op@box", AT_NOON)
+
+
+def test_the_watchdog_is_armed_when_armed_or_when_its_lease_has_run_out():
+    disarmed = LaneState().disarmed_for(600, "benchmark", "op@box", AT_NOON)
+
+    assert not disarmed.watchdog_armed_at(AT_NOON + timedelta(seconds=599.999))
+    assert disarmed.watchdog_armed_at(AT_NOON + timedelta(seconds=600))
+    assert LaneState().armed().watchdog_armed_at(AT_NOON)
+    assert not LaneState().watchdog_armed_at(AT_NOON)  # never armed, no lease: stays disarmed

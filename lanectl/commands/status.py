@@ -60,7 +60,7 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
         "active": state.active,
         "known_good": list(state.known_good),
         "watchdog": {
-            "armed": state.watchdog_armed,
+            "armed": state.watchdog_armed_at(now),
             "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
                                                  "expired": state.lease_expired(now)},
         },

@@ -52,7 +52,7 @@ def watchdog_status() -> dict[str, Any]:
         heartbeat_age = round(now.timestamp() - datetime.fromisoformat(record.heartbeat).timestamp(), 1)
     lease = state.watchdog_lease
     return {
-        "armed": state.watchdog_armed or state.lease_expired(now),
+        "armed": state.watchdog_armed_at(now),
         "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
                                              "expired": state.lease_expired(now)},
         "active": state.active,

@@ -73,6 +73,14 @@ class LaneState:
             return False
         return now >= datetime.fromisoformat(self.watchdog_lease.until)
 
+    def watchdog_armed_at(self, now: datetime) -> bool:
+        """Whether the watchdog acts at `now`: armed, or disarmed by a lease that has run out.
+
+        An expired lease arms the watchdog at once, whether or not a pass has re-armed it in the file
+        yet: the watchdog's passes act on this, and every command that shows the arm state says this.
+        """
+        return self.watchdog_armed or self.lease_expired(now)
+
     def last_known_good_before(self, current: str | None) -> str | None:
         """The most recent known-good lane other than `current`: where a rollback goes."""
         for lane in reversed(self.known_good):

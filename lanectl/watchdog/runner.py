@@ -146,7 +146,7 @@ class Watchdog:
         record = self._load_memory()
         state = self.lanes.load()
         now = self.now()
-        armed = state.watchdog_armed or state.lease_expired(now)
+        armed = state.watchdog_armed_at(now)
         if state.active is None:
             result = PassResult(EXIT_OK, None, "none", "no active lane: nothing to watch")
             self._finish(record, result, started, now, armed, None)
