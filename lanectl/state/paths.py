@@ -65,8 +65,11 @@ class StateFiles:
 
     @property
     def host_lock(self) -> Path:
-        """The lock every mutating command holds (`state.lock`)."""
-        return self.root / "lock"
+        """The lock every mutating command holds (`state.lock`); who holds it is in `host.lock.json` beside it.
+
+        Not `lock`: that is the folder the lanectl before flock used, which a killed holder may have left.
+        """
+        return self.root / "host.lock"
 
 
 class StateDirUnsafe(BadInput):
