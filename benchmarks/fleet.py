@@ -32,6 +32,7 @@ from lanectl.image.render import plan_image  # noqa: E402
 from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import Lane, load_catalog  # noqa: E402
 from lanectl.state.journal import Journal  # noqa: E402
+from lanectl.state.paths import StateFiles  # noqa: E402
 from tests.lane_fixtures import make_fleet_project, remove_everything  # noqa: E402
 from tests.swarm_cluster import missing_prerequisites, start_two_node_swarm, stop_two_node_swarm  # noqa: E402
 
@@ -91,7 +92,7 @@ def main() -> None:
             filters={"label": f"io.lanectl.recipe={project.recipe_id}"}) for tag in image.tags])
         catalog = load_catalog(Project.locate(project.root / "recipes"))
         swarm = SwarmEngine()
-        rollout = FleetRollout(catalog, swarm, Journal(state / "fleet-journal.jsonl"), reporter=Quiet(),
+        rollout = FleetRollout(catalog, swarm, Journal(StateFiles(state).fleet_journal), reporter=Quiet(),
                                no_gpu=True, poll_seconds=POLL_SECONDS)
         h1, h2 = catalog.lane("demo-h1"), catalog.lane("demo-h2")
         assert rollout.up(h1).result == "ok"

@@ -30,6 +30,7 @@ from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import load_catalog  # noqa: E402
 from lanectl.state.journal import Journal  # noqa: E402
 from lanectl.state.lanes import LaneStateStore  # noqa: E402
+from lanectl.state.paths import StateFiles  # noqa: E402
 from tests.lane_fixtures import make_lane_project, remove_everything  # noqa: E402
 
 REPEAT = 3
@@ -73,8 +74,8 @@ def main() -> int:
             catalog = load_catalog(Project.locate(lanes.root / "recipes"))
             a, b = catalog.lane("demo-h1"), catalog.lane("demo-h2")
             state.mkdir(parents=True, exist_ok=True)
-            switcher = LaneSwitcher(catalog, ContainerEngine(), Journal(state / "journal.jsonl"),
-                                    LaneStateStore(state / "state.json"), reporter=Quiet(), no_gpu=True)
+            switcher = LaneSwitcher(catalog, ContainerEngine(), Journal(StateFiles(state).journal),
+                                    LaneStateStore(StateFiles(state).lanes), reporter=Quiet(), no_gpu=True)
             assert switcher.up(a).result == "ok" and switcher.up(b).result == "ok"  # both lanes' containers exist
             interval = b.spec.health.poll_interval_seconds
             url = f"http://127.0.0.1:{b.spec.engine.ports[0].published}/health"

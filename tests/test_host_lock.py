@@ -3,18 +3,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from lanectl.state.lock import HOLDERLESS_GRACE_SECONDS, HostLock, LockBusy
+from lanectl.state.lock import HostLock, LockBusy
+from lanectl.state.paths import StateDirUnsafe, StateFiles
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +27,9 @@ HOLDER_SCRIPT = textwrap.dedent("""
     from datetime import UTC, datetime
     from pathlib import Path
     from lanectl.state.lock import HostLock, LockBusy
-    lock = HostLock(Path(sys.argv[1]) / "lock", sys.argv[2], now=lambda: datetime(2026, 11, 30, 12, 3, 11, tzinfo=UTC))
+    from lanectl.state.paths import StateFiles
+    lock = HostLock(StateFiles(Path(sys.argv[1])).host_lock, sys.argv[2],
+                    now=lambda: datetime(2026, 11, 30, 12, 3, 11, tzinfo=UTC))
     go = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     if go is not None:
         print("ready", flush=True)
@@ -101,21 +105,28 @@ def holding(directory: Path, holders: list[LockHolder], command: str = "lanectl 
     return holder
 
 
+def lock_at(directory: Path, command: str = "lanectl rollback", **options: object) -> HostLock:
+    return HostLock(StateFiles(directory).host_lock, command, **options)  # type: ignore[arg-type]
+
+
+def details(directory: Path) -> Path:
+    return lock_at(directory).holder_path
+
+
 def holder_file(directory: Path) -> dict:
-    return json.loads((directory / "lock" / "holder.json").read_text())
+    return json.loads(details(directory).read_text())
 
 
-def write_holder(directory: Path, **fields: object) -> None:
-    (directory / "lock").mkdir(parents=True)
-    holder = {"pid": os.getpid(), "command": "lanectl up h1-REF", "since": "2026-11-30T12:03:11.000Z",
-              "host": socket.gethostname(), **fields}
-    (directory / "lock" / "holder.json").write_text(json.dumps(holder))
+def test_the_holder_details_are_written_beside_the_lock_once_it_is_held(tmp_path: Path):
+    lock = lock_at(tmp_path, "lanectl up h2-REF", now=lambda: datetime(2026, 11, 30, 12, 3, 11, tzinfo=UTC))
 
+    with lock.held(0):
+        assert holder_file(tmp_path) == {"pid": os.getpid(), "command": "lanectl up h2-REF",
+                                         "since": "2026-11-30T12:03:11.000Z", "host": socket.gethostname()}
+        assert details(tmp_path).stat().st_mode & 0o777 == 0o600
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["host.lock", "host.lock.json"]
 
-def dead_pid() -> int:
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    return finished.pid
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.lock"]  # the lock file stays; see lock.py
 
 
 def test_second_contender_polls_until_the_wait_ends_then_names_the_holder(
@@ -130,7 +141,7 @@ def test_second_contender_polls_until_the_wait_ends_then_names_the_holder(
         naps.append(seconds)
         elapsed += seconds
 
-    lock = HostLock(tmp_path / "lock", "lanectl rollback", clock=lambda: elapsed, sleep=nap)
+    lock = lock_at(tmp_path, clock=lambda: elapsed, sleep=nap)
     with pytest.raises(LockBusy) as busy:
         lock.acquire(2.0)
 
@@ -156,108 +167,89 @@ def test_contender_gets_the_lock_when_the_holder_releases_within_the_wait(
         naps.append(seconds)
         time.sleep(seconds)
 
-    lock = HostLock(tmp_path / "lock", "lanectl rollback", sleep=nap)
+    lock = lock_at(tmp_path, sleep=nap)
     lock.acquire(30)
 
     assert len(naps) == 1
     assert holder_file(tmp_path)["pid"] == os.getpid()
     assert holder_file(tmp_path)["command"] == "lanectl rollback"
-    assert lock.took_over_from is None
+    assert lock.took_over_from is None  # released properly: nothing left behind
     lock.release()
-    assert not (tmp_path / "lock").exists()
+    assert not details(tmp_path).exists()
 
 
-def test_the_lock_of_a_killed_holder_is_taken_over(tmp_path: Path, holders: list[LockHolder]):
-    holder = holding(tmp_path, holders)
-    holder.stop()
+def test_a_holder_killed_with_sigkill_leaves_a_lock_the_next_process_takes_at_once(
+    tmp_path: Path, holders: list[LockHolder]
+):
+    killed = holding(tmp_path, holders)
+    killed.process.send_signal(signal.SIGKILL)
+    killed.process.wait(timeout=10)
 
-    lock = HostLock(tmp_path / "lock", "lanectl rollback")
-    lock.acquire(0)
+    # The next process, with no wait at all: the kernel let the killed holder's flock go.
+    taker = holding(tmp_path, holders, command="lanectl rollback")
 
-    assert lock.took_over_from is not None
-    assert lock.took_over_from["pid"] == holder.pid
-    assert lock.took_over_from["command"] == "lanectl up h2-REF"
-    assert lock.took_over_from["reason"] == f"pid {holder.pid} is no longer running"
-    assert holder_file(tmp_path)["pid"] == os.getpid()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["lock"]
+    assert holder_file(tmp_path)["pid"] == taker.pid
+    assert holder_file(tmp_path)["command"] == "lanectl rollback"
 
 
-def test_the_lock_of_a_killed_but_unreaped_holder_is_taken_over(tmp_path: Path, holders: list[LockHolder]):
-    holder = holding(tmp_path, holders)
-    holder.process.kill()
-    stat = Path(f"/proc/{holder.pid}/stat")
-    for _ in range(1000):
-        if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+def test_whoever_takes_a_lock_a_killed_holder_left_learns_whose_it_was(tmp_path: Path, holders: list[LockHolder]):
+    killed = holding(tmp_path, holders)
+    killed.process.send_signal(signal.SIGKILL)  # not reaped yet: a zombie holds no file, and no flock
+
+    lock = lock_at(tmp_path)
+    deadline = time.monotonic() + 10
+    while True:  # the kernel closes a killed process's files as it exits, not at once
+        try:
+            lock.acquire(0)
             break
-        time.sleep(0.005)
+        except LockBusy:
+            assert time.monotonic() < deadline, "the killed holder's lock was never let go"
+            time.sleep(0.01)
 
-    lock = HostLock(tmp_path / "lock", "lanectl rollback")
-    lock.acquire(0)
-
-    assert lock.took_over_from is not None
-    assert lock.took_over_from["reason"] == f"pid {holder.pid} has exited (its parent has not reaped it yet)"
-
-
-@pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="needs Linux's boot_id")
-def test_a_lock_taken_before_the_last_boot_is_stale_even_if_its_pid_is_alive_now(tmp_path: Path):
-    write_holder(tmp_path, pid=os.getpid(), boot_id="a-previous-boot")
-
-    lock = HostLock(tmp_path / "lock", "lanectl up h1-REF")
-    lock.acquire(0)
-
-    assert lock.took_over_from is not None
-    assert lock.took_over_from["reason"] == f"the host restarted since pid {os.getpid()} took the lock"
+    assert lock.took_over_from == {"pid": killed.pid, "command": "lanectl up h2-REF",
+                                   "since": "2026-11-30T12:03:11.000Z", "host": socket.gethostname(),
+                                   "reason": f"pid {killed.pid} ended without releasing the lock"}
+    assert holder_file(tmp_path)["pid"] == os.getpid()
+    lock.release()
 
 
-def test_a_reused_pid_does_not_keep_a_dead_holders_lock(tmp_path: Path):
-    start = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    write_holder(tmp_path, pid=os.getppid(), pid_start=start + 1)
-
-    lock = HostLock(tmp_path / "lock", "lanectl up h1-REF")
-    lock.acquire(0)
-
-    assert lock.took_over_from is not None
-    assert lock.took_over_from["reason"] == f"pid {os.getppid()} is now a different process"
+def hold_by_hand(directory: Path, holder: dict | None) -> int:
+    """Hold the lock through a file descriptor of our own, with `holder` as its details (none if None)."""
+    fd = os.open(StateFiles(directory).host_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if holder is not None:
+        details(directory).write_text(json.dumps(holder))
+    return fd
 
 
-def test_a_live_holder_is_never_taken_over(tmp_path: Path):
-    start = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    write_holder(tmp_path, pid=os.getppid(), pid_start=start)
+def test_a_holder_on_another_host_is_named_with_its_host(tmp_path: Path, timezone_two_hours_east: None):
+    fd = hold_by_hand(tmp_path, {"pid": 4242, "command": "lanectl up h1-REF", "since": "2026-11-30T12:03:11.000Z",
+                                 "host": "other-box"})
+    try:
+        with pytest.raises(LockBusy) as busy:
+            lock_at(tmp_path, "lanectl up h2-REF").acquire(0)
+    finally:
+        os.close(fd)
 
-    with pytest.raises(LockBusy):
-        HostLock(tmp_path / "lock", "lanectl up h1-REF").acquire(0)
-    assert holder_file(tmp_path)["pid"] == os.getppid()
-
-
-def test_a_holder_on_another_host_is_not_judged_from_here(tmp_path: Path, timezone_two_hours_east: None):
-    pid = dead_pid()
-    write_holder(tmp_path, pid=pid, host="other-box")
-
-    with pytest.raises(LockBusy) as busy:
-        HostLock(tmp_path / "lock", "lanectl up h2-REF").acquire(0)
-
-    assert str(busy.value) == f"locked by pid {pid} (lanectl up h1-REF) on other-box since 14:03:11"
+    assert str(busy.value) == "locked by pid 4242 (lanectl up h1-REF) on other-box since 14:03:11"
 
 
-def test_a_lock_without_holder_file_is_waited_for_while_young_and_taken_over_when_old(tmp_path: Path):
-    (tmp_path / "lock").mkdir()
+@pytest.mark.parametrize("written", [None, '{"pid": 0, "command": "x", "since": "now", "host": "h"}', "{"])
+def test_a_lock_whose_details_are_missing_or_unreadable_is_still_busy(tmp_path: Path, written: str | None):
+    fd = hold_by_hand(tmp_path, None)
+    if written is not None:
+        details(tmp_path).write_text(written)
+    try:
+        with pytest.raises(LockBusy) as busy:
+            lock_at(tmp_path).acquire(0)
+    finally:
+        os.close(fd)
 
-    with pytest.raises(LockBusy) as busy:
-        HostLock(tmp_path / "lock", "lanectl up h2-REF").acquire(0)
-    assert str(busy.value).startswith("locked by an unknown process (holder.json missing or unreadable) since ")
+    assert str(busy.value) == "locked by an unknown process (host.lock.json missing or unreadable)"
     assert busy.value.holder["pid"] is None
 
-    made = time.time() - HOLDERLESS_GRACE_SECONDS - 5
-    os.utime(tmp_path / "lock", (made, made))
-    lock = HostLock(tmp_path / "lock", "lanectl up h2-REF")
-    lock.acquire(0)
-    assert lock.took_over_from is not None
-    assert lock.took_over_from["pid"] is None
-    assert lock.took_over_from["reason"].startswith("holder.json missing or unreadable and the lock is 1")
 
-
-def test_only_one_of_many_contenders_takes_over_a_stale_lock(tmp_path: Path, holders: list[LockHolder]):
-    write_holder(tmp_path, pid=dead_pid())
+def test_only_one_of_many_contenders_takes_the_lock(tmp_path: Path, holders: list[LockHolder]):
     go = tmp_path / "go"
     contenders = [LockHolder(tmp_path, f"lanectl up contender-{number}", go=go) for number in range(6)]
     holders.extend(contenders)
@@ -270,43 +262,8 @@ def test_only_one_of_many_contenders_takes_over_a_stale_lock(tmp_path: Path, hol
     assert answers[holder_file(tmp_path)["pid"]] == "held"
 
 
-def test_a_contender_looks_again_under_the_takeover_guard_before_removing_a_lock(
-    tmp_path: Path, holders: list[LockHolder]
-):
-    """The race the guard exists for: judged stale, then replaced by a live holder before the rename."""
-    write_holder(tmp_path, pid=dead_pid())
-    guard = os.open(tmp_path, os.O_RDONLY)
-    fcntl.flock(guard, fcntl.LOCK_EX)
-    try:
-        contender = LockHolder(tmp_path, "lanectl up h2-REF")
-        holders.append(contender)
-        deadline = time.monotonic() + 10
-        while not any(line.split()[1] == "->" and line.split()[5] == str(contender.pid)
-                      for line in Path("/proc/locks").read_text().splitlines()):
-            assert time.monotonic() < deadline, "the contender never waited for the takeover guard"
-            time.sleep(0.005)  # until it waits for the guard, having judged the lock stale
-        shutil.rmtree(tmp_path / "lock")
-        write_holder(tmp_path, pid=os.getpid())
-    finally:
-        os.close(guard)
-
-    assert contender.said() == "busy"
-    assert holder_file(tmp_path)["pid"] == os.getpid()
-
-
-def test_release_leaves_a_lock_that_is_no_longer_ours(tmp_path: Path):
-    lock = HostLock(tmp_path / "lock", "lanectl up h2-REF")
-    lock.acquire(0)
-    someone_else = {**holder_file(tmp_path), "since": "2026-11-30T12:09:00.000Z"}
-    (tmp_path / "lock" / "holder.json").write_text(json.dumps(someone_else))
-
-    lock.release()
-
-    assert holder_file(tmp_path) == someone_else
-
-
-def test_a_forked_child_does_not_release_its_parents_lock(tmp_path: Path):
-    lock = HostLock(tmp_path / "lock", "lanectl up h2-REF")
+def test_a_forked_child_does_not_release_its_parents_lock(tmp_path: Path, holders: list[LockHolder]):
+    lock = lock_at(tmp_path, "lanectl up h2-REF")
     lock.acquire(0)
 
     child = os.fork()
@@ -315,20 +272,37 @@ def test_a_forked_child_does_not_release_its_parents_lock(tmp_path: Path):
         os._exit(0)
     os.waitpid(child, 0)
 
+    other = LockHolder(tmp_path, "lanectl rollback")
+    holders.append(other)
+    assert other.said() == "busy"
     assert holder_file(tmp_path)["pid"] == os.getpid()
     lock.release()
-    assert not (tmp_path / "lock").exists()
+    assert not details(tmp_path).exists()
 
 
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt, RuntimeError])
 def test_the_lock_is_released_however_the_block_ends(tmp_path: Path, interruption: type[BaseException]):
-    lock = HostLock(tmp_path / "lock", "lanectl up h2-REF")
+    lock = lock_at(tmp_path, "lanectl up h2-REF")
 
     with pytest.raises(interruption):
         with lock.held(0):
             assert holder_file(tmp_path)["pid"] == os.getpid()
             raise interruption()
 
-    assert not (tmp_path / "lock").exists()
-    with HostLock(tmp_path / "lock", "lanectl rollback").held(0):
+    assert not details(tmp_path).exists()
+    with lock_at(tmp_path, "lanectl rollback").held(0):
         assert holder_file(tmp_path)["command"] == "lanectl rollback"
+
+
+@pytest.mark.parametrize("name", ["host.lock", "host.lock.json"])
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(tmp_path: Path, name: str):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere"
+    target.write_text("precious\n")
+    (state / name).symlink_to(target)
+
+    with pytest.raises(StateDirUnsafe, match=f"{state / name} is a symbolic link"):
+        lock_at(state).acquire(0)
+
+    assert target.read_text() == "precious\n"

@@ -174,7 +174,7 @@ def test_two_ups_at_once_the_second_waits_then_gives_up_naming_the_holder(lanes,
                             env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
-        while not (state / "lock").exists() and time.monotonic() < deadline:
+        while not (state / "host.lock.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         second = lanes.cli("up", "demo-h2", "--no-gpu", "--lock-wait", "1s", state=state)
         assert second.returncode == 1

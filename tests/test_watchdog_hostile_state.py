@@ -123,12 +123,14 @@ BAD_STATE_FILES = {
     "not-json": (b'{"version": 1, "active": "demo', "not JSON"),
     "non-utf8": (b'{"version": 1, "active": "\xff"}', "not UTF-8 text (byte 26)"),
     "a-list": (b"[]", "expected a JSON object, got list"),
-    "active-not-text": (b'{"version": 1, "active": 5}', "active must be text or null, got 5"),
-    "known-good-not-a-list": (b'{"version": 1, "known_good": "demo-h1"}', "known_good must be a list"),
-    "armed-not-bool": (b'{"version": 1, "watchdog_armed": "yes"}', "watchdog_armed must be true or false"),
-    "lease-wrong-shape": (b'{"version": 1, "watchdog_lease": {"until": 1}}', "watchdog_lease must hold"),
+    "active-not-text": (b'{"version": 1, "active": 5}', "active: Input should be a valid string"),
+    "known-good-not-a-list": (b'{"version": 1, "known_good": "demo-h1"}', "known_good: Input should be a valid array"),
+    "armed-not-bool": (b'{"version": 1, "watchdog_armed": "yes"}', "watchdog_armed: Input should be a valid boolean"),
+    "lease-wrong-shape": (b'{"version": 1, "watchdog_lease": {"until": 1}}',
+                          "watchdog_lease.until: Input should be a valid string; "
+                          "watchdog_lease.reason: Field required"),
     "lease-until-not-a-time": (b'{"version": 1, "watchdog_lease": {"until": "soon", "reason": "r", "by": "b"}}',
-                               "not an ISO timestamp"),
+                               "watchdog_lease.until: Invalid isoformat string: 'soon'"),
     "version-infinite": (b'{"version": 1e999}', "version must be 1, got inf"),
     "version-huge": (b'{"version": 1' + b"0" * 5000 + b"}", "not JSON"),
     "version-true": (b'{"version": true}', "version must be 1, got True"),
@@ -181,7 +183,7 @@ def test_watchdog_run_journals_a_failed_pass_and_runs_the_next(state: Path, kern
         run.terminate()
         _, stderr = run.communicate(timeout=30)
     failed = [r for r in journal_records(state) if r.get("event") == "pass-failed"]
-    assert failed and "active must be text or null, got 5" in failed[0]["message"]
+    assert failed and "active: Input should be a valid string" in failed[0]["message"]
     assert "[start] -: none: pass failed: " in stderr
     assert json.loads((state / "watchdog.json").read_text())["last_pass_result"] == (
         "none: no active lane: nothing to watch")
@@ -195,16 +197,18 @@ BAD_JOURNAL_LINES = {
     "truncated": (b'{"ts": "2026-11-30T12:0', "truncated or corrupt"),
     "non-utf8": (b'{"ts": "\xff", "kind": "note"}', "truncated or corrupt"),
     "a-list": (b"[1, 2]", "truncated or corrupt"),
-    "who-an-object": (b'{"who": {"a": 1}, "kind": "note"}', "who must be text, got an object"),
-    "kind-a-number": (b'{"kind": 5}', "kind must be text, got a number"),
-    "pid-text": (b'{"pid": "1", "kind": "note"}', "pid must be a whole number, got text"),
-    "pid-huge": (b'{"pid": 1e999, "kind": "note"}', "pid must be a whole number, got a number"),
+    "who-an-object": (b'{"who": {"a": 1}, "kind": "note"}', "who: Input should be a valid string"),
+    "kind-a-number": (b'{"kind": 5}', "kind: Input should be a valid string"),
+    "kind-a-list": (b'{"kind": [5]}', "kind: Input should be a valid string"),
+    "pid-text": (b'{"pid": "1", "kind": "note"}', "pid: Input should be a valid integer"),
+    "pid-huge": (b'{"pid": 1e999, "kind": "note"}', "pid: Input should be a valid integer"),
+    "pid-true": (b'{"pid": true, "kind": "note"}', "pid: Input should be a valid integer"),
     "intent-steps-text": (b'{"kind": "intent", "switch": "s", "action": "up", "from": null, "to": "x", '
-                          b'"why": "w", "steps": "all"}', "steps must be a list of text, got text"),
+                          b'"why": "w", "steps": "all"}', "steps: Input should be a valid list"),
     "intent-without-to": (b'{"kind": "intent", "switch": "s", "action": "up", "from": null, "why": "w", '
-                          b'"steps": []}', "a intent record without to"),
+                          b'"steps": []}', "to: Field required"),
     "outcome-switch-number": (b'{"kind": "outcome", "switch": 7, "result": "ok"}',
-                              "switch must be text, got a number"),
+                              "switch: Input should be a valid string"),
     "nested-past-the-recursion-limit": (b"[" * 100_000, "truncated or corrupt"),
     "integer-of-5000-digits": (b'{"pid": 1' + b"0" * 5000 + b"}", "truncated or corrupt"),
     "two-mebibyte-line": (b'{"kind": "note", "message": "' + b"x" * (2 * 1024 * 1024) + b'"}',
@@ -239,7 +243,7 @@ def test_a_bad_intent_does_not_reach_a_switch_or_status(state: Path, kernel_log:
     data = json.loads(result.stdout)["data"]
     assert data["unfinished_switch"] is None
     assert data["journal_problems"] == [
-        "journal.jsonl line 1 from the end: unreadable record (steps must be a list of text, got text, "
+        "journal.jsonl line 1 from the end: unreadable record (steps: Input should be a valid list, "
         f"{len(json.dumps(bad_intent))} bytes); ignored"]
 
 

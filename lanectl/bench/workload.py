@@ -16,12 +16,13 @@ A workload file lives under `recipes/workloads/` but declares its own schema, so
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from lanectl.errors import BadInput, Problem
-from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, format_path, read_yaml_file
+from lanectl.recipe.validation import problems_from_validation
+from lanectl.recipe.yaml_source import YamlSyntaxError, read_yaml_file
 
 WORKLOAD_SCHEMA = "lanectl-workload/v1"
 WORKLOADS_DIR = "workloads"
@@ -104,28 +105,4 @@ def load_workload(path: Path, shown: str | None = None) -> Workload:
     try:
         return Workload.model_validate(doc.data)
     except ValidationError as exc:
-        raise WorkloadInvalid(_problems(exc, doc)) from None
-
-
-def _problems(exc: ValidationError, doc: YamlDocument) -> list[Problem]:
-    problems = []
-    for error in exc.errors(include_url=False):
-        # A bad class name is reported by pydantic at (..., name, "[key]"); point at the key itself.
-        loc: PathKey = tuple(part for part in error["loc"] if part != "[key]")
-        is_key = error["type"] == "extra_forbidden" or "[key]" in error["loc"]
-        line, column = doc.position(loc, key=is_key)
-        problems.append(Problem(doc.file, line, column, format_path(loc), _message(error)))
-    return problems
-
-
-def _message(error: Any) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = ", ".join(f.alias or name for name, f in Workload.model_fields.items())
-        return f"unknown key; expected one of: {allowed}"
-    if kind == "missing":
-        return "required key is missing"
-    message = str(error["msg"])
-    if "input" in error and not isinstance(error["input"], dict | list):
-        message += f", got {error['input']!r}"
-    return message
+        raise WorkloadInvalid(problems_from_validation(exc, doc, Workload)) from None

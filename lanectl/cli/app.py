@@ -363,10 +363,10 @@ def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default:
     from lanectl.commands.switch import run
     from lanectl.errors import BadInput
     from lanectl.state.lanes import LaneStateStore
-    from lanectl.state.paths import state_dir
+    from lanectl.state.paths import StateFiles, state_dir
 
     loaded = catalog()
-    name = lane or LaneStateStore(state_dir() / "state.json").load().active
+    name = lane or LaneStateStore(StateFiles(state_dir()).lanes).load().active
     if name is None:
         raise BadInput("no active lane; name the lane to stop")
     target = loaded.lane(name)

@@ -11,9 +11,7 @@ from lanectl.lanes.switcher import Reporter
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lock import HostLock
-from lanectl.state.paths import create_state_dir, state_dir
-
-FLEET_JOURNAL = "fleet-journal.jsonl"
+from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 
 
 @contextmanager
@@ -23,11 +21,11 @@ def fleet_rollout(catalog: Catalog, command: str, *, lock_wait: float, reporter:
     two managers from changing one node at once."""
     from lanectl.dockerapi.swarm import SwarmEngine
 
-    directory = state_dir()
-    create_state_dir(directory)
+    files = StateFiles(state_dir())
+    create_state_dir(files.root)
     swarm = SwarmEngine()
-    with HostLock(directory / "lock", command).held(lock_wait):
-        yield FleetRollout(catalog, swarm, Journal(directory / FLEET_JOURNAL), reporter=reporter, no_gpu=no_gpu)
+    with HostLock(files.host_lock, command).held(lock_wait):
+        yield FleetRollout(catalog, swarm, Journal(files.fleet_journal), reporter=reporter, no_gpu=no_gpu)
 
 
 def run(action: Callable[[FleetRollout], FleetOutcome], catalog: Catalog, command: str, *, lock_wait: float,

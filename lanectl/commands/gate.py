@@ -29,9 +29,9 @@ def bench(catalog: Catalog, lane: Lane | None, workload_name: str, concurrency: 
     from lanectl.dockerapi.containers import ContainerEngine
     from lanectl.errors import BadInput
     from lanectl.state.lanes import LaneStateStore
-    from lanectl.state.paths import state_dir
+    from lanectl.state.paths import StateFiles, state_dir
 
-    active = LaneStateStore(state_dir() / "state.json").load().active
+    active = LaneStateStore(StateFiles(state_dir()).lanes).load().active
     target = lane or (catalog.lanes.get(active) if active else None)
     if target is None:
         raise BadInput("no active lane to bench; name one that is serving, or `lanectl up` one first")

@@ -3,13 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 from lanectl.state.journal import Journal
-from lanectl.state.paths import state_dir
+from lanectl.state.paths import StateFiles, state_dir
 
 
 def journal_tail(count: int, *, fleet: bool = False) -> dict[str, Any]:
-    from lanectl.commands.fleet import FLEET_JOURNAL
-
-    contents = Journal(state_dir() / (FLEET_JOURNAL if fleet else "journal.jsonl")).tail(count)
+    files = StateFiles(state_dir())
+    contents = Journal(files.fleet_journal if fleet else files.journal).tail(count)
     return {"records": contents.records, "problems": contents.problems}
 
 

@@ -8,7 +8,7 @@ from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
-from lanectl.state.paths import state_dir
+from lanectl.state.paths import StateFiles, state_dir
 
 
 def lane_status(catalog: Catalog) -> dict[str, Any]:
@@ -21,8 +21,9 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
 
     directory = state_dir()
     engine = ContainerEngine()
-    state = LaneStateStore(directory / "state.json").load()
-    journal = Journal(directory / "journal.jsonl")
+    files = StateFiles(directory)
+    state = LaneStateStore(files.lanes).load()
+    journal = Journal(files.journal)
     containers = engine.lane_containers()
     by_lane: dict[tuple[str, str], list[ContainerState]] = {}
     for container in containers:
@@ -59,7 +60,7 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
         "active": state.active,
         "known_good": list(state.known_good),
         "watchdog": {
-            "armed": state.watchdog_armed,
+            "armed": state.watchdog_armed_at(now),
             "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
                                                  "expired": state.lease_expired(now)},
         },

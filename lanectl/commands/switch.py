@@ -10,7 +10,7 @@ from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.lock import HostLock
-from lanectl.state.paths import create_state_dir, state_dir
+from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 
 
 @contextmanager
@@ -20,24 +20,24 @@ def switcher(catalog: Catalog, command: str, *, lock_wait: float, reporter: Repo
     directory = state_dir()
     create_state_dir(directory)
     engine = ContainerEngine()
-    journal = Journal(directory / "journal.jsonl")
-    lock = HostLock(directory / "lock", command)
+    files = StateFiles(directory)
+    journal = Journal(files.journal)
+    lock = HostLock(files.host_lock, command)
     with lock.held(lock_wait):
         if lock.took_over_from:
             holder = lock.took_over_from
             journal.append("note", message=f"took over the lock of pid {holder.get('pid')} "
                                            f"({holder.get('command')}) since {holder.get('since')}: "
                                            f"{holder.get('reason')}")
-        yield LaneSwitcher(catalog, engine, journal, LaneStateStore(directory / "state.json"), reporter=reporter,
+        yield LaneSwitcher(catalog, engine, journal, LaneStateStore(files.lanes), reporter=reporter,
                            no_gpu=no_gpu)
 
 
 def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
     """What `up` would do, from what the engine shows now; changes nothing and takes no lock."""
-    directory = state_dir()
     engine = ContainerEngine()
     lines = []
-    unfinished = Journal(directory / "journal.jsonl").unfinished_intent()
+    unfinished = Journal(StateFiles(state_dir()).journal).unfinished_intent()
     if unfinished:
         lines.append(f"would first reconcile the unfinished {unfinished['action']} "
                      f"({unfinished.get('from') or '-'} -> {unfinished.get('to') or '-'})")
@@ -49,7 +49,7 @@ def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
 
 
 def dry_run_rollback(catalog: Catalog, to: Lane | None) -> list[str]:
-    state = LaneStateStore(state_dir() / "state.json").load()
+    state = LaneStateStore(StateFiles(state_dir()).lanes).load()
     return dry_run_up(catalog, to or rollback_target(catalog, state))
 
 

@@ -8,7 +8,7 @@ from lanectl.errors import LanectlError
 from lanectl.lanes.switcher import Reporter
 from lanectl.recipe.catalog import Catalog
 from lanectl.state.lanes import LaneStateStore
-from lanectl.state.paths import create_state_dir, state_dir
+from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 from lanectl.watchdog.runner import Watchdog
 from lanectl.watchdog.state import WatchdogStateStore
 
@@ -42,9 +42,9 @@ def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bo
 
 
 def watchdog_status() -> dict[str, Any]:
-    directory = state_dir()
-    state = LaneStateStore(directory / "state.json").load()
-    memory_store = WatchdogStateStore(directory / "watchdog.json", quarantine=False)
+    files = StateFiles(state_dir())
+    state = LaneStateStore(files.lanes).load()
+    memory_store = WatchdogStateStore(files.watchdog, quarantine=False)
     record = memory_store.load()
     now = datetime.now(UTC)
     heartbeat_age = None
@@ -52,7 +52,7 @@ def watchdog_status() -> dict[str, Any]:
         heartbeat_age = round(now.timestamp() - datetime.fromisoformat(record.heartbeat).timestamp(), 1)
     lease = state.watchdog_lease
     return {
-        "armed": state.watchdog_armed or state.lease_expired(now),
+        "armed": state.watchdog_armed_at(now),
         "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
                                              "expired": state.lease_expired(now)},
         "active": state.active,

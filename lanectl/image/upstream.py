@@ -11,7 +11,6 @@ import json
 import os
 import re
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -21,6 +20,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from lanectl.errors import OperationFailed
+from lanectl.state.atomic import replacing, write_atomically
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple/"
 INDEX_URL_ENV = "LANECTL_PYPI_INDEX"
@@ -30,7 +30,7 @@ DOWNLOAD_ATTEMPTS = 4
 # Module level so tests can make retries instant; production waits 0.5, 1, 2 s between attempts.
 RETRY_WAIT = wait_exponential(multiplier=0.5, max=8)
 _CHUNK_BYTES = 1 << 20
-# mkstemp creates files 0600; the cache is shared by whoever builds images and checks patches.
+# Written files are 0600 by default; the cache is shared by whoever builds images and checks patches.
 _CACHE_FILE_MODE = 0o644
 
 Progress = Callable[[int, int], None]
@@ -150,43 +150,26 @@ def _read_record(path: Path) -> SdistFile | None:
         return None
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(temp_name, _CACHE_FILE_MODE)
-        os.replace(temp_name, path)
-    finally:
-        Path(temp_name).unlink(missing_ok=True)
-
-
 def _download(sdist: SdistFile, final: Path, client: httpx.Client, progress: Progress | None) -> None:
     def attempt() -> None:
-        fd, temp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
-        temp = Path(temp_name)
-        try:
+        # A download that fails or does not verify raises inside the block: nothing replaces `final`.
+        with replacing(final, mode=_CACHE_FILE_MODE) as handle, client.stream("GET", sdist.url) as response:
+            response.raise_for_status()
             digest = hashlib.sha256()
-            with os.fdopen(fd, "wb") as handle, client.stream("GET", sdist.url) as response:
-                response.raise_for_status()
-                total = sdist.size or int(response.headers.get("content-length", 0) or 0)
-                done = 0
-                for chunk in response.iter_bytes(_CHUNK_BYTES):
-                    handle.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    if progress is not None:
-                        progress(done, total)
+            total = sdist.size or int(response.headers.get("content-length", 0) or 0)
+            done = 0
+            for chunk in response.iter_bytes(_CHUNK_BYTES):
+                handle.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
             if sdist.size is not None and done != sdist.size:
                 raise UpstreamError(f"{sdist.url}: downloaded {done} bytes, the index says {sdist.size}; not cached")
             if digest.hexdigest() != sdist.sha256:
                 raise UpstreamError(
                     f"{sdist.url}: sha256 {digest.hexdigest()} does not match the index's {sdist.sha256}; not cached"
                 )
-            os.chmod(temp, _CACHE_FILE_MODE)
-            os.replace(temp, final)
-        finally:
-            temp.unlink(missing_ok=True)
 
     try:
         _retrying()(attempt)
@@ -226,7 +209,7 @@ def fetch_sdist(
     finally:
         if owned_client:
             http.close()
-    _write_atomically(record_path, json.dumps(asdict(sdist), indent=2) + "\n")
+    write_atomically(record_path, (json.dumps(asdict(sdist), indent=2) + "\n").encode(), mode=_CACHE_FILE_MODE)
     return final
 
 

@@ -18,19 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.project import Project, leaves
 from lanectl.recipe.kernel import KernelSpec
 from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
-from lanectl.recipe.yaml_source import (
-    PathKey,
-    YamlDocument,
-    YamlSyntaxError,
-    format_path,
-    read_yaml_file,
-)
+from lanectl.recipe.validation import problems_from_validation
+from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, read_yaml_file
 
 ROLE_PRIMARY = "primary"
 
@@ -166,7 +161,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
     try:
         recipe_file = RecipeFile.model_validate(raw)
     except ValidationError as exc:
-        problems.extend(_problems_from_validation(exc, doc, RecipeFile, lambda loc: loc))
+        problems.extend(problems_from_validation(exc, doc, RecipeFile))
         return []
     recipe = Recipe(id=recipe_file.id, file=file, project_root=project.root, description=recipe_file.description,
                     naming=recipe_file.naming, keep_stopped_lanes=recipe_file.keep_stopped_lanes)
@@ -186,7 +181,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
             spec = LaneSpec.model_validate(merged)
         except ValidationError as exc:
             problems.extend(lane_problems)
-            problems.extend(_problems_from_validation(exc, doc, LaneSpec, locate))
+            problems.extend(problems_from_validation(exc, doc, LaneSpec, locate))
             continue
         lane_problems.extend(_check_consistency(doc, spec, locate))
         problems.extend(lane_problems)
@@ -195,11 +190,6 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
         lanes.append(Lane(name=str(name), recipe=recipe, spec=spec, kernels=tuple(lane_kernels),
                           declared_at=doc.position(("lanes", name), key=True)))
     return lanes
-
-
-def _problem(doc: YamlDocument, path: PathKey, message: str, *, key: bool = False) -> Problem:
-    line, column = doc.position(path, key=key)
-    return Problem(doc.file, line, column, format_path(path), message)
 
 
 def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
@@ -212,12 +202,12 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
     if isinstance(template_name, str) and re.fullmatch(TEMPLATE_NAME, template_name):
         template = project.images_dir / template_name / "Dockerfile.j2"
         if leaves(template.parent, project.images_dir):
-            problems.append(_problem(doc, locate(("image", "template")),
+            problems.append(doc.problem(locate(("image", "template")),
                                      f"{template_name} leads out of images/ (through '..' or a symlink); "
                                      "keep templates inside images/"))
         elif not template.is_file():
             known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
-            problems.append(_problem(doc, locate(("image", "template")),
+            problems.append(doc.problem(locate(("image", "template")),
                                      f"no template {project.display(template)}; known templates: "
                                      f"{', '.join(known) or 'none'}"))
     found_kernels = []
@@ -227,7 +217,7 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             continue
         kernel = kernels.get(kernel_name)
         if kernel is None:
-            problems.append(_problem(doc, locate(("kernels", i)),
+            problems.append(doc.problem(locate(("kernels", i)),
                                      f"no kernel {kernel_name!r}: expected kernels/{kernel_name}.yaml"
                                      f"{kernels.known_hint()}"))
         elif kernel is not _INVALID:
@@ -239,17 +229,17 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             continue  # the model reports it
         path = project.patches_dir / patch["path"]
         if leaves(path, project.patches_dir):
-            problems.append(_problem(doc, locate(("patches", i, "path")),
+            problems.append(doc.problem(locate(("patches", i, "path")),
                                      f"{patch['path']} leads out of patches/ (through '..' or a symlink); "
                                      "keep patch files inside patches/"))
             continue
         if not path.is_file():
-            problems.append(_problem(doc, locate(("patches", i, "path")),
+            problems.append(doc.problem(locate(("patches", i, "path")),
                                      f"no patch file {project.display(path)}; paths are relative to patches/"))
             continue
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if isinstance(patch.get("sha256"), str) and actual != patch["sha256"]:
-            problems.append(_problem(doc, locate(("patches", i, "sha256")),
+            problems.append(doc.problem(locate(("patches", i, "sha256")),
                                      f"sha256 does not match {project.display(path)} (it hashes to {actual}); "
                                      "review the patch, then update sha256"))
     return problems, found_kernels
@@ -267,13 +257,13 @@ def _check_consistency(doc: YamlDocument, spec: LaneSpec,
         for i, port in enumerate(engine.ports):
             key = (port.protocol, port.published)
             if key in seen_ports:
-                problems.append(_problem(doc, locate((*base, "ports", i)),
+                problems.append(doc.problem(locate((*base, "ports", i)),
                                          f"host port {port.published}/{port.protocol} is already published by "
                                          f"the {seen_ports[key]} container; give each a distinct host port"))
             seen_ports[key] = role
     served = _flag_value(spec.engine.args, "--served-model-name")
     if served is not None and served != spec.health.served_model_name:
-        problems.append(_problem(doc, locate(("health", "served_model_name")),
+        problems.append(doc.problem(locate(("health", "served_model_name")),
                                  f"is {spec.health.served_model_name!r} but the engine serves {served!r} "
                                  "(--served-model-name); the readiness check would never pass"))
     return problems
@@ -325,114 +315,22 @@ class _KernelLoader:
         try:
             kernel = KernelSpec.model_validate(doc.data if isinstance(doc.data, dict) else {})
         except ValidationError as exc:
-            self.problems.extend(_problems_from_validation(exc, doc, KernelSpec, lambda loc: loc))
+            self.problems.extend(problems_from_validation(exc, doc, KernelSpec))
             return _INVALID
         if kernel.name != name:
-            self.problems.append(_problem(doc, ("name",), f"is {kernel.name!r} but the file is {name}.yaml; "
+            self.problems.append(doc.problem(("name",), f"is {kernel.name!r} but the file is {name}.yaml; "
                                                           "they must match"))
             return _INVALID
         if kernel.source.path is not None and leaves(self.project.root / kernel.source.path, self.project.root):
-            self.problems.append(_problem(doc, ("source", "path"),
+            self.problems.append(doc.problem(("source", "path"),
                                           f"{kernel.source.path} leads out of the project (through '..' or a "
                                           "symlink); keep kernel sources inside the project"))
             return _INVALID
         if kernel.source.path is not None and not (self.project.root / kernel.source.path).is_dir():
-            self.problems.append(_problem(doc, ("source", "path"),
+            self.problems.append(doc.problem(("source", "path"),
                                           f"no folder {kernel.source.path} in the project"))
             return _INVALID
         return kernel
-
-
-def _problems_from_validation(exc: ValidationError, doc: YamlDocument, model: type[BaseModel],
-                              locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
-    by_path: dict[tuple[PathKey, bool], list[str]] = {}
-    for error in exc.errors(include_url=False):
-        data_loc = _data_path(doc, locate, tuple(error["loc"]), error["type"])
-        # Errors about a mapping key itself (unknown key, bad variable name) point at the key.
-        is_key = error["type"] == "extra_forbidden" or "[key]" in error["loc"]
-        message = _message(error, model, data_loc)
-        by_path.setdefault((data_loc, is_key), [])
-        if message not in by_path[(data_loc, is_key)]:
-            by_path[(data_loc, is_key)].append(message)
-    problems = []
-    for (loc, is_key), messages in by_path.items():
-        path = locate(loc)
-        problems.append(_problem(doc, path, " or ".join(messages) if len(messages) > 1 else messages[0],
-                                 key=is_key))
-    return problems
-
-
-def _data_path(doc: YamlDocument, locate: typing.Callable[[PathKey], PathKey], loc: PathKey,
-               error_type: str) -> PathKey:
-    """Drop the parts of a pydantic location that name union members rather than keys of the data."""
-    kept: list[str | int] = []
-    for i, part in enumerate(loc):
-        candidate = (*kept, part)
-        if doc.has(locate(candidate)) or (i == len(loc) - 1 and error_type == "missing"):
-            kept.append(part)
-        elif part == "schema_":
-            kept.append("schema")
-    return tuple(kept)
-
-
-def _message(error: Any, model: type[BaseModel], loc: PathKey) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(model, loc[:-1])
-        expected = f"; expected one of: {', '.join(allowed)}" if allowed else ""
-        return f"unknown key{expected}"
-    if kind == "missing":
-        return "required key is missing"
-    message = str(error["msg"])
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if message.startswith(prefix):
-            return message[len(prefix):]
-    if "input" in error and not isinstance(error["input"], dict | list):
-        message += f", got {_shown(error['input'])}"
-    return message
-
-
-def _shown(value: Any) -> str:
-    """A rejected value, short: a 400-digit integer or a 1 MB string is named, not echoed."""
-    if isinstance(value, int) and value.bit_length() > 64:
-        return f"an integer of {len(str(value)) if value.bit_length() < 14000 else 'thousands of'} digits"
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "…"
-
-
-def _allowed_keys(model: type[BaseModel], loc: PathKey) -> list[str]:
-    """The keys a mapping at `loc` accepts, for "unknown key" messages."""
-    annotation: Any = model
-    for part in loc:
-        annotation = _unwrap(annotation, part)
-        if annotation is None:
-            return []
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [f.alias or name for name, f in annotation.model_fields.items()]
-    return []
-
-
-def _unwrap(annotation: Any, part: str | int) -> Any:
-    for candidate in _members(annotation):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel) and isinstance(part, str):
-            for name, info in candidate.model_fields.items():
-                if part in (name, info.alias):
-                    return info.annotation
-        origin = typing.get_origin(candidate)
-        args = typing.get_args(candidate)
-        if origin is list and isinstance(part, int):
-            return args[0]
-        if origin is dict and isinstance(part, str) and len(args) == 2:
-            return args[1]
-    return None
-
-
-def _members(annotation: Any) -> list[Any]:
-    if typing.get_origin(annotation) in (typing.Union, __import__("types").UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _members(arg)]
-    if typing.get_origin(annotation) is typing.Annotated:
-        return _members(typing.get_args(annotation)[0])
-    return [annotation]
 
 
 __all__ = ["Catalog", "Lane", "Recipe", "load_catalog", "pydantic"]

@@ -52,6 +52,11 @@ class YamlDocument:
     def has(self, path: PathKey) -> bool:
         return path in self.value_at
 
+    def problem(self, path: PathKey, message: str, *, key: bool = False) -> Problem:
+        """`message` about the value at `path` (about its key, with `key`), located in this file."""
+        line, column = self.position(path, key=key)
+        return Problem(self.file, line, column, format_path(path), message)
+
 
 def format_path(path: PathKey) -> str:
     out = ""

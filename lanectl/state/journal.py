@@ -23,8 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from lanectl.errors import OperationFailed
-from lanectl.state.paths import check_state_file, create_state_dir, fsync_directory
+from lanectl.state.atomic import fsync_directory
+from lanectl.state.file_model import describe_invalid
+from lanectl.state.paths import check_state_file, create_state_dir
 
 RESERVED_FIELDS = ("ts", "who", "pid", "kind")
 # lanectl writes records of a few hundred bytes (a log tail at most some KiB): a longer line is not
@@ -231,47 +235,52 @@ class Journal:
         return None
 
 
-# The fields each kind of record must hold, with their types, so that a record of the wrong shape
-# (hand-edited, or written by something else) is reported and skipped rather than crashing whoever
-# reads it: `status` counts an intent's steps, a switch finishes one from its `from` and `to`.
-_TEXT, _OPTIONAL_TEXT, _TEXT_LIST, _WHOLE = "text", "text or null", "a list of text", "a whole number"
-_HEADER_SHAPE = {"ts": _TEXT, "who": _TEXT, "pid": _WHOLE, "kind": _TEXT}
-_KIND_SHAPES = {
-    "intent": {"switch": _TEXT, "action": _TEXT, "from": _OPTIONAL_TEXT, "to": _OPTIONAL_TEXT, "why": _TEXT,
-               "steps": _TEXT_LIST},
-    "step": {"switch": _TEXT, "step": _TEXT},
-    "outcome": {"switch": _TEXT, "result": _TEXT},
-}
+# The shape each kind of record must have, so that a record of the wrong shape (hand-edited, or
+# written by something else) is reported and skipped rather than crashing whoever reads it: `status`
+# counts an intent's steps, a switch finishes one from its `from` and `to`. Header fields are checked
+# when present (readers show '?' for a missing one); the fields of a switch record are required.
+# Records stay the dicts they were read as: the models only judge them.
+class _Record(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    # The defaults are never used: a missing header field is allowed, a present one must have its type.
+    ts: str = ""
+    who: str = ""
+    pid: int = 0
+    kind: str = ""
 
 
-def _has_shape(value: Any, shape: str) -> bool:
-    if shape == _TEXT:
-        return isinstance(value, str)
-    if shape == _OPTIONAL_TEXT:
-        return value is None or isinstance(value, str)
-    if shape == _TEXT_LIST:
-        return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    return type(value) is int
+class _Intent(_Record):
+    switch: str
+    action: str
+    from_: str | None = Field(alias="from")
+    to: str | None
+    why: str
+    steps: list[str]
+
+
+class _Step(_Record):
+    switch: str
+    step: str
+
+
+class _Outcome(_Record):
+    switch: str
+    result: str
+
+
+_RECORD_SHAPES: dict[str, type[_Record]] = {"intent": _Intent, "step": _Step, "outcome": _Outcome}
 
 
 def _shape_problem(record: dict[str, Any]) -> str | None:
-    """What is wrong with a record's shape, or None. Header fields are checked when present (readers
-    show '?' for a missing one); the fields of a switch record are required."""
-    for name, shape in _HEADER_SHAPE.items():
-        if name in record and not _has_shape(record[name], shape):
-            return f"{name} must be {shape}, got {_json_type(record[name])}"
-    for name, shape in _KIND_SHAPES.get(record.get("kind"), {}).items():  # type: ignore[arg-type]
-        if name not in record:
-            return f"a {record['kind']} record without {name}"
-        if not _has_shape(record[name], shape):
-            return f"{name} must be {shape}, got {_json_type(record[name])}"
+    """What is wrong with a record's shape, or None."""
+    kind = record.get("kind")
+    shape = _RECORD_SHAPES.get(kind, _Record) if isinstance(kind, str) else _Record  # a list kind is unhashable
+    try:
+        shape.model_validate(record)
+    except ValidationError as exc:
+        return describe_invalid(exc)
     return None
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "text", bool: "true/false", int: "a number",
-             float: "a number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 def _parse_record(line: bytes) -> dict[str, Any] | str:

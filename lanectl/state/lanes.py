@@ -1,8 +1,9 @@
 """What this host is serving, as lanectl last left it: `state_dir/state.json`.
 
-`LaneState` and its transitions are pure; `LaneStateStore` reads and writes the file, always whole:
-a new version goes to a temp file that replaces the old one, so a reader (or the next command
-after a crash) sees either the previous state or the new one, never a mix.
+`LaneState` is the file's strict model, and its transitions are pure; `LaneStateStore` reads and
+writes the file, always whole: a new version goes to a temp file that replaces the old one, so a
+reader (or the next command after a crash) sees either the previous state or the new one, never a
+mix. A file that is not a valid state is refused and left untouched (exit 2), never guessed at.
 
 Load, change and save (`update`) is not atomic between processes: callers hold the `HostLock`.
 """
@@ -11,33 +12,36 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Literal
+
+from pydantic import ValidationError
 
 from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
+from lanectl.state.atomic import write_atomically
+from lanectl.state.file_model import StateFileModel, Timestamp, describe_invalid
 from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 
-STATE_VERSION = 1
-MAX_STATE_BYTES = 1024 * 1024
+STATE_VERSION: Literal[1] = 1
+MAX_STATE_BYTES = 1024 * 1024  # a few lane names and a lease; anything bigger was not written by lanectl
 # A lease past a year is a typo (or an overflow waiting to happen), not maintenance.
-MAX_DISARM_SECONDS = 366 * 86400  # a few lane names and a lease; anything bigger was not written by lanectl
+MAX_DISARM_SECONDS = 366 * 86400
 
 
-@dataclass(frozen=True)
-class WatchdogLease:
+class WatchdogLease(StateFileModel):
     """The watchdog is disarmed until `until` (ISO UTC), because `reason`, as asked by `by`."""
 
-    until: str
+    until: Timestamp
     reason: str
     by: str
 
 
-@dataclass(frozen=True)
-class LaneState:
-    version: int = STATE_VERSION
+class LaneState(StateFileModel):
+    """state.json, as `LaneStateStore` writes it and checks it on reading; its transitions return new states."""
+
+    version: Literal[1] = STATE_VERSION
     active: str | None = None
     known_good: tuple[str, ...] = ()  # lanes that passed their health gate here, most recent last
     watchdog_armed: bool = False
@@ -45,16 +49,16 @@ class LaneState:
     updated: str | None = None
 
     def with_active(self, lane: str) -> LaneState:
-        return replace(self, active=lane)
+        return self.model_copy(update={"active": lane})
 
     def with_inactive(self) -> LaneState:
-        return replace(self, active=None)
+        return self.model_copy(update={"active": None})
 
     def with_known_good(self, lane: str) -> LaneState:
-        return replace(self, known_good=(*(known for known in self.known_good if known != lane), lane))
+        return self.model_copy(update={"known_good": (*(known for known in self.known_good if known != lane), lane)})
 
     def armed(self) -> LaneState:
-        return replace(self, watchdog_armed=True, watchdog_lease=None)
+        return self.model_copy(update={"watchdog_armed": True, "watchdog_lease": None})
 
     def disarmed_for(self, seconds: float, reason: str, by: str, now: datetime) -> LaneState:
         # A disarm always ends: a forgotten one would leave the box unguarded until someone notices.
@@ -64,13 +68,21 @@ class LaneState:
             raise BadInput(f"the watchdog can be disarmed for at most {MAX_DISARM_SECONDS // 86400} days, "
                            f"got {seconds:g} s")
         lease = WatchdogLease(until=utc_timestamp(now + timedelta(seconds=seconds)), reason=reason, by=by)
-        return replace(self, watchdog_armed=False, watchdog_lease=lease)
+        return self.model_copy(update={"watchdog_armed": False, "watchdog_lease": lease})
 
     def lease_expired(self, now: datetime) -> bool:
         """True when there is a lease and `now` has reached its end; False with no lease at all."""
         if self.watchdog_lease is None:
             return False
         return now >= datetime.fromisoformat(self.watchdog_lease.until)
+
+    def watchdog_armed_at(self, now: datetime) -> bool:
+        """Whether the watchdog acts at `now`: armed, or disarmed by a lease that has run out.
+
+        An expired lease arms the watchdog at once, whether or not a pass has re-armed it in the file
+        yet: the watchdog's passes act on this, and every command that shows the arm state says this.
+        """
+        return self.watchdog_armed or self.lease_expired(now)
 
     def last_known_good_before(self, current: str | None) -> str | None:
         """The most recent known-good lane other than `current`: where a rollback goes."""
@@ -125,15 +137,16 @@ class LaneStateStore:
             raise StateFileCorrupt(self.path, f"not JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise StateFileCorrupt(self.path, f"expected a JSON object, got {type(data).__name__}")
+        # The version is looked at first: a newer lanectl's file is refused as such, not as wrong-shaped.
         version = data.get("version")
         if type(version) is int and version > STATE_VERSION:
             raise StateFileCorrupt(self.path, f"version {version}", newer_version=version)
         if type(version) is not int or version != STATE_VERSION:
             raise StateFileCorrupt(self.path, f"version must be {STATE_VERSION}, got {version!r}")
         try:
-            return _state_from_json(data)
-        except ValueError as exc:
-            raise StateFileCorrupt(self.path, str(exc)) from exc
+            return LaneState.model_validate_json(raw)
+        except ValidationError as exc:
+            raise StateFileCorrupt(self.path, describe_invalid(exc)) from exc
 
     def save(self, state: LaneState) -> None:
         self._write(state)
@@ -143,8 +156,8 @@ class LaneStateStore:
         return self._write(change(self.load()))
 
     def _write(self, state: LaneState) -> LaneState:
-        stamped = replace(state, updated=utc_timestamp(self.now()))
-        text = json.dumps(asdict(stamped), indent=2) + "\n"
+        stamped = state.model_copy(update={"updated": utc_timestamp(self.now())})
+        text = json.dumps(stamped.model_dump(mode="json"), indent=2) + "\n"
         try:
             create_state_dir(self.path.parent)
             check_state_file(self.path)
@@ -152,46 +165,3 @@ class LaneStateStore:
         except OSError as exc:
             raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc
         return stamped
-
-
-def _state_from_json(data: dict[str, Any]) -> LaneState:
-    unknown = sorted(set(data) - {"version", "active", "known_good", "watchdog_armed", "watchdog_lease", "updated"})
-    if unknown:
-        raise ValueError(f"unknown keys {unknown}")
-    known_good = data.get("known_good", [])
-    if not isinstance(known_good, list) or not all(isinstance(lane, str) for lane in known_good):
-        raise ValueError(f"known_good must be a list of lane names, got {known_good!r}")
-    armed = data.get("watchdog_armed", False)
-    if not isinstance(armed, bool):
-        raise ValueError(f"watchdog_armed must be true or false, got {armed!r}")
-    return LaneState(
-        version=STATE_VERSION,
-        active=_optional_text(data, "active"),
-        known_good=tuple(known_good),
-        watchdog_armed=armed,
-        watchdog_lease=_lease_from_json(data.get("watchdog_lease")),
-        updated=_optional_text(data, "updated"),
-    )
-
-
-def _lease_from_json(lease: Any) -> WatchdogLease | None:
-    if lease is None:
-        return None
-    if not isinstance(lease, dict) or set(lease) != {"until", "reason", "by"}:
-        raise ValueError(f"watchdog_lease must hold until, reason and by, got {lease!r}")
-    if not all(isinstance(value, str) for value in lease.values()):
-        raise ValueError(f"watchdog_lease values must be text, got {lease!r}")
-    try:
-        until = datetime.fromisoformat(lease["until"])
-    except ValueError:
-        raise ValueError(f"watchdog_lease.until is not an ISO timestamp: {lease['until']!r}") from None
-    if until.tzinfo is None:
-        raise ValueError(f"watchdog_lease.until has no timezone: {lease['until']!r}")
-    return WatchdogLease(until=lease["until"], reason=lease["reason"], by=lease["by"])
-
-
-def _optional_text(data: dict[str, Any], key: str) -> str | None:
-    value = data.get(key)
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{key} must be text or null, got {value!r}")
-    return value

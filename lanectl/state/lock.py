@@ -1,9 +1,14 @@
-"""One lock per host for every mutating command: an atomic `mkdir state_dir/lock` plus `lock/holder.json`.
+"""One lock per host for every mutating command: an `flock` on `state_dir/host.lock`, and who holds it
+in `host.lock.json` beside it.
 
-A directory rather than a bare `flock`, as kamal does: it says who holds it, for what and since when
-(`cat lock/holder.json`), which is what the operator waiting for it needs to see. The price is that a
-holder killed by SIGKILL leaves it behind, so a holder that is gone (its pid no longer runs, or the host
-restarted since) is detected and its lock taken over, and the taker records whose it was.
+The kernel drops an flock when the process holding it dies, however it dies (SIGKILL included), so a
+lock is never left behind and nobody has to judge whether a holder is still alive. The details file
+is what the operator waiting for the lock needs to see (`cat host.lock.json`: who, which command,
+since when); it is written, atomically, only once the flock is held, and removed before it is let go.
+A details file found by whoever takes the lock next was left by a holder that ended without releasing.
+
+The lock file itself is never removed: a process waiting on a file that another one unlinks would
+take a lock that nobody else can see.
 """
 
 from __future__ import annotations
@@ -12,102 +17,115 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
-import shutil
 import socket
-import tempfile
+import stat
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lanectl.errors import OperationFailed
-from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import create_state_dir
+from pydantic import Field, ValidationError
 
-HOLDER_NAME = "holder.json"
+from lanectl.errors import OperationFailed
+from lanectl.state.atomic import write_atomically
+from lanectl.state.file_model import StateFileModel, Timestamp
+from lanectl.state.journal import utc_now, utc_timestamp
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+
 POLL_SECONDS = 0.1
-# A lock without a readable holder.json is normally a holder between its mkdir and its write,
-# a few milliseconds; only after this long do we believe it was killed there.
-HOLDERLESS_GRACE_SECONDS = 10.0
-BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+MAX_HOLDER_BYTES = 64 * 1024
+
+
+class LockHolder(StateFileModel):
+    """host.lock.json: who holds the lock."""
+
+    pid: int = Field(gt=0)
+    command: str
+    since: Timestamp
+    host: str
 
 
 class LockBusy(OperationFailed):
-    """Another live process holds the host lock; `holder` is its holder.json (pid None if unreadable)."""
+    """Another process holds the host lock; `holder` is what its details file says (pid None if unreadable)."""
 
-    def __init__(self, holder: dict[str, Any]):
+    def __init__(self, holder: dict[str, Any], details: Path):
         self.holder = holder
-        since = _local_clock_time(holder.get("since"))
         if holder.get("pid") is None:
-            message = f"locked by an unknown process (holder.json missing or unreadable) since {since}"
+            message = f"locked by an unknown process ({details.name} missing or unreadable)"
         else:
             host = holder.get("host")
             elsewhere = f" on {host}" if host and host != socket.gethostname() else ""
+            since = _local_clock_time(holder["since"])
             message = f"locked by pid {holder['pid']} ({holder.get('command')}){elsewhere} since {since}"
         super().__init__(message)
 
 
 class HostLock:
-    """The lock `directory` (normally `state_dir() / "lock"`), taken by `command` (shown to whoever waits)."""
+    """The lock file `path` (normally `StateFiles(state_dir()).host_lock`), taken by `command` (shown to whoever
+    waits). Its details file is `holder_path`, beside it."""
 
     def __init__(
         self,
-        directory: Path,
+        path: Path,
         command: str,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         now: Callable[[], datetime] = utc_now,
     ):
-        self.path = directory
+        self.path = path
+        self.holder_path = path.with_name(f"{path.name}.json")
         self.command = command
         self.clock = clock
         self.sleep = sleep
         self.now = now
         self.holder: dict[str, Any] | None = None  # ours, while we hold the lock
-        # The dead holder whose lock this process removed, with a `reason`: for the caller to journal.
+        # The details a holder that ended without releasing left behind, with a `reason`: for the caller to journal.
         self.took_over_from: dict[str, Any] | None = None
+        self._fd: int | None = None
 
     def acquire(self, wait_seconds: float) -> None:
-        """Take the lock, waiting up to `wait_seconds` for a live holder; raises LockBusy after that."""
-        if self.holder is not None:
+        """Take the lock, waiting up to `wait_seconds` for its holder to let go; raises LockBusy after that."""
+        if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this HostLock")
         self.took_over_from = None
-        create_state_dir(self.path.parent)
-        deadline = self.clock() + wait_seconds
-        while True:
-            try:
-                os.mkdir(self.path, 0o700)
-            except FileExistsError:
-                pass
-            else:
-                if self._claim():
-                    return
-                continue
-            holder, gone_because = self._inspect()
-            if holder is None:
-                continue  # released between our mkdir and our look: try again at once
-            if gone_because is not None and self._take_over():
-                continue
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                raise LockBusy(holder)
-            self.sleep(min(POLL_SECONDS, remaining))
+        fd = self._open()
+        try:
+            deadline = self.clock() + wait_seconds
+            while not _try_flock(fd):
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    raise LockBusy(self._read_holder() or {"pid": None, "command": None, "since": None, "host": None},
+                                   self.holder_path)
+                self.sleep(min(POLL_SECONDS, remaining))
+            left = self._read_holder()
+            if left is not None:
+                self.took_over_from = {**left, "reason": f"pid {left['pid']} ended without releasing the lock"}
+            holder = LockHolder(pid=os.getpid(), command=self.command, since=utc_timestamp(self.now()),
+                                host=socket.gethostname()).model_dump()
+            write_atomically(self.holder_path, json.dumps(holder).encode())
+        except OSError as exc:
+            os.close(fd)  # lets the flock go, if we had it
+            raise OperationFailed(f"could not take the lock {self.path}: {exc.strerror or exc}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.holder = holder
 
     def release(self) -> None:
-        """Remove the lock if it is still ours (same pid, same `since`); never anyone else's."""
+        """Let the lock go: the details file first, so nobody reads ours once the lock is someone else's."""
+        fd, self._fd = self._fd, None
         ours, self.holder = self.holder, None
-        # A forked child inherits this object, not the lock.
-        if ours is None or ours["pid"] != os.getpid():
+        if fd is None or ours is None:
             return
-        current = self._read_holder()
-        if current is None or current["pid"] != ours["pid"] or current["since"] != ours["since"]:
-            return
-        # holder.json first: a release killed half-way leaves a holder-less lock, taken over after the grace.
-        (self.path / HOLDER_NAME).unlink(missing_ok=True)
-        shutil.rmtree(self.path, ignore_errors=True)
+        # A forked child inherits this object and the open file, whose flock is its parent's: closing
+        # the child's copy of the file leaves the parent's lock held.
+        if ours["pid"] == os.getpid():
+            self.holder_path.unlink(missing_ok=True)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
     @contextlib.contextmanager
     def held(self, wait_seconds: float) -> Iterator[HostLock]:
@@ -118,159 +136,37 @@ class HostLock:
         finally:
             self.release()
 
-    def _claim(self) -> bool:
-        """Write our holder.json into the lock dir we just made; False if the dir was taken from us meanwhile."""
-        pid = os.getpid()
-        holder = {
-            "pid": pid,
-            "command": self.command,
-            "since": utc_timestamp(self.now()),
-            "host": socket.gethostname(),
-            "boot_id": _boot_id(),
-            "pid_start": _process_start(pid),
-        }
-        made = os.stat(self.path)
+    def _open(self) -> int:
         try:
-            fd, temp_name = tempfile.mkstemp(dir=self.path, prefix=f".{HOLDER_NAME}.", suffix=".tmp")
-            try:
-                os.write(fd, json.dumps(holder).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp_name, self.path / HOLDER_NAME)
-        except FileNotFoundError:
-            return False  # our dir was taken over as holder-less before we could write into it
-        except BaseException:
-            # Interrupted half-way: a lock left holder-less would block everyone for the grace period.
-            if _same_directory(self.path, made):
-                shutil.rmtree(self.path, ignore_errors=True)
-            raise
-        # A writer stalled past the grace period may have had its dir taken over (its holder.json
-        # then landed in the removed copy): only a read-back says the lock is really ours.
-        if self._read_holder() != holder:
-            return False
-        self.holder = holder
-        return True
-
-    def _inspect(self) -> tuple[dict[str, Any] | None, str | None]:
-        """The current holder (None if there is no lock), and why it is gone (None if it may be alive)."""
-        try:
-            made = os.stat(self.path).st_mtime
-        except FileNotFoundError:
-            return None, None
-        holder = self._read_holder()
-        if holder is None:
-            unknown = {"pid": None, "command": None, "since": utc_timestamp(datetime.fromtimestamp(made, UTC)),
-                       "host": None}
-            age = time.time() - made  # against the kernel's clock, which stamped the mtime; not `now`
-            if age > HOLDERLESS_GRACE_SECONDS:
-                return unknown, f"{HOLDER_NAME} missing or unreadable and the lock is {age:.0f} s old"
-            return unknown, None
-        return holder, _why_holder_is_gone(holder)
-
-    def _take_over(self) -> bool:
-        """Remove the lock if, looked at again under a guard, its holder is still gone; True if it is gone now.
-
-        Renaming alone does not make the takeover safe: a second contender that judged the same dead
-        holder could rename the *fresh* lock the first one just made. So the look and the rename happen
-        under a `flock` of the folder holding the lock, which the kernel releases if we die.
-        """
-        guard = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            fcntl.flock(guard, fcntl.LOCK_EX)
-            holder, gone_because = self._inspect()
-            if holder is None:
-                return True
-            if gone_because is None:
-                return False
-            # The rename makes the lock vanish at once; deleting its contents can then take its time.
-            removed = self.path.with_name(f"{self.path.name}.stale-{holder['pid'] or 'unknown'}-{secrets.token_hex(4)}")
-            try:
-                os.rename(self.path, removed)
-            except FileNotFoundError:
-                return True
-            self.took_over_from = {**holder, "reason": gone_because}
-            for leftover in self.path.parent.glob(f"{self.path.name}.stale-*"):  # ours, and any a killed taker left
-                shutil.rmtree(leftover, ignore_errors=True)
-            return True
+            create_state_dir(self.path.parent)
+            check_state_file(self.path)
+            check_state_file(self.holder_path)
+            # O_NOFOLLOW: a link planted after the check above is refused (ELOOP) rather than locked through.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise OperationFailed(f"could not take over the stale lock {self.path}: {exc.strerror or exc}") from exc
-        finally:
-            os.close(guard)
+            raise OperationFailed(f"could not open the lock {self.path}: {exc.strerror or exc}") from exc
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise OperationFailed(f"the lock {self.path} is not a regular file ({stat.filemode(mode)}); move it aside")
+        return fd
 
     def _read_holder(self) -> dict[str, Any] | None:
+        """The details file, None when there is none or it is not one lanectl wrote."""
         try:
-            holder = json.loads((self.path / HOLDER_NAME).read_bytes())
-        except (OSError, ValueError):
+            raw = read_state_file(self.holder_path, MAX_HOLDER_BYTES)
+            return None if raw is None else LockHolder.model_validate_json(raw).model_dump()
+        except (OSError, NotAStateFile, ValidationError):
             return None
-        if not isinstance(holder, dict):
-            return None
-        pid = holder.get("pid")
-        # pid 0 or negative would make os.kill signal a whole process group.
-        if type(pid) is not int or pid <= 0:
-            return None
-        if not all(isinstance(holder.get(key), str) for key in ("command", "since", "host")):
-            return None
-        return holder
 
 
-def _why_holder_is_gone(holder: dict[str, Any]) -> str | None:
-    if holder["host"] != socket.gethostname():
-        return None  # another host's processes cannot be checked from here
-    pid = holder["pid"]
-    boot_id = _boot_id()
-    if holder.get("boot_id") and boot_id and holder["boot_id"] != boot_id:
-        # After a reboot the pid may well belong to some unrelated process by now.
-        return f"the host restarted since pid {pid} took the lock"
+def _try_flock(fd: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return f"pid {pid} is no longer running"
-    except PermissionError:
-        pass  # alive, and someone else's
-    state, start = _process_state(pid)
-    if state == "Z":
-        return f"pid {pid} has exited (its parent has not reaped it yet)"
-    if holder.get("pid_start") is not None and start is not None and start != holder["pid_start"]:
-        return f"pid {pid} is now a different process"
-    return None
-
-
-def _same_directory(path: Path, made: os.stat_result) -> bool:
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    return (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino)
+    return True
 
 
-def _boot_id() -> str | None:
-    try:
-        return BOOT_ID_FILE.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> int | None:
-    return _process_state(pid)[1]
-
-
-def _process_state(pid: int) -> tuple[str | None, int | None]:
-    """State letter and start time (clock ticks since boot) from /proc/<pid>/stat; None where unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None, None
-    # The command name (field 2) may hold spaces and parentheses: count fields after the last ")".
-    fields = stat[stat.rfind(")") + 2:].split()
-    try:
-        return fields[0], int(fields[19])
-    except (IndexError, ValueError):
-        return None, None
-
-
-def _local_clock_time(since: Any) -> str:
-    try:
-        return datetime.fromisoformat(str(since)).astimezone().strftime("%H:%M:%S")
-    except ValueError:
-        return str(since)
+def _local_clock_time(since: str) -> str:
+    return datetime.fromisoformat(since).astimezone().strftime("%H:%M:%S")

@@ -1,4 +1,4 @@
-"""Where lanectl keeps the durable state of this host: the journal, the host lock and `state.json`.
+"""Where lanectl keeps the durable state of this host, and what each file there is called (`StateFiles`).
 
 `state_dir()` only names the folder; the stores create it when they first write, through
 `create_state_dir`, so a read-only command (`lanectl status` on a fresh box) leaves no trace.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from lanectl.errors import BadInput
@@ -30,6 +30,46 @@ def state_dir() -> Path:
         return SYSTEM_STATE_DIR
     xdg = os.environ.get("XDG_STATE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "lanectl"
+
+
+@dataclass(frozen=True)
+class StateFiles:
+    """The files in the state folder `root`, named by what they hold: the one place their names are spelled."""
+
+    root: Path
+
+    @property
+    def lanes(self) -> Path:
+        """Which lane is active, which are known good, the watchdog's arm state (`state.lanes`)."""
+        return self.root / "state.json"
+
+    @property
+    def journal(self) -> Path:
+        """This box's journal (`state.journal`)."""
+        return self.root / "journal.jsonl"
+
+    @property
+    def fleet_journal(self) -> Path:
+        """The journal of the fleet rollouts run from this box; the box's own lanes use `journal`."""
+        return self.root / "fleet-journal.jsonl"
+
+    @property
+    def watchdog(self) -> Path:
+        """The watchdog's memory between passes (`watchdog.state`)."""
+        return self.root / "watchdog.json"
+
+    @property
+    def watchdog_pass_lock(self) -> Path:
+        """Flocked by a watchdog pass so that two never overlap."""
+        return self.root / "watchdog.pass.lock"
+
+    @property
+    def host_lock(self) -> Path:
+        """The lock every mutating command holds (`state.lock`); who holds it is in `host.lock.json` beside it.
+
+        Not `lock`: that is the folder the lanectl before flock used, which a killed holder may have left.
+        """
+        return self.root / "host.lock"
 
 
 class StateDirUnsafe(BadInput):
@@ -136,36 +176,3 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a newly created or renamed entry survive a power cut, not only the file's contents."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, content: bytes, *, mode: int = 0o600) -> None:
-    """Replace `path` whole: a reader, or the next command after a crash, sees the old or the new file.
-
-    Temp file in the same folder (a dot name with a .tmp suffix, which cron, systemd and
-    node_exporter all skip), fsync, rename over, fsync the folder. The folder must exist.
-    """
-    directory = path.parent
-    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)  # the contents must be on disk before the rename makes them the file
-        finally:
-            os.close(fd)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-    fsync_directory(directory)

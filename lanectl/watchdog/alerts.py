@@ -29,7 +29,7 @@ from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 from tenacity.wait import wait_base
 
 from lanectl.errors import OperationFailed
-from lanectl.state.paths import write_atomically
+from lanectl.state.atomic import write_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.state.paths import write_atomically
+from lanectl.state.atomic import write_atomically
 
 # The repo's `watchdog/` folder; lanectl runs from its checkout (an editable install keeps `__file__` there).
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "watchdog"

@@ -23,7 +23,7 @@ from lanectl.lanes.switcher import LaneSwitcher, Reporter, probe_base_url
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal, utc_timestamp
 from lanectl.state.lanes import LaneState, LaneStateStore
-from lanectl.state.paths import check_state_file
+from lanectl.state.paths import StateFiles, check_state_file
 from lanectl.watchdog.policy import Decision, Observation, decide
 from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
 
@@ -59,9 +59,10 @@ class Watchdog:
         self.kernel_log = kernel_log
         self.kernel_log_problem = kernel_log_problem
         self.now = now
-        self.journal = Journal(directory / "journal.jsonl")
-        self.lanes = LaneStateStore(directory / "state.json")
-        self.memory = WatchdogStateStore(directory / "watchdog.json")
+        self.files = StateFiles(directory)
+        self.journal = Journal(self.files.journal)
+        self.lanes = LaneStateStore(self.files.lanes)
+        self.memory = WatchdogStateStore(self.files.watchdog)
         if gpu_wait is None:
             from lanectl.host.gpu_memory import wait_for_release
 
@@ -121,7 +122,7 @@ class Watchdog:
     def _guarded_check(self) -> PassResult:
         import fcntl
 
-        guard_path = self.directory / "watchdog.pass.lock"
+        guard_path = self.files.watchdog_pass_lock
         check_state_file(guard_path)
         fd = os.open(guard_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
@@ -145,7 +146,7 @@ class Watchdog:
         record = self._load_memory()
         state = self.lanes.load()
         now = self.now()
-        armed = state.watchdog_armed or state.lease_expired(now)
+        armed = state.watchdog_armed_at(now)
         if state.active is None:
             result = PassResult(EXIT_OK, None, "none", "no active lane: nothing to watch")
             self._finish(record, result, started, now, armed, None)
@@ -257,7 +258,7 @@ class Watchdog:
     def _act(self, lane: Lane, decision: Decision, record: WatchdogRecord) -> tuple[str, WatchdogRecord]:
         from lanectl.state.lock import HostLock, LockBusy
 
-        lock = HostLock(self.directory / "lock", f"lanectl watchdog {decision.action} {lane.name}")
+        lock = HostLock(self.files.host_lock, f"lanectl watchdog {decision.action} {lane.name}")
         try:
             lock.acquire(ACT_LOCK_WAIT_SECONDS)
         except LockBusy as exc:

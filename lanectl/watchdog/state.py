@@ -20,9 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file, write_atomically
+from lanectl.state.atomic import write_atomically
+from lanectl.state.file_model import StateFileModel, Timestamp, describe_invalid
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 from lanectl.watchdog.policy import WatchdogMemory
 
 WATCHDOG_STATE_VERSION = 1
@@ -34,38 +36,26 @@ MAX_COUNT = 2**53
 MAX_UNIX_SECONDS = 1e11
 
 
-def _timestamp(text: str) -> str:
-    moment = datetime.fromisoformat(text)  # ValueError -> a validation error naming the field
-    if moment.tzinfo is None:
-        raise ValueError("a timestamp needs a timezone")
-    return text
-
-
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 UnixSeconds = Annotated[float, Field(ge=0, le=MAX_UNIX_SECONDS, allow_inf_nan=False)]
-Timestamp = Annotated[str, Field(max_length=64), AfterValidator(_timestamp)]
 Text = Annotated[str, Field(max_length=4096)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class MemoryFile(_Strict):
+class MemoryFile(StateFileModel):
     lane: Text | None = None
     consecutive_failures: Count = 0
     restarts: tuple[Timestamp, ...] = Field(default=(), max_length=10_000)
     ready_since_start: bool = False
 
 
-class LastActionFile(_Strict):
+class LastActionFile(StateFileModel):
     ts: Timestamp
     action: Text
     reason: Annotated[str, Field(max_length=65536)]
     outcome: Annotated[str, Field(max_length=65536)]
 
 
-class WatchdogFile(_Strict):
+class WatchdogFile(StateFileModel):
     """watchdog.json as written by `WatchdogStateStore.save`."""
 
     version: Annotated[int, Field(ge=WATCHDOG_STATE_VERSION, le=WATCHDOG_STATE_VERSION)] = WATCHDOG_STATE_VERSION
@@ -113,20 +103,11 @@ def parse_watchdog_file(raw: bytes) -> WatchdogRecord:
     try:
         parsed = WatchdogFile.model_validate_json(text)
     except ValidationError as exc:
-        raise ValueError(_validation_summary(exc)) from None
+        raise ValueError(describe_invalid(exc)) from None
     data = parsed.model_dump()
     remembered = data.pop("memory")
     memory = WatchdogMemory(**{**remembered, "restarts": tuple(remembered["restarts"])})
     return replace(WatchdogRecord(**data), memory=memory)
-
-
-def _validation_summary(error: ValidationError) -> str:
-    problems = []
-    for item in error.errors(include_url=False, include_input=False)[:5]:
-        where = ".".join(str(part) for part in item["loc"]) or "(the whole file)"
-        problems.append(f"{where}: {item['msg']}")
-    more = error.error_count() - len(problems)
-    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
 
 
 class WatchdogStateStore:
