@@ -93,8 +93,6 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, registry: str 
                                     step=event.status[:40])
 
                 outcome = one(lane, show, say, on_push)
-                for layer in layers.values():
-                    progress.remove_task(layer)
                 steps = max(outcome.steps_total, 1)
                 pushed = "" if outcome.push is None else f", push {outcome.push}"
                 progress.update(task, total=steps, completed=steps, step=f"{outcome.status}{pushed}")
