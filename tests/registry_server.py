@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ import pytest
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "registry.sh"
+# Where every Docker engine on this host (the fleet tests' second one too) looks for a registry's CA, per HOST:PORT,
+# on each push and pull: no engine restart needed.
+CERTS_D = Path("/etc/docker/certs.d")
 MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
                             "application/vnd.oci.image.manifest.v1+json"])
 
@@ -35,7 +39,8 @@ class Registry:
         return f"{'https' if self.ca else 'http'}://{self.addr}"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, verify=str(self.ca) if self.ca else True, timeout=10)
+        verify = ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+        return httpx.Client(base_url=self.url, verify=verify, timeout=10)
 
     def digest(self, repository: str, tag: str) -> str | None:
         """The manifest digest the registry holds for `repository:tag` (repository without the host), or None."""
@@ -56,6 +61,8 @@ class Registry:
 
     def stop(self) -> None:
         subprocess.run(["bash", str(SCRIPT), "stop", str(self.folder)], check=True, timeout=30)
+        if self.ca is not None:
+            shutil.rmtree(CERTS_D / self.addr, ignore_errors=True)
 
 
 def missing_registry() -> str | None:
@@ -80,6 +87,27 @@ def start_registry(folder: Path, addr: str, *extra: str, ca: Path | None = None)
     if started.returncode != 0:
         raise RuntimeError(f"scripts/registry.sh start failed:\n{started.stdout}{started.stderr}")
     return Registry(addr=addr, folder=folder, ca=ca)
+
+
+def start_tls_registry(folder: Path, ip: str, port: int) -> Registry:
+    """A registry on a non-loopback address (the fleet tests' manager address, which the second engine reaches):
+    Docker trusts plain HTTP only on loopback, so it serves TLS with a self-signed certificate for `ip`, whose
+    CA is installed in /etc/docker/certs.d/IP:PORT/ for every engine here; `stop()` removes it again."""
+    if shutil.which("openssl") is None:
+        skip_or_fail("a TLS registry needs openssl (apt-get install openssl; `make setup` does)")
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=lanectl test registry", "-addext", f"subjectAltName=IP:{ip}", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    addr = f"{ip}:{port}"
+    (CERTS_D / addr).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cert, CERTS_D / addr / "ca.crt")
+    try:
+        return start_registry(folder / "server", addr, "--tls", str(cert), str(key), ca=cert)
+    except BaseException:
+        shutil.rmtree(CERTS_D / addr, ignore_errors=True)
+        raise
 
 
 def session_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
