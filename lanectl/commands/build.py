@@ -44,8 +44,8 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, registry: str 
     registry has answered with its digest, so a failed or partial push leaves no record.
     """
     registries = push_registries(lanes, registry) if push else {}
-    for lane in lanes:
-        plan_image(lane)  # a recipe path that leads out of the project is bad input: refused before any build
+    # A recipe path that leads out of the project is bad input: refused before anything is built or pushed.
+    plans = {lane.name: plan_image(lane) for lane in lanes}
     engine = DockerEngine()
     directory = state_dir()
     pushes, journal = PushStore(directory), Journal(directory / "journal.jsonl")
@@ -55,10 +55,10 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, registry: str 
             on_push: Callable[[str, PushProgress], None]) -> BuildOutcome:
         try:
             outcome = build_lane(engine, lane, no_cache=no_cache, registry=registries.get(lane.name),
-                                 on_progress=show, on_push=on_push, say=say)
+                                 on_progress=show, on_push=on_push, say=say, plan=plans[lane.name])
         except OperationFailed as exc:  # a missing base image, a kernel source that cannot be fetched
-            return BuildOutcome(lane.name, plan_image(lane).tag, "failed", message=str(exc), recipe=lane.recipe.id,
-                                registry=registries.get(lane.name))
+            return BuildOutcome(lane.name, plans[lane.name].tag, "failed", message=str(exc), recipe=lane.recipe.id,
+                                inputs=plans[lane.name].input_hash, registry=registries.get(lane.name))
         return record_push(outcome, pushes, journal) if outcome.digest is not None else outcome
 
     if live and console.is_terminal:

@@ -97,7 +97,7 @@ def build_lane(engine: DockerEngine, lane: Lane, *, no_cache: bool = False, regi
                on_progress: Callable[[str, BuildLog], None] = lambda lane, log: None,
                on_push: Callable[[str, PushProgress], None] = lambda lane, progress: None,
                clock: Callable[[], float] | None = None, cache_dir: Path | None = None,
-               say: Callable[[str], None] = lambda message: None) -> BuildOutcome:
+               say: Callable[[str], None] = lambda message: None, plan: ImagePlan | None = None) -> BuildOutcome:
     """Build the lane's image unless its inputs are unchanged; with `registry`, push its content tag there.
 
     The registry is asked first: a content tag it already holds is not built or pushed again (the tag names
@@ -108,8 +108,8 @@ def build_lane(engine: DockerEngine, lane: Lane, *, no_cache: bool = False, regi
     import time
 
     now = clock or time.monotonic
-    plan = plan_image(lane)
     started = now()
+    plan = plan or plan_image(lane)  # the caller's, when it planned every lane up front
     target = remote_tag(plan, registry) if registry is not None else None
 
     def about(outcome: BuildOutcome, *, seconds: float, build_seconds: float = 0.0,
