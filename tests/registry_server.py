@@ -101,6 +101,10 @@ def start_tls_registry(folder: Path, ip: str, port: int) -> Registry:
                     "/CN=lanectl test registry", "-addext", f"subjectAltName=IP:{ip}", "-keyout", str(key),
                     "-out", str(cert)], check=True, capture_output=True, timeout=60)
     addr = f"{ip}:{port}"
+    # A run that crashed left its CA for this address under another port; only one such registry runs at a time
+    # (the fleet tests and benchmark each hold the one two-node swarm).
+    for stale in CERTS_D.glob(f"{ip}:*"):
+        shutil.rmtree(stale, ignore_errors=True)
     (CERTS_D / addr).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cert, CERTS_D / addr / "ca.crt")
     try:
