@@ -26,6 +26,7 @@ lint:
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/registry.py
 	$(BIN)/python benchmarks/lanes.py
 	$(BIN)/python benchmarks/watchdog.py
 	$(BIN)/python benchmarks/bench_client.py

@@ -10,6 +10,7 @@ journal and the gate. The CLI figure adds Python start-up and imports.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -26,14 +27,16 @@ sys.path.insert(0, str(REPO))
 
 from lanectl.dockerapi.swarm import SwarmEngine  # noqa: E402
 from lanectl.fleet.plan import plan_service  # noqa: E402
-from lanectl.fleet.rollout import FleetRollout  # noqa: E402
+from lanectl.fleet.rollout import FleetRollout, pushed_image  # noqa: E402
 from lanectl.image.containers import plan_containers  # noqa: E402
 from lanectl.image.render import plan_image  # noqa: E402
 from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import Lane, load_catalog  # noqa: E402
 from lanectl.state.journal import Journal  # noqa: E402
 from lanectl.state.paths import StateFiles  # noqa: E402
-from tests.lane_fixtures import make_fleet_project, remove_everything  # noqa: E402
+from lanectl.state.pushes import PushStore  # noqa: E402
+from tests.lane_fixtures import free_port, make_fleet_project, remove_everything  # noqa: E402
+from tests.registry_server import missing_registry, start_tls_registry  # noqa: E402
 from tests.swarm_cluster import missing_prerequisites, start_two_node_swarm, stop_two_node_swarm  # noqa: E402
 
 REPEAT = 3
@@ -41,21 +44,23 @@ POLL_SECONDS = 0.5
 
 
 class Quiet:
-    def step(self, text: str) -> None: ...
+    def step(self, text: str, *, ok: bool = True) -> None: ...
 
     def gate(self, progress: object) -> None: ...
 
     def note(self, text: str) -> None: ...
 
 
-def raw_switch(swarm: SwarmEngine, lane: Lane, nodes: list[tuple[str, str]]) -> float:
-    """Swarm's own update of the same specs, node by node, waiting for completed and then /health."""
+def raw_switch(swarm: SwarmEngine, lane: Lane, image: str, nodes: list[tuple[str, str]]) -> float:
+    """Swarm's own update of the same specs (the same image, by digest), node by node, waiting for completed and
+    then /health."""
     plan = plan_image(lane)
     port = lane.spec.engine.ports[0].published
     started = time.perf_counter()
     for hostname, addr in nodes:
         services = {(s.role, s.node): s for s in swarm.lane_services()}
         for container in plan_containers(lane, plan):
+            container = dataclasses.replace(container, image=image)
             current = services[(container.role, hostname)]
             mark = time.time()
             swarm.update_service(current, plan_service(lane, container, hostname, with_gpus=False,
@@ -76,24 +81,25 @@ def raw_switch(swarm: SwarmEngine, lane: Lane, nodes: list[tuple[str, str]]) -> 
 
 
 def main() -> None:
-    reason = missing_prerequisites()
+    reason = missing_prerequisites() or missing_registry()
     if reason:
         print(f"fleet: skipped ({reason})")
         return
     work = Path(tempfile.mkdtemp(prefix="lanectl-bench-fleet-"))
-    cluster = None
+    cluster = registry = None
     project = make_fleet_project(work)
     state = work / "state"
     try:
-        project.cli("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
         cluster = start_two_node_swarm(work / "swarm")
-        client = docker.from_env()
-        cluster.load_images([tag for image in client.images.list(
-            filters={"label": f"io.lanectl.recipe={project.recipe_id}"}) for tag in image.tags])
+        # Node 2 pulls from a registry on the manager's veth address, as in tests/test_fleet_swarm.py.
+        registry = start_tls_registry(work / "registry", cluster.manager_addr, free_port())
+        project.cli("build", "demo-h1", "demo-h2", "--push", "--registry", registry.addr, state=state, check=True,
+                    timeout=600)
         catalog = load_catalog(Project.locate(project.root / "recipes"))
         swarm = SwarmEngine()
+        pushes = PushStore(state)
         rollout = FleetRollout(catalog, swarm, Journal(StateFiles(state).fleet_journal), reporter=Quiet(),
-                               no_gpu=True, poll_seconds=POLL_SECONDS)
+                               pushes=pushes, no_gpu=True, poll_seconds=POLL_SECONDS)
         h1, h2 = catalog.lane("demo-h1"), catalog.lane("demo-h2")
         assert rollout.up(h1).result == "ok"
         nodes = [(cluster.manager_hostname, cluster.manager_addr), (cluster.worker_hostname, cluster.worker_addr)]
@@ -103,7 +109,8 @@ def main() -> None:
             outcome = rollout.up(h2)
             assert outcome.result == "ok", outcome.message
             lanectl_times.append(time.perf_counter() - started)
-            raw_times.append(raw_switch(swarm, h1, nodes))  # back to h1 the raw way, ready for the next round
+            # Back to h1 the raw way, ready for the next round.
+            raw_times.append(raw_switch(swarm, h1, pushed_image(pushes, h1), nodes))
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "lanectl", "up", "demo-h2", "--fleet", "--no-gpu"], check=True,
                        capture_output=True, env={**project.env(state)}, cwd=project.root, timeout=600)
@@ -120,6 +127,8 @@ def main() -> None:
                 service.remove()
         stop_two_node_swarm(cluster)
         remove_everything(project)
+        if registry is not None:
+            registry.stop()
 
 
 if __name__ == "__main__":

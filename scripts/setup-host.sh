@@ -10,6 +10,11 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v cron >/dev/null 2>&1 || need+=(cron)  # the watchdog's re-arm and check run from cron
 command -v ip >/dev/null 2>&1 || need+=(iproute2)  # the fleet tests put a second engine in a network namespace
+# The registry `build --push` pushes to in the tests (scripts/registry.sh starts it); openssl makes the
+# certificate of the one the fleet tests' second engine pulls from.
+command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v curl >/dev/null 2>&1 || need+=(curl)  # scripts/registry.sh waits for the registry to answer
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then echo "setup: need root to install ${need[*]} (apt-get)" >&2; exit 1; fi
@@ -19,8 +24,8 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   echo "setup: starting dockerd (log: /var/log/lanectl-dockerd.log)"
-  # No systemd here. PREFER_OFFLINE_IMAGE keeps Swarm tasks from trying to pull (no registry).
-  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 nohup dockerd >/var/log/lanectl-dockerd.log 2>&1 &
+  # No systemd here. Swarm tasks pull their image (by digest) as on any fleet node.
+  nohup dockerd >/var/log/lanectl-dockerd.log 2>&1 &
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { echo "setup: dockerd did not come up; see /var/log/lanectl-dockerd.log" >&2; exit 1; }
 fi

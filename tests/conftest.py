@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.registry_server import Registry
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,3 +38,11 @@ def write_recipe(project: Path) -> Callable[[str, str], Path]:
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A real registry (scripts/registry.sh) on a free loopback port, for the whole test session."""
+    from tests.registry_server import session_registry
+
+    yield from session_registry(tmp_path_factory)

@@ -9,8 +9,10 @@ Why it is built this way (learned on this machine, see the project brief):
   (with --bridge=none it even deletes the host's docker0), so node 2 gets a namespace of its own.
 - Swarm's ingress routing mesh needs IPVS, which this kernel lacks: services must publish with mode=host,
   and then a task's port answers on the address of the node it runs on (manager_addr / worker_addr).
-- No registry is reachable: images are copied into node 2's engine (load_images) and both daemons run with
-  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 so tasks use the local image instead of trying to pull.
+- Node 2 pulls lane images as a real fleet node does: from a registry the tests start on the manager's veth
+  address (tests/registry_server.start_tls_registry; TLS, since Docker trusts plain HTTP only on loopback, and
+  node 2's loopback is its own). Services name images by digest, so the manager, which pushed them, runs its
+  local copy and node 2 pulls the same bytes.
 
 Everything node 2 owns lives at fixed names (netns, veth, /run/lanectl-swarm, cgroup parent) so that a run
 that crashed can be cleaned up by the next one; the bulky data-root lives under the caller's tmp_root and its
@@ -88,23 +90,6 @@ class TwoNodeSwarm:
 
     def worker_client(self, timeout: int = 120) -> docker.DockerClient:
         return docker.DockerClient(base_url=self.worker_docker_url, timeout=timeout)
-
-    def load_images(self, tags: list[str]) -> None:
-        """Copy images from the host engine into node 2's engine (node 2 cannot pull: no registry)."""
-        host = docker.from_env(timeout=300)
-        worker = self.worker_client(timeout=300)
-        try:
-            for tag in tags:
-                # Save by name, not by id: an archive saved by id carries no tag, and the service would then
-                # reference an image node 2 does not know by that name.
-                worker.api.load_image(host.api.get_image(tag), quiet=True)
-                try:
-                    worker.images.get(tag)
-                except docker.errors.ImageNotFound as e:
-                    raise RuntimeError(f"node 2 does not have {tag} after loading it") from e
-        finally:
-            host.close()
-            worker.close()
 
     def stop_worker_engine(self, graceful: bool = True) -> None:
         """Stop node 2's dockerd so the manager sees the node go down.
@@ -299,7 +284,8 @@ def _spawn_worker_dockerd(hostname: str, data_root: Path, log_path: Path) -> sub
         # Explicitly off, or dockerd 20.10 waits 15 s warning about an unencrypted TCP socket.
         "--tls=false",
     ]
-    env = dict(os.environ, DOCKER_SERVICE_PREFER_OFFLINE_IMAGE="1")
+    # Without DOCKER_SERVICE_PREFER_OFFLINE_IMAGE in its environment: node 2's tasks pull their image.
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE"}
     # nsenter/unshare/sh all exec, so the Popen pid is dockerd's own. The hostname is written through /proc
     # inside the new UTS namespace (no dependency on a `hostname` binary); the host's hostname is untouched.
     # nsenter rather than `ip netns exec`: the latter also unshares the mount namespace and remounts /sys, which

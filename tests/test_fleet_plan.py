@@ -184,6 +184,18 @@ def test_a_service_already_running_the_lane_is_recognised_even_with_swarm_pinned
     assert not spec_matches(service_specs(catalog, "f2")["primary"], spec)
 
 
+def test_a_service_asked_for_by_digest_matches_only_that_digest(catalog):
+    spec = service_specs(catalog, "f1")["primary"]
+
+    def by_digest(hexdigit: str) -> dict:
+        container = {**spec["TaskTemplate"]["ContainerSpec"],
+                     "Image": "127.0.0.1:5000/lanectl/fleet-t@sha256:" + hexdigit * 64}
+        return {**spec, "TaskTemplate": {**spec["TaskTemplate"], "ContainerSpec": container}}
+
+    assert spec_matches(by_digest("a"), by_digest("a"))
+    assert not spec_matches(by_digest("b"), by_digest("a")), "the part before @ alone is only the repository"
+
+
 def task(state: str, desired: str = "running", created: str = "2026-11-30T10:00:00Z", **kw) -> TaskInfo:
     return TaskInfo(id=f"t-{state}-{created}", node_id="n", state=state, desired_state=desired,
                     message=kw.get("message", ""), error=kw.get("error", ""), exit_code=kw.get("exit_code"),

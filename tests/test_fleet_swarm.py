@@ -15,28 +15,38 @@ import docker
 import httpx
 import pytest
 
-from tests.lane_fixtures import LOCAL_LANE, LaneProject, make_fleet_project, remove_everything
+from tests.lane_fixtures import LOCAL_LANE, LaneProject, free_port, make_fleet_project, remove_everything
+from tests.registry_server import start_tls_registry
 from tests.swarm_cluster import TwoNodeSwarm, two_node_swarm  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.docker
 
 SWARM_LANES = ["demo-h1", "demo-h2", "t-unhealthy", "t-hang", "t-spare"]
-NOT_ON_NODE_2 = "t-spare"  # built here but never copied to node 2: its update fails there
+LOST_FROM_REGISTRY = "t-spare"  # pushed, then deleted from the registry: node 2 cannot pull it, this engine has it
+NEVER_PUSHED = "t-slow"  # a Swarm lane of the recipe that was never built or pushed
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, two_node_swarm: TwoNodeSwarm):  # noqa: F811
     project = make_fleet_project(tmp_path_factory.mktemp("fleet"))
-    build_state = tmp_path_factory.mktemp("fleet-build")
-    project.cli("build", *SWARM_LANES, LOCAL_LANE, state=build_state, check=True, timeout=600)
+    state = tmp_path_factory.mktemp("fleet-state")
+    # On the manager's veth address, which node 2 reaches (its loopback is its own).
+    registry = start_tls_registry(tmp_path_factory.mktemp("fleet-registry"), two_node_swarm.manager_addr,
+                                  free_port())
     client = docker.from_env()
-    tags = [tag for image in client.images.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"})
-            for tag in image.tags if f":{NOT_ON_NODE_2}" not in tag]
-    two_node_swarm.load_images(tags)  # no registry here: node 2 gets the images by save/load
-    yield project, two_node_swarm, tmp_path_factory.mktemp("fleet-state")
-    for service in client.services.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
-        service.remove()
-    remove_everything(project)
+    try:
+        project.cli("build", LOCAL_LANE, state=state, check=True, timeout=600)
+        pushed = project.cli("build", *SWARM_LANES, "--push", "--registry", registry.addr, "--json", state=state,
+                             check=True, timeout=600)
+        references = {b["lane"]: b["reference"] for b in json.loads(pushed.stdout)["data"]["builds"]}
+        lost = references[LOST_FROM_REGISTRY]
+        registry.delete(lost.split("/", 1)[1].split("@")[0], lost.split("@")[1])
+        yield project, two_node_swarm, state, references
+    finally:
+        for service in client.services.list(filters={"label": f"io.lanectl.recipe={project.recipe_id}"}):
+            service.remove()
+        remove_everything(project)
+        registry.stop()
 
 
 def fleet_status(project: LaneProject, state: Path) -> tuple[int, dict]:
@@ -74,7 +84,7 @@ def up(project: LaneProject, state: Path, lane: str, *args: str):
 
 
 def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     result = project.cli("up", LOCAL_LANE, "--no-gpu", state=state)
     assert result.returncode == 0, result.stderr + result.stdout
     refused = project.cli("up", "demo-h1", "--no-gpu", state=state)
@@ -82,7 +92,7 @@ def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
 
 
 def test_up_on_both_nodes_canary_first(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     result = up(project, state, "demo-h1", "--canary", cluster.worker_hostname)
     assert result.returncode == 0, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
@@ -92,6 +102,15 @@ def test_up_on_both_nodes_canary_first(fleet):
     assert served_model(cluster.manager_addr, project) == "demo-model"
 
     spec = service_of(project, "primary", cluster.worker_hostname)["Spec"]
+    assert spec["TaskTemplate"]["ContainerSpec"]["Image"] == references["demo-h1"], "pinned by the pushed digest"
+    assert service_of(project, "rtx", cluster.manager_hostname)["Spec"]["TaskTemplate"]["ContainerSpec"][
+        "Image"] == references["demo-h1"]
+    worker = cluster.worker_client()
+    try:
+        pulled = worker.images.get(references["demo-h1"])  # node 2 had no image but the one it pulled
+        assert pulled.labels["io.lanectl.lane"] == "demo-h1"
+    finally:
+        worker.close()
     assert spec["Mode"] == {"Replicated": {"Replicas": 1}}
     assert spec["UpdateConfig"]["FailureAction"] == "rollback" and spec["UpdateConfig"]["Order"] == "stop-first"
     assert spec["EndpointSpec"]["Ports"][0]["PublishMode"] == "host"
@@ -113,8 +132,23 @@ def test_up_on_both_nodes_canary_first(fleet):
     assert (swarm["severity"], swarm["detail"]) == ("ok", "manager of 2 node(s)")
 
 
+def test_a_lane_never_pushed_is_refused_before_any_change_with_the_command_that_pushes_it(fleet):
+    project, cluster, state, references = fleet
+    before = service_of(project, "primary", cluster.manager_hostname)
+    result = up(project, state, NEVER_PUSHED)
+    assert result.returncode == 1
+    assert "has not been pushed to a registry" in result.stderr
+    assert f"`lanectl build {NEVER_PUSHED} --push --registry HOST:PORT`" in result.stderr
+    after = service_of(project, "primary", cluster.manager_hostname)
+    assert (after["Version"], after["Spec"]) == (before["Version"], before["Spec"]), "nothing changed"
+    history = json.loads(project.cli("history", "--fleet", "--json", state=state, check=True).stdout)["data"]
+    assert not [r for r in history["records"] if r.get("to") == NEVER_PUSHED], "not even an intent"
+    dry = project.cli("up", NEVER_PUSHED, "--fleet", "--dry-run", state=state)
+    assert dry.returncode == 1 and "has not been pushed" in dry.stderr
+
+
 def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     before = service_of(project, "primary", cluster.manager_hostname)["ID"]
     result = up(project, state, "demo-h2")
     assert result.returncode == 0, result.stderr + result.stdout
@@ -129,7 +163,7 @@ def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
 
 
 def test_rollback_fleet_is_swarms_rollback_node_by_node_and_does_not_flip_back(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     result = project.cli("rollback", "--fleet", "--json", state=state, timeout=400)
     assert result.returncode == 0, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
@@ -145,7 +179,7 @@ def test_rollback_fleet_is_swarms_rollback_node_by_node_and_does_not_flip_back(f
 
 
 def test_swarm_rolls_back_a_lane_that_fails_its_health_check_and_the_rollout_stops(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     result = up(project, state, "t-unhealthy", "--canary", cluster.worker_hostname)
     assert result.returncode == 1, result.stderr
     outcome = json.loads(result.stdout)["data"]
@@ -162,7 +196,7 @@ def test_swarm_rolls_back_a_lane_that_fails_its_health_check_and_the_rollout_sto
 
 
 def test_lanectl_rolls_back_a_lane_swarm_thinks_healthy_but_that_generates_nothing(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     result = up(project, state, "t-hang", "--canary", cluster.manager_hostname)
     assert result.returncode == 1, result.stderr
     outcome = json.loads(result.stdout)["data"]
@@ -177,8 +211,8 @@ def test_lanectl_rolls_back_a_lane_swarm_thinks_healthy_but_that_generates_nothi
 
 
 def test_a_failure_on_a_later_node_rolls_back_the_canary_too(fleet):
-    project, cluster, state = fleet
-    result = up(project, state, NOT_ON_NODE_2, "--canary", cluster.manager_hostname)
+    project, cluster, state, references = fleet
+    result = up(project, state, LOST_FROM_REGISTRY, "--canary", cluster.manager_hostname)
     assert result.returncode == 1, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
     assert [(n["node"], n["result"]) for n in outcome["nodes"]] == [
@@ -193,7 +227,7 @@ def test_a_failure_on_a_later_node_rolls_back_the_canary_too(fleet):
 
 
 def test_a_stopped_node_engine_shows_in_fleet_status_and_blocks_a_rollout_to_it(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     cluster.stop_worker_engine()
     deadline = time.monotonic() + 90
     while True:
@@ -212,7 +246,7 @@ def test_a_stopped_node_engine_shows_in_fleet_status_and_blocks_a_rollout_to_it(
 
 
 def test_the_local_lane_kept_running_on_this_engine_throughout(fleet):
-    project, cluster, state = fleet
+    project, cluster, state, references = fleet
     result = project.cli("status", "--json", state=state, check=True)
     data = json.loads(result.stdout)["data"]
     row = next(r for r in data["lanes"] if r["lane"] == LOCAL_LANE)

@@ -40,6 +40,7 @@ HOSTILE = {
 }
 VALID_PREFIX = {
     "base": "lanectl/base-python:bookworm", "image": "lanectl/base-build:bookworm", "python_site": "/opt/stub",
+    "registry": "127.0.0.1:5000",
     "target": "/data", "source": "/data", "host_ip": "127.0.0.1", "user": "1000", "git": "https://x.invalid/k.git",
     "ref": "refs/heads/main", "commit": "0" * 40, "health_path": "/health", "models_path": "/v1/models",
     "textfile_dir": "/var/lib/textfile", "template": "stub-engine", "sha256": "0" * 64, "archs": "9.0a",
@@ -67,6 +68,7 @@ SLOTS: dict[str, dict[Slot, str]] = {
         ("image", "template"): "grammar: an existing images/<template>/Dockerfile.j2 (selects, not rendered)",
         ("image", "base"): "grammar: Docker image reference (FROM)",
         ("image", "python_site"): "grammar: plain absolute path (COPY, ENV, JSON)",
+        ("image", "registry"): "grammar: registry host[:port][/namespace] (not rendered; where build --push pushes)",
         ("kernels", "[]"): "grammar: an existing kernels/<name>.yaml",
         ("patches", "[]", "path"): "json: an existing patch file (patch-apply RUN)",
         ("patches", "[]", "sha256"): "grammar: 64 hex",

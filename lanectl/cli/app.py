@@ -170,25 +170,35 @@ def patches_check(as_json: JsonOption = False) -> None:
 @app.command()
 def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", help="Lanes to build.")] = None,
           all_lanes: Annotated[bool, typer.Option("--all", help="Build every lane.")] = False,
-          push: Annotated[bool, typer.Option("--push", help="Push both tags after building.")] = False,
+          push: Annotated[bool, typer.Option(
+              "--push", help="Push each content tag and record the digest the registry returns (a tag the registry "
+                             "already holds is neither built nor pushed again).")] = False,
+          registry: Annotated[str | None, typer.Option(
+              "--registry", metavar="HOST:PORT", help="Push here instead of the recipe's image.registry.",
+              show_default=False)] = None,
           no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every step.")] = False,
           as_json: JsonOption = False) -> None:
-    """Build lane images (content-addressed tags); unchanged inputs build nothing."""
+    """Build lane images (content-addressed tags); unchanged inputs build nothing. Every lane is attempted; exit 1
+    if any failed."""
     from lanectl.commands.build import build_lanes
 
     if bool(lanes_) == all_lanes:
         raise typer.BadParameter("name lanes to build, or --all (not both)")
+    if registry is not None and not push:
+        raise typer.BadParameter("--registry is where --push pushes; add --push")
     loaded = catalog()
     chosen = list(loaded.lanes.values()) if all_lanes else [loaded.lane(name) for name in lanes_ or []]
-    outcomes = build_lanes(chosen, no_cache=no_cache, push=push, console=err, live=not as_json)
+    outcomes = build_lanes(chosen, no_cache=no_cache, push=push, registry=registry, console=err, live=not as_json)
     if as_json:
-        emit_json("build", {"builds": [o.__dict__ | {"log_tail": list(o.log_tail)} for o in outcomes]})
+        emit_json("build", {"builds": [o.as_dict() for o in outcomes]})
     else:
+        colours = {"built": "green", "unchanged": "cyan", "skipped": "cyan", "failed": "red"}
         for outcome in outcomes:
-            colour = {"built": "green", "unchanged": "cyan", "failed": "red"}[outcome.status]
-            out.print(Text.assemble((f"{outcome.status:<9}", colour), f" {outcome.lane}: {outcome.message}",
-                                    " (pushed)" if outcome.pushed else ""))
-            if outcome.status == "failed":
+            out.print(Text.assemble((f"{outcome.status:<9}", colours[outcome.status]), f" {outcome.lane}: ",
+                                    outcome.message))
+            if outcome.reference is not None:
+                out.print(f"          {outcome.lane}: {outcome.reference}", markup=False)
+            if outcome.log_tail:
                 err.print("[bold]last lines of the failing step:[/]")
                 for line in outcome.log_tail:
                     err.print(f"  {line}", markup=False)
@@ -390,6 +400,8 @@ def status(as_json: JsonOption = False) -> None:
                                 " " if lane["active"] else "", "known-good " if lane["known_good"] else "",
                                 f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"),
                   highlight=False)
+        if lane["pushed"]:
+            out.print(f"    pushed   {lane['pushed']['reference']}", markup=False, highlight=False)
         for c in lane["containers"]:
             detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
             if c["exit_code"] not in (None, 0):

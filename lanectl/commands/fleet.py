@@ -12,6 +12,7 @@ from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lock import HostLock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
+from lanectl.state.pushes import PushStore
 
 
 @contextmanager
@@ -25,7 +26,8 @@ def fleet_rollout(catalog: Catalog, command: str, *, lock_wait: float, reporter:
     create_state_dir(files.root)
     swarm = SwarmEngine()
     with HostLock(files.host_lock, command).held(lock_wait):
-        yield FleetRollout(catalog, swarm, Journal(files.fleet_journal), reporter=reporter, no_gpu=no_gpu)
+        yield FleetRollout(catalog, swarm, Journal(files.fleet_journal), reporter=reporter,
+                           pushes=PushStore(files.root), no_gpu=no_gpu)
 
 
 def run(action: Callable[[FleetRollout], FleetOutcome], catalog: Catalog, command: str, *, lock_wait: float,
@@ -38,12 +40,14 @@ def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | Non
     """What `up --fleet` would do; changes nothing and takes no lock."""
     from lanectl.dockerapi.swarm import SwarmEngine
     from lanectl.fleet.plan import choose_nodes, service_name
+    from lanectl.fleet.rollout import pushed_image
     from lanectl.image.containers import plan_containers
     from lanectl.image.render import plan_image
 
     order = choose_nodes(lane, SwarmEngine().nodes(), nodes, canary)
+    image = pushed_image(PushStore(state_dir()), lane)
     roles = [c.role for c in plan_containers(lane, plan_image(lane))]
-    lines = []
+    lines = [f"each node pulls {image}"]
     for index, node in enumerate(order):
         label = "canary" if index == 0 else "then"
         services = ", ".join(service_name(lane, role, node.hostname) for role in roles)

@@ -9,6 +9,7 @@ from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import StateFiles, state_dir
+from lanectl.state.pushes import PushStore
 
 
 def lane_status(catalog: Catalog) -> dict[str, Any]:
@@ -24,6 +25,7 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
     files = StateFiles(directory)
     state = LaneStateStore(files.lanes).load()
     journal = Journal(files.journal)
+    pushes = PushStore(directory)
     containers = engine.lane_containers()
     by_lane: dict[tuple[str, str], list[ContainerState]] = {}
     for container in containers:
@@ -52,6 +54,7 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
             "containers": [_container(c, tag, now) for c in own],
+            "pushed": _pushed(pushes, tag, lane.spec.image.registry),
         })
     known = {(lane.recipe.id, lane.name) for lane in catalog.lanes.values()}
     lease = state.watchdog_lease
@@ -69,6 +72,15 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
         "lanes": lanes,
         "unknown_containers": [c.name for c in containers if (c.recipe, c.lane) not in known],
     }
+
+
+def _pushed(pushes: PushStore, tag: str, registry: str | None) -> dict[str, Any] | None:
+    """The registry copy of the current build, as `build --push` recorded it: what fleet nodes pull."""
+    record = pushes.find(tag, registry)
+    if record is None:
+        return None
+    return {"reference": record.reference, "tag": record.remote_tag, "digest": record.digest,
+            "registry": record.registry, "at": record.at}
 
 
 def _unfinished(journal: Journal) -> dict[str, Any] | None:

@@ -139,13 +139,81 @@ class DockerEngine:
         repository, _, tag = target.rpartition(":")
         self.client.api.tag(source, repository, tag, force=True)
 
-    def push(self, ref: str, on_line: Callable[[str], None] = lambda line: None) -> None:
+    def repo_digests(self, ref: str) -> list[str]:
+        """`repository@sha256:…` of each registry a local image was pushed to (or pulled from); [] if absent."""
+        try:
+            return [str(d) for d in self.client.images.get(ref).attrs.get("RepoDigests") or []]
+        except docker.errors.ImageNotFound:
+            return []
+
+    def registry_digest(self, ref: str) -> str | None:
+        """The manifest digest the registry holds for `repository:tag`, or None when it has no such tag.
+
+        Asked through the engine, so the registry is reached exactly as a push reaches it (TLS, certs.d,
+        insecure registries, `docker login` credentials)."""
+        try:
+            answer = self.client.api.inspect_distribution(ref)
+        except docker.errors.NotFound:
+            return None  # "manifest unknown" / "repository name not known to registry"
+        except docker.errors.APIError as exc:
+            raise OperationFailed(explain_registry_error(ref, str(exc.explanation or exc))) from None
+        return str(answer["Descriptor"]["digest"])
+
+    def push(self, ref: str, on_progress: Callable[[PushProgress], None] = lambda progress: None) -> str:
+        """Push `repository:tag`; returns the manifest digest the registry answered with.
+
+        Raises OperationFailed with the registry's cause; the engine has by then retried what it retries."""
         repository, _, tag = ref.rpartition(":")
-        for chunk in self.client.api.push(repository, tag=tag, stream=True, decode=True):
-            if "error" in chunk:
-                raise OperationFailed(f"push of {ref} failed: {chunk['error']}")
-            if "status" in chunk:
-                on_line(f"{chunk.get('id', '')} {chunk['status']}".strip())
+        digest: str | None = None
+        try:
+            for chunk in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+                if "error" in chunk:
+                    raise OperationFailed(explain_registry_error(ref, str(chunk["error"])))
+                aux = chunk.get("aux") or {}
+                if aux.get("Digest") and aux.get("Tag") == tag:
+                    digest = str(aux["Digest"])
+                if "status" in chunk:
+                    detail = chunk.get("progressDetail") or {}
+                    on_progress(PushProgress(str(chunk.get("id", "")), str(chunk["status"]),
+                                             detail.get("current"), detail.get("total")))
+        except docker.errors.APIError as exc:
+            raise OperationFailed(explain_registry_error(ref, str(exc.explanation or exc))) from None
+        if digest is None:
+            raise OperationFailed(f"push of {ref}: the engine reported no digest, so the registry's copy cannot be "
+                                  "pinned; nothing was recorded")
+        return digest
+
+
+@dataclass(frozen=True)
+class PushProgress:
+    """One status line of a push: a layer (`layer` is its short id) or the push as a whole (`layer` empty)."""
+
+    layer: str
+    status: str  # Preparing | Waiting | Pushing | Pushed | Layer already exists | Retrying in N seconds | …
+    current: int | None = None
+    total: int | None = None
+
+
+def explain_registry_error(ref: str, error: str) -> str:
+    """The engine's words about a registry failure, with what they usually mean: its own words rarely say."""
+    registry = ref.split("/", 1)[0]
+    lowered = error.lower()
+    if any(s in lowered for s in ("connection refused", "no such host", "i/o timeout", "no route to host",
+                                  "network is unreachable", "connection reset")):
+        hint = f"cannot reach the registry {registry}; is it running, and is this the right address?"
+    elif "http response to https client" in lowered:
+        hint = (f"the registry {registry} speaks plain HTTP; Docker trusts that only for loopback addresses or one "
+                "listed under insecure-registries in the engine's daemon.json")
+    elif "405" in lowered or "method not allowed" in lowered or "unsupported" in lowered:
+        hint = f"the registry {registry} refuses writes (read-only, or in maintenance)"
+    elif any(s in lowered for s in ("denied", "unauthorized", "authentication required")):
+        hint = f"the registry {registry} refused the credentials; log in with `docker login {registry}`"
+    elif "500 internal server error" in lowered or "unknown error" in lowered:
+        hint = (f"the registry {registry} failed to store the upload (a full or unwritable storage answers this "
+                "way; its own log says which)")
+    else:
+        hint = f"the registry {registry} failed"
+    return f"{ref}: {hint} (Docker: {error.strip()})"
 
 
 SWARM_TASK_LABEL = "com.docker.swarm.task.id"

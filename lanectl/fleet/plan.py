@@ -210,10 +210,12 @@ def spec_matches(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """Whether a running service already runs what `wanted` asks (same lane, same inputs, same image)."""
     have, want = current.get("Labels") or {}, wanted["Labels"]
     image = (current.get("TaskTemplate") or {}).get("ContainerSpec", {}).get("Image", "")
-    # Swarm may pin the image it resolved (name@sha256:…); the tag before it is what lanectl asked for.
+    wanted_image = wanted["TaskTemplate"]["ContainerSpec"]["Image"]
+    # A tag that Swarm resolved reads name:tag@sha256:…, and the part before `@` is what lanectl asked for;
+    # an image asked for by digest must match whole.
+    same_image = image == wanted_image if "@" in wanted_image else image.split("@")[0] == wanted_image
     return (have.get(LABEL_PREFIX + "lane") == want[LABEL_PREFIX + "lane"]
-            and have.get(LABEL_PREFIX + "inputs") == want[LABEL_PREFIX + "inputs"]
-            and image.split("@")[0] == wanted["TaskTemplate"]["ContainerSpec"]["Image"])
+            and have.get(LABEL_PREFIX + "inputs") == want[LABEL_PREFIX + "inputs"] and same_image)
 
 
 # -- what Swarm reports --------------------------------------------------------------------------------

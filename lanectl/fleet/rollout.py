@@ -12,6 +12,7 @@ Each node is leased (a node label) while it changes, and every step is journaled
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,9 +36,10 @@ from lanectl.fleet.plan import (
 from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateResult, HealthGate, MonotonicClock
 from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
-from lanectl.lanes.switcher import Reporter, built_tag
+from lanectl.lanes.switcher import Reporter
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal, current_user_at_host
+from lanectl.state.pushes import PushStore
 
 # How long past the startup budget a node's lease counts as held: a lease older than that was left
 # by a run that died, and is taken over.
@@ -129,11 +131,25 @@ def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str
 NodeGate = Callable[[SwarmEngine, Lane, NodeInfo, str, Reporter], GateResult]
 
 
+def pushed_image(pushes: PushStore, lane: Lane) -> str:
+    """The lane's current build as its registry holds it, `repository@sha256:…`, as `build --push` recorded it.
+
+    Nodes pull by digest, so every node runs the same bytes; a lane never pushed is refused before any change."""
+    tag = plan_image(lane).tag
+    record = pushes.find(tag, lane.spec.image.registry)
+    if record is None:
+        where = "" if lane.spec.image.registry else " --registry HOST:PORT"
+        raise OperationFailed(f"{lane.name}: image {tag} has not been pushed to a registry, and fleet nodes pull it "
+                              f"by digest from one; push it with `lanectl build {lane.name} --push{where}`")
+    return record.reference
+
+
 class FleetRollout:
     def __init__(self, catalog: Catalog, swarm: SwarmEngine, journal: Journal, *, reporter: Reporter,
-                 no_gpu: bool = False, environ: Mapping[str, str] | None = None, gate: NodeGate = gate_on_node,
-                 poll_seconds: float = 0.5):
+                 pushes: PushStore, no_gpu: bool = False, environ: Mapping[str, str] | None = None,
+                 gate: NodeGate = gate_on_node, poll_seconds: float = 0.5):
         self.catalog = catalog
+        self.pushes = pushes
         self.swarm = swarm
         self.journal = journal
         self.reporter = reporter
@@ -148,7 +164,7 @@ class FleetRollout:
     def up(self, lane: Lane, *, nodes: Sequence[str] = (), canary: str | None = None,
            why: str = "up --fleet") -> FleetOutcome:
         order = choose_nodes(lane, self.swarm.nodes(), nodes, canary)
-        built_tag(self.swarm, lane)  # refuse an unbuilt lane before anything changes
+        image = pushed_image(self.pushes, lane)  # refuse an unpushed lane before anything changes
         self._note_unfinished()
         names = [n.hostname for n in order]
         intent = self.journal.record_intent(action="fleet-up", from_lane=None, to_lane=lane.name, why=why,
@@ -160,7 +176,7 @@ class FleetRollout:
         for index, node in enumerate(order):
             label = "canary" if index == 0 else f"node {index + 1}/{len(order)}"
             self.reporter.step(f"{label} {node.hostname}: updating to {lane.name}")
-            outcome, changes, failure = self._update_node(switch, lane, node)
+            outcome, changes, failure = self._update_node(switch, lane, image, node)
             results.append(outcome)
             if failure is None:
                 self.journal.append("step", switch=switch, step=f"{node.hostname}:update", node=node.hostname,
@@ -186,8 +202,8 @@ class FleetRollout:
         self.journal.record_outcome(switch, "ok", message)
         return FleetOutcome("ok", message, lane.name, tuple(results))
 
-    def _update_node(self, switch: str, lane: Lane, node: NodeInfo) -> tuple[NodeOutcome, list[_Change],
-                                                                             dict[str, Any] | None]:
+    def _update_node(self, switch: str, lane: Lane, image: str,
+                     node: NodeInfo) -> tuple[NodeOutcome, list[_Change], dict[str, Any] | None]:
         """Lease `node`, bring it to `lane`, and on a failure put it back: its outcome, changes and failure."""
         changes: list[_Change] = []
         try:
@@ -197,7 +213,7 @@ class FleetRollout:
                     {"message": str(exc), "check": "lease", "log_tail": []})
         try:
             try:
-                failure = self._bring_node_to(switch, lane, node, changes)
+                failure = self._bring_node_to(switch, lane, image, node, changes)
             except OperationFailed as exc:  # Swarm refused a spec, a secret is missing: undo as for a failed gate
                 failure = {"message": str(exc), "check": "swarm", "log_tail": []}
             if failure is None:
@@ -207,12 +223,16 @@ class FleetRollout:
         finally:
             self.swarm.release_lease(node)
 
-    def _bring_node_to(self, switch: str, lane: Lane, node: NodeInfo, changes: list[_Change]) -> dict[str, Any] | None:
-        """Update every role's service on `node` to `lane`, then gate it; the failure, or None."""
+    def _bring_node_to(self, switch: str, lane: Lane, image: str, node: NodeInfo,
+                       changes: list[_Change]) -> dict[str, Any] | None:
+        """Update every role's service on `node` to `lane` (its build pulled as `image`), then gate it; the failure,
+        or None."""
         plan = plan_image(lane)
         existing = {(s.recipe, s.role, s.node): s for s in self.swarm.lane_services()}
         primary_id = ""
         for container in plan_containers(lane, plan):
+            if container.image == plan.tag:  # a companion's own digest-pinned image is pulled as it is
+                container = dataclasses.replace(container, image=image)
             wanted = plan_service(lane, container, node.hostname, with_gpus=not self.no_gpu, inputs=plan.input_hash)
             current = existing.get((lane.recipe.id, container.role, node.hostname))
             step = f"{node.hostname}:{container.role}"

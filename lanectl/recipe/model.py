@@ -51,6 +51,23 @@ def image_reference(value: str) -> str:
     return value
 
 
+# Where lane images are pushed: a registry host (Docker's domain grammar, with an optional port) and optionally a
+# namespace under it (`ghcr.io/acme`). The host must hold a `.` or a `:`, or be `localhost`: Docker reads a first
+# component without them as a Docker Hub namespace, so `registry: myhost` would push to docker.io/myhost/….
+REGISTRY = re.compile(rf"(?P<host>{_DOMAIN})(?:/{_PATH_COMPONENT})*")
+# <registry>/lanectl/<recipe id> must stay within Docker's 255-character name, and a recipe id takes up to 128.
+REGISTRY_MAX = IMAGE_NAME_MAX - 128 - len("/lanectl/")
+
+
+def registry_name(value: str) -> str:
+    match = REGISTRY.fullmatch(value)
+    host = match["host"] if match else ""
+    if match is None or not ("." in host or ":" in host or host == "localhost") or len(value) > REGISTRY_MAX:
+        raise ValueError(f"{value!r} is not a registry (HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000 or ghcr.io/acme; "
+                         f"the host needs a '.' or a port, or is localhost; at most {REGISTRY_MAX} characters)")
+    return value
+
+
 def dockerfile_path(value: str) -> str:
     if not DOCKERFILE_PATH.fullmatch(value):
         raise ValueError(f"{value!r} must be an absolute path of letters, digits and . _ + - (no spaces, "
@@ -104,6 +121,7 @@ EnvName = Annotated[str, AfterValidator(_env_name)]
 PlainEnvName = Annotated[str, AfterValidator(_plain_env_name)]
 EnvValue = Annotated[str, AfterValidator(_env_value)]
 ImageReference = Annotated[str, AfterValidator(image_reference)]
+RegistryName = Annotated[str, AfterValidator(registry_name)]
 DockerfilePath = Annotated[str, AfterValidator(dockerfile_path)]
 
 
@@ -310,6 +328,10 @@ class ImageSpec(Strict):
     )
     python_site: DockerfilePath = Field(
         description="The engine's site-packages in the image: patch root and kernel install root."
+    )
+    registry: RegistryName | None = Field(
+        None, description="Where `lanectl build --push` pushes the image (HOST[:PORT][/NAMESPACE]); the "
+                          "repository is <registry>/lanectl/<recipe id>. `--registry` overrides it."
     )
 
     @model_validator(mode="after")

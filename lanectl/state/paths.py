@@ -71,6 +71,11 @@ class StateFiles:
         """
         return self.root / "host.lock"
 
+    @property
+    def pushes(self) -> Path:
+        """One record per image pushed to a registry: the digest the registry returned (`state.pushes`)."""
+        return self.root / "pushes"
+
 
 class StateDirUnsafe(BadInput):
     """The state folder, a folder above it, or a state file could be changed by someone else."""
