@@ -32,7 +32,7 @@ def restart_dockerd() -> None:
     while subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "dockerd did not stop"
         time.sleep(0.2)
-    environment = {**os.environ, "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}
+    environment = dict(os.environ)  # as scripts/setup-host.sh starts it
     with open("/var/log/lanectl-dockerd.log", "ab") as log:
         subprocess.Popen(["dockerd"], stdout=log, stderr=log, env=environment, start_new_session=True)
     while True:
