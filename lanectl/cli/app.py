@@ -747,6 +747,21 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
     err.print(f"plot: {run_dir / 'ratios.png'}", markup=False)
 
 
+@app.command()
+def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (created when missing).")]
+         = Path(".")) -> None:
+    """Start a recipes project: a commented starter recipe with two stub-engine lanes (no GPU needed)."""
+    from lanectl.commands.init import FIRST_LANE, scaffold
+
+    for path in scaffold(folder):
+        out.print(f"wrote {path}", markup=False)
+    import shlex
+
+    where = "" if folder.resolve() == Path.cwd() else f"cd {shlex.quote(str(folder))} && "
+    out.print(f"next: {where}lanectl validate && lanectl build --all && lanectl up {FIRST_LANE} --no-gpu",
+              markup=False)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Python's default SIGTERM kills without running `finally`: the host lock would be left held.
     raise SystemExit(128 + signum)
