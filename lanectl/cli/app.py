@@ -762,6 +762,33 @@ def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (
               markup=False)
 
 
+import_app = typer.Typer(no_args_is_help=True, help="Recipes from other formats, as lanectl recipes.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("jm")
+def import_jm(path: Annotated[Path, typer.Argument(help="A J-M-Recipes recipe folder (or its recipe.yaml).")],
+              lane: Annotated[str, typer.Option("--lane", help="Name of the recipe's one lane.")] = "main",
+              out_file: Annotated[Path | None, typer.Option("--out", help="Write the recipe here (a new file) "
+                                                                         "instead of stdout.")] = None) -> None:
+    """A jm-recipe/v1 recipe as a lanectl/v1 recipe; every field it cannot map is listed with its location."""
+    from lanectl.commands.import_jm import import_jm_recipe
+    from lanectl.errors import BadInput
+
+    if out_file is not None and (out_file.exists() or out_file.is_symlink()):
+        raise BadInput(f"{out_file} already exists; choose a new file")
+    imported = import_jm_recipe(path, lane=lane)
+    if out_file is None:
+        sys.stdout.write(imported.text)
+    else:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        with out_file.open("x", encoding="utf-8") as handle:
+            handle.write(imported.text)
+        err.print(f"wrote {out_file}", markup=False)
+    for line in imported.unmapped:
+        err.print(line, markup=False)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Python's default SIGTERM kills without running `finally`: the host lock would be left held.
     raise SystemExit(128 + signum)
