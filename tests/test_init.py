@@ -60,3 +60,11 @@ def test_init_refuses_a_file_as_its_folder(tmp_path):
 def test_the_recipe_id_comes_from_the_folder_name(tmp_path):
     assert project_id(tmp_path / "My Lanes!") == "my-lanes"
     assert project_id(tmp_path / "---") == "lanes"
+
+
+def test_the_starter_workload_loads(tmp_path):
+    from lanectl.bench.workload import load_workload, workload_file
+
+    assert lanectl("init", cwd=tmp_path).returncode == 0
+    workload = load_workload(workload_file(tmp_path / "recipes", "smoke"))
+    assert (workload.name, sorted(workload.classes)) == ("smoke", ["code", "prose"])
