@@ -1,14 +1,20 @@
 """Where a lanectl project keeps its parts, and where lanectl keeps its cache.
 
 A project is a folder holding `recipes/`, `images/`, `kernels/` and `patches/`; recipes refer
-to the other three by paths relative to it.
+to the other three by paths relative to it. Image templates a project does not have come from the
+ones lanectl ships (`vllm`, `stub-engine`, the shared `_lane/` blocks).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+# Package data (lanectl/image/templates/), found the same way in a checkout, an editable install and a
+# wheel. Its stub-engine is a link to the demo project's images/stub-engine, which a wheel carries as files.
+BUILTIN_IMAGES_DIR = Path(str(importlib.resources.files("lanectl") / "image" / "templates"))
 
 
 @dataclass(frozen=True)
@@ -65,3 +71,17 @@ def cache_dir() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "lanectl"
+
+
+def template_dir(images_dir: Path, name: str) -> Path | None:
+    """`<images_dir>/<name>/` when the project has a Dockerfile.j2 there (it overrides lanectl's own template of
+    that name), else lanectl's own, else None."""
+    for images in (images_dir, BUILTIN_IMAGES_DIR):
+        if (images / name / "Dockerfile.j2").is_file():
+            return images / name
+    return None
+
+
+def known_templates(images_dir: Path) -> list[str]:
+    return sorted({template.parent.name for images in (images_dir, BUILTIN_IMAGES_DIR)
+                   for template in images.glob("*/Dockerfile.j2")})

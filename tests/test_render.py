@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import pytest
 
@@ -16,7 +17,7 @@ from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.recipe.model import merge
 from tests.conftest import REPO
-from tests.test_recipe_validation import GOOD
+from tests.test_recipe_validation import GOOD, problems
 
 GOLDEN = REPO / "tests" / "golden"
 
@@ -110,3 +111,27 @@ def test_secrets_are_passed_by_name_only(shipped):
     assert (primary.name, rtx.name) == ("dsv41-vllm-1017-h2-REF", "dsv41-vllm-1017-h2-REF-rtx")
     assert primary.gpus == {"device_ids": ["0"]} and rtx.gpus == {"device_ids": ["1"]}
     assert primary.command is None, "the primary's serve flags live in the image's CMD"
+
+
+def test_builtin_templates_serve_a_project_without_images(project, write_recipe):
+    shutil.rmtree(project / "images")
+    write_recipe(GOOD)
+    plan = plan_image(load_catalog(Project.locate()).lane("a"))
+    assert plan.dockerfile.startswith("# Rendered by lanectl from images/stub-engine/Dockerfile.j2: lane a")
+    assert "image/stubengine/__main__.py" in {f.path for f in plan.files}
+
+
+def test_a_project_template_overrides_the_builtin_one_of_the_same_name(project, write_recipe):
+    (project / "images" / "stub-engine" / "Dockerfile.j2").write_text(
+        'FROM {{ base }}\n{% include "_lane/engine.j2" %}# the project\'s own\n')
+    (project / "images" / "_lane").mkdir()
+    (project / "images" / "_lane" / "engine.j2").write_text("LABEL block=project\nCMD {{ cmd | tojson }}\n")
+    write_recipe(GOOD)
+    plan = plan_image(load_catalog(Project.locate()).lane("a"))
+    assert plan.dockerfile == ('FROM lanectl/base-python:bookworm\nLABEL block=project\n'
+                               'CMD ["/model", "--served-model-name", "m", "--port", "8000"]\n# the project\'s own\n')
+
+
+def test_a_template_neither_the_project_nor_lanectl_has_is_refused(project, write_recipe):
+    write_recipe(GOOD.replace("template: stub-engine", "template: nope"))
+    assert "known templates: stub-engine, vllm" in str(problems(project))

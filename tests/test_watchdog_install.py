@@ -40,7 +40,7 @@ LOG_FILE = Path("/var/log/lanectl-watchdog.log")
 
 CRON = """\
 # /etc/cron.d/lanectl: the lanectl watchdog, every minute, as root.
-# Rendered by lanectl from watchdog/lanectl.cron.j2: change the template and re-install rather than editing here.
+# Rendered by lanectl from its template lanectl.cron.j2: change the template and re-install rather than editing here.
 # `rearm` ends a disarm lease that has run out; `check` probes the active lane and restarts it, rolls back or alerts.
 # Use this file or the systemd service (lanectl-watchdog.service), not both.
 #
@@ -58,7 +58,7 @@ LANECTL_RECIPES=/srv/lanes/recipes
 
 SYSTEMD = """\
 # /etc/systemd/system/lanectl-watchdog.service: the lanectl watchdog as a long-running service (`lanectl watchdog run`).
-# Rendered by lanectl from watchdog/lanectl-watchdog.service.j2: change the template and re-install rather than
+# Rendered by lanectl from its template lanectl-watchdog.service.j2: change the template and re-install rather than
 # editing here. Use this unit or the cron file (/etc/cron.d/lanectl), not both.
 #
 # Secrets are not kept here (units are world-readable). The alert webhook URL ($LANECTL_ALERT_WEBHOOK) goes in

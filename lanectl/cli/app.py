@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from lanectl.health.gate import GateProgress
     from lanectl.lanes.switcher import SwitchOutcome
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run GPU LLM serving lanes safely: recipes to images, switches, rollback, watchdog.")
 patches_app = typer.Typer(no_args_is_help=True, help="Backported patches and the upstream source they target.")
 app.add_typer(patches_app, name="patches")
@@ -53,12 +53,30 @@ class _State:
 state = _State()
 
 
-@app.callback()
-def _root(recipes: RecipesOption = None,
-          version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False) -> None:
-    if version:
+def complete_lane(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of lane names, from the recipes the command line names (or the default ones)."""
+    from lanectl.commands.completion import lane_names
+
+    return lane_names(Project.locate(ctx.find_root().params.get("recipes")), incomplete)
+
+
+def complete_recipe_path(ctx: typer.Context, incomplete: str) -> list[str]:
+    from lanectl.commands.completion import recipe_paths
+
+    return recipe_paths(Project.locate(ctx.find_root().params.get("recipes")), incomplete)
+
+
+def _print_version(value: bool) -> None:
+    # Eager, so it answers before click asks for a command ("Missing command", exit 2).
+    if value:
         out.print(f"lanectl {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(recipes: RecipesOption = None,
+          version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                                callback=_print_version)] = False) -> None:
     state.recipes = recipes
 
 
@@ -72,7 +90,8 @@ def catalog(paths: list[Path] | None = None) -> Catalog:
 
 
 @app.command()
-def validate(paths: Annotated[list[Path] | None, typer.Argument(help="Recipe files or folders.")] = None,
+def validate(paths: Annotated[list[Path] | None, typer.Argument(help="Recipe files or folders.",
+                                                                 autocompletion=complete_recipe_path)] = None,
              as_json: JsonOption = False) -> None:
     """Check every recipe (or those given); exit 2 with every problem listed."""
     from lanectl.commands.validate import validate_recipes
@@ -110,7 +129,7 @@ def lanes(as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.")],
+def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.", autocompletion=complete_lane)],
            out_dir: Annotated[Path | None, typer.Option("--out", help="Write the build context here.")] = None,
            as_json: JsonOption = False) -> None:
     """The Dockerfile, build context and container specs of a lane; nothing is built."""
@@ -168,7 +187,8 @@ def patches_check(as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", help="Lanes to build.")] = None,
+def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", help="Lanes to build.",
+                                                                   autocompletion=complete_lane)] = None,
           all_lanes: Annotated[bool, typer.Option("--all", help="Build every lane.")] = False,
           push: Annotated[bool, typer.Option(
               "--push", help="Push each content tag and record the digest the registry returns (a tag the registry "
@@ -287,7 +307,7 @@ def _print_outcome(outcome: Any, failed: str) -> None:
 
 
 @app.command()
-def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.")],
+def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.", autocompletion=complete_lane)],
        dry_run: DryRunOption = False,
        no_rollback: Annotated[bool, typer.Option(
            "--no-rollback", help="On a failed gate, leave the new lane stopped for debugging.")] = False,
@@ -329,7 +349,8 @@ def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.")],
 
 @app.command()
 def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go back to (default: the last "
-                                                                 "known-good lane before the active one).")] = None,
+                                                                 "known-good lane before the active one).",
+                                                            autocompletion=complete_lane)] = None,
              dry_run: DryRunOption = False, lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False,
              fleet: FleetOption = False, nodes: NodesOption = None, canary: CanaryOption = None,
              as_json: JsonOption = False) -> None:
@@ -366,7 +387,8 @@ def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go bac
 
 
 @app.command()
-def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default: the active lane).")] = None,
+def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default: the active lane).",
+                                                          autocompletion=complete_lane)] = None,
          lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
     """Stop a lane (companions first, then the primary); its containers are kept for a later start."""
     from lanectl.cli.durations import parse_duration
@@ -465,7 +487,7 @@ def fleet_status(as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.")],
+def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.", autocompletion=complete_lane)],
          role: Annotated[str, typer.Option("--role", help="primary, or a companion role such as rtx.")] = "primary",
          follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
          since: Annotated[str | None, typer.Option("--since", help="Only lines newer than, e.g., 10m.")] = None,
@@ -670,7 +692,8 @@ OutOption = Annotated[Path | None, typer.Option("--out", help="Write results (JS
 
 
 @app.command()
-def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (default: the active one).")] = None,
+def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (default: the active one).",
+                                                           autocompletion=complete_lane)] = None,
           workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
           as_json: JsonOption = False) -> None:
     """Measure the serving lane: tok/s, ms/step, TTFT and ITL per workload class and concurrency."""
@@ -694,8 +717,10 @@ def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (def
 
 
 @app.command()
-def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g. h2-REF.")],
-         control: Annotated[str, typer.Option("--control", help="The control lane, e.g. h1-REF.")],
+def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g. h2-REF.",
+                                                                   autocompletion=complete_lane)],
+         control: Annotated[str, typer.Option("--control", help="The control lane, e.g. h1-REF.",
+                                                             autocompletion=complete_lane)],
          bar: Annotated[float, typer.Option("--bar", help="Required candidate/control ratio, e.g. 1.025.")] = 1.025,
          promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving.")] = False,
          workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
@@ -734,6 +759,48 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
     err.print(f"plot: {run_dir / 'ratios.png'}", markup=False)
 
 
+@app.command()
+def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (created when missing).")]
+         = Path(".")) -> None:
+    """Start a recipes project: a commented starter recipe with two stub-engine lanes (no GPU needed)."""
+    from lanectl.commands.init import FIRST_LANE, scaffold
+
+    for path in scaffold(folder):
+        out.print(f"wrote {path}", markup=False)
+    import shlex
+
+    where = "" if folder.resolve() == Path.cwd() else f"cd {shlex.quote(str(folder))} && "
+    out.print(f"next: {where}lanectl validate && lanectl build --all && lanectl up {FIRST_LANE} --no-gpu",
+              markup=False)
+
+
+import_app = typer.Typer(no_args_is_help=True, help="Recipes from other formats, as lanectl recipes.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("jm")
+def import_jm(path: Annotated[Path, typer.Argument(help="A J-M-Recipes recipe folder (or its recipe.yaml).")],
+              lane: Annotated[str, typer.Option("--lane", help="Name of the recipe's one lane.")] = "main",
+              out_file: Annotated[Path | None, typer.Option("--out", help="Write the recipe here (a new file) "
+                                                                         "instead of stdout.")] = None) -> None:
+    """A jm-recipe/v1 recipe as a lanectl/v1 recipe; every field it cannot map is listed with its location."""
+    from lanectl.commands.import_jm import import_jm_recipe
+    from lanectl.errors import BadInput
+
+    if out_file is not None and (out_file.exists() or out_file.is_symlink()):
+        raise BadInput(f"{out_file} already exists; choose a new file")
+    imported = import_jm_recipe(path, lane=lane)
+    if out_file is None:
+        sys.stdout.write(imported.text)
+    else:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        with out_file.open("x", encoding="utf-8") as handle:
+            handle.write(imported.text)
+        err.print(f"wrote {out_file}", markup=False)
+    for line in imported.unmapped:
+        err.print(line, markup=False)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Python's default SIGTERM kills without running `finally`: the host lock would be left held.
     raise SystemExit(128 + signum)
@@ -745,7 +812,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Click handles usage errors (exit 2) and typer.Exit itself; domain errors arrive here.
     try:
-        app()
+        # One program name however it was started (`python -m lanectl` too), so usage lines and the shell
+        # completion's variable (_LANECTL_COMPLETE) are lanectl's.
+        app(prog_name="lanectl")
     except RecipeInvalid as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False)

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jinja2 import FileSystemLoader, StrictUndefined
+from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from lanectl.dockerapi.labels import LABEL_PREFIX
 from lanectl.errors import BadInput
-from lanectl.project import leaves
+from lanectl.project import BUILTIN_IMAGES_DIR, leaves, template_dir
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.kernel import KernelSpec
 
@@ -121,9 +121,13 @@ def env_value(value: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _environment(images_dir: Path) -> SandboxedEnvironment:
-    """One environment per images folder: it caches compiled templates (re-read when a file changes)."""
+    """One environment per images folder: it caches compiled templates (re-read when a file changes).
+
+    The project's files come first, so its `images/<name>/` (or `images/_lane/<block>.j2`) overrides
+    lanectl's own file of that name.
+    """
     env = SandboxedEnvironment(
-        loader=FileSystemLoader(str(images_dir)),
+        loader=ChoiceLoader([FileSystemLoader(str(images_dir)), FileSystemLoader(str(BUILTIN_IMAGES_DIR))]),
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -146,8 +150,10 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
     spec = lane.spec
     files: list[ContextFile] = []
 
-    template_dir = images_dir / spec.image.template
-    files.extend(_folder_files(template_dir, "image", skip={"Dockerfile.j2", "README.md"}))
+    template = template_dir(images_dir, spec.image.template)
+    if template is None:  # validation refuses it; a file deleted since would reach here
+        raise BadInput(f"no image template {spec.image.template!r} in {images_dir} or among lanectl's own")
+    files.extend(_folder_files(template, "image", skip={"Dockerfile.j2", "README.md"}))
 
     kernels = []
     trees = []
@@ -183,8 +189,7 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
         "entrypoint": spec.engine.entrypoint,
         "cmd": spec.engine.args,
     }
-    template = _environment(images_dir).get_template(f"{spec.image.template}/Dockerfile.j2")
-    dockerfile = template.render(context)
+    dockerfile = _environment(images_dir).get_template(f"{spec.image.template}/Dockerfile.j2").render(context)
     files.insert(0, ContextFile("Dockerfile", dockerfile.encode()))
 
     local_images = []

@@ -21,7 +21,7 @@ import pydantic
 from pydantic import ValidationError
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
-from lanectl.project import Project, leaves
+from lanectl.project import Project, known_templates, leaves, template_dir
 from lanectl.recipe.kernel import KernelSpec
 from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
 from lanectl.recipe.validation import problems_from_validation
@@ -205,11 +205,10 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             problems.append(doc.problem(locate(("image", "template")),
                                      f"{template_name} leads out of images/ (through '..' or a symlink); "
                                      "keep templates inside images/"))
-        elif not template.is_file():
-            known = sorted(p.parent.name for p in project.images_dir.glob("*/Dockerfile.j2"))
+        elif template_dir(project.images_dir, template_name) is None:
             problems.append(doc.problem(locate(("image", "template")),
                                      f"no template {project.display(template)}; known templates: "
-                                     f"{', '.join(known) or 'none'}"))
+                                     f"{', '.join(known_templates(project.images_dir)) or 'none'}"))
     found_kernels = []
     names = merged.get("kernels")
     for i, kernel_name in enumerate(names if isinstance(names, list) else []):

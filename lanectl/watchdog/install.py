@@ -9,6 +9,7 @@ stay in an operator-made env file that the files name but never read.
 from __future__ import annotations
 
 import errno
+import importlib.resources
 import re
 import shlex
 import sys
@@ -21,8 +22,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.state.atomic import write_atomically
 
-# The repo's `watchdog/` folder; lanectl runs from its checkout (an editable install keeps `__file__` there).
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "watchdog"
+# Package data (lanectl/watchdog/templates/), so an installed wheel has them as a checkout does.
+TEMPLATES_DIR = Path(str(importlib.resources.files("lanectl") / "watchdog" / "templates"))
 CRON_FILE = Path("/etc/cron.d/lanectl")  # cron skips /etc/cron.d files whose names hold a dot
 SYSTEMD_UNIT = Path("/etc/systemd/system/lanectl-watchdog.service")
 DEFAULT_ENV_FILE = Path("/etc/lanectl/watchdog.env")
@@ -138,8 +139,8 @@ def install(files: Iterable[InstalledFile], *, dry_run: bool, root: Path = Path(
 
 def _template(name: str) -> Template:
     if not (TEMPLATES_DIR / name).is_file():
-        raise OperationFailed(f"watchdog template {TEMPLATES_DIR / name} is missing; lanectl must run from its "
-                              f"source checkout (pip install -e)")
+        raise OperationFailed(f"watchdog template {TEMPLATES_DIR / name} is missing: this lanectl install is "
+                              f"incomplete; reinstall it")
     environment = Environment(
         loader=FileSystemLoader(TEMPLATES_DIR),
         undefined=StrictUndefined,

@@ -1,0 +1,110 @@
+"""`lanectl init [DIR]`: a new recipes project whose two stub-engine lanes run without a GPU.
+
+Writes a commented starter recipe (with the editor-schema line), the JSON Schema it points at, and a
+workloads folder with a small workload. Refuses, writing nothing, when any of those files exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from lanectl.errors import BadInput
+from lanectl.recipe.schema import recipe_json_schema
+
+STARTER_RECIPE = """\
+# yaml-language-server: $schema=../lanectl.schema.json
+# A lanectl recipe: one serving setup, its lanes, and what keeps them healthy. Check it with `lanectl validate`;
+# the format is in lanectl's README ("The recipe format"). `defaults` holds what every lane inherits; each lane
+# under `lanes` overrides what differs (maps merge key by key, lists and scalars replace).
+#
+# Both lanes run lanectl's CPU stub engine, which imitates vLLM, so this project works without a GPU:
+#   lanectl build --all && lanectl up {first} --no-gpu && lanectl status
+# The stub engine's base image, lanectl/base-python:bookworm, is built offline from Debian packages by
+# `make base-image` in lanectl's source checkout. For a real engine use `template: vllm` with a vLLM
+# image pinned by digest (`base: vllm/vllm-openai:<tag>@sha256:<digest>`), or `lanectl import jm` a J-M recipe.
+schema: lanectl/v1
+id: {id}                          # the image repository: lanectl/{id}
+description: Two stub-engine lanes, a starting point.
+naming:
+  container: "{id}-{{lane}}"       # one container per lane: {id}-{first}, {id}-{second}
+keep_stopped_lanes: 3             # stopped lanes kept, so a rollback is a start, not a rebuild
+
+defaults:
+  image:
+    template: stub-engine         # lanectl's built-in; your own images/stub-engine/Dockerfile.j2 would override it
+    base: lanectl/base-python:bookworm
+    local_base: true              # built on this host (not pulled), so not pinned by digest
+    python_site: /opt/stub
+  engine:
+    args: [/model, --served-model-name, starter-model, --host, 0.0.0.0, --port, "8000"]
+    env:
+      STUB_LOAD_SECONDS: "2"       # how long the stub "loads the model"
+      STUB_DECODE_TOKENS_PER_S: "100"
+    ports:
+      - {{container: 8000, host: 18100, host_ip: 127.0.0.1}}
+    init: true                    # an init as PID 1, so SIGTERM reaches the engine
+    stop_timeout_seconds: 10
+  health:                         # the gate a lane must pass before it counts as up
+    startup_budget_minutes: 2
+    poll_interval_seconds: 0.5
+    served_model_name: starter-model   # must match --served-model-name
+    startup_log:
+      expect: ["KV cache size: [0-9,]+ tokens"]    # engine lines that must appear before the lane is healthy
+    generation_probe: {{max_tokens: 3, timeout_seconds: 5, interval_seconds: 10}}
+  watchdog:
+    gpu_memory_release_timeout_seconds: 0          # no GPU to wait for
+
+lanes:
+  {first}:
+    description: The control lane.
+  {second}:
+    description: The candidate, decoding faster; compare them with `lanectl gate {second} --control {first} --no-gpu`.
+    engine:
+      env: {{STUB_DECODE_TOKENS_PER_S: "120"}}   # merges into the default env
+"""
+
+STARTER_WORKLOAD = """\
+# A small workload for `lanectl bench --workload smoke` and `lanectl gate --workload smoke`.
+# Keep a workload frozen once you compare figures with it: add a new file rather than edit this one.
+schema: lanectl-workload/v1
+name: smoke
+description: Two short prompts in two classes.
+max_tokens: 32
+temperature: 0
+classes:
+  prose:
+    - "Explain in two sentences why a health check should generate a token, not only answer /health."
+  code:
+    - "Write a Python function that returns the median of a list of numbers."
+"""
+
+FIRST_LANE, SECOND_LANE = "stub-a", "stub-b"
+
+
+def project_id(folder: Path) -> str:
+    """A recipe id from the folder's name (lowercase, other characters as dashes), e.g. `My Lanes` -> `my-lanes`."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", folder.resolve().name.lower()).strip("-._")[:64]
+    return name or "lanes"
+
+
+def scaffold(folder: Path) -> list[Path]:
+    """Write the starter project into `folder` (created when missing); the paths written, in order."""
+    files = {
+        folder / "recipes" / "starter.yaml": STARTER_RECIPE.format(id=project_id(folder), first=FIRST_LANE,
+                                                                  second=SECOND_LANE),
+        folder / "recipes" / "workloads" / "smoke.yaml": STARTER_WORKLOAD,
+        folder / "lanectl.schema.json": json.dumps(recipe_json_schema(), indent=2) + "\n",
+    }
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"{folder} is not a folder")
+    existing = [str(path) for path in files if path.exists() or path.is_symlink()]
+    if existing:
+        raise BadInput(f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; "
+                       "lanectl init never overwrites a file: choose a new or empty folder")
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("x", encoding="utf-8") as handle:  # "x": a file made since the check is not overwritten
+            handle.write(text)
+    return list(files)

@@ -1,0 +1,243 @@
+"""A J-M-Recipes recipe (`jm-recipe/v1`: `recipe.yaml` and its launch command) as a `lanectl/v1` recipe.
+
+Pure: a parsed `recipe.yaml` and the launch command's text in, the lanectl recipe (a dict in the format's
+key order) and every jm field it did not map out, each with its location. Bad input (another schema
+version, a launch command that is not `vllm serve …`, unbalanced quotes) raises `RecipeInvalid` with
+every problem located.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from lanectl.errors import Problem, RecipeInvalid
+from lanectl.recipe.yaml_source import PathKey, YamlDocument, format_path
+
+JM_SCHEMA = "jm-recipe/v1"
+DEFAULT_LAUNCH_FILE = "launch-command.txt"
+# Where vLLM lives in the official vllm-openai images (Python 3.12): the patch and kernel install root.
+VLLM_PYTHON_SITE = "/usr/local/lib/python3.12/dist-packages"
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+# The jm fields this import maps, by path; a mapping's children count as mapped with it.
+MAPPED: tuple[PathKey, ...] = (
+    ("schema",), ("id",), ("title",),
+    ("runtime", "engine"), ("runtime", "container", "image"), ("runtime", "container", "digest"),
+    ("launch", "command_file"), ("launch", "ports"), ("launch", "env"), ("launch", "secret_env"),
+    ("launch", "volumes"), ("launch", "ipc"), ("launch", "shm_size"), ("launch", "gpus"),
+    ("health", "ready", "path"), ("health", "ready", "timeout_s"), ("health", "liveness", "path"),
+    ("health", "log_expect"), ("health", "log_forbid"),
+)
+
+
+@dataclass(frozen=True)
+class JmImport:
+    recipe: dict[str, Any]  # the lanectl/v1 recipe
+    unmapped: list[Problem]  # each jm field with no place in it, located in recipe.yaml
+
+
+def launch_file_name(doc: YamlDocument) -> str:
+    """The launch command's file, beside recipe.yaml: `launch.command_file`, else launch-command.txt."""
+    launch = doc.data.get("launch") if isinstance(doc.data, dict) else None
+    name = launch.get("command_file") if isinstance(launch, dict) else None
+    return name if isinstance(name, str) and name else DEFAULT_LAUNCH_FILE
+
+
+def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: str = "main") -> JmImport:
+    problems: list[Problem] = []
+    data = doc.data if isinstance(doc.data, dict) else {}
+    if not isinstance(doc.data, dict) or data.get("schema") != JM_SCHEMA:
+        found = data.get("schema") if data else doc.data
+        raise RecipeInvalid([doc.problem(("schema",), f"{found!r} is not a J-M recipe schema lanectl knows; "
+                                                      f"`lanectl import jm` reads {JM_SCHEMA}")])
+
+    def get(path: PathKey, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
+        value: Any = data
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            if required:
+                problems.append(doc.problem(path, "required to import this recipe", key=True))
+            return None
+        if not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            problems.append(doc.problem(path, f"expected {names}, got {type(value).__name__}"))
+            return None
+        return value
+
+    engine = get(("runtime", "engine"), str, required=True)
+    if engine is not None and engine != "vllm":
+        problems.append(doc.problem(("runtime", "engine"), f"{engine!r}: lanectl imports vLLM recipes only"))
+    image = get(("runtime", "container", "image"), str, required=True)
+    digest = get(("runtime", "container", "digest"), str, required=True)
+    if digest is not None and not DIGEST.fullmatch(digest):
+        problems.append(doc.problem(("runtime", "container", "digest"), "expected sha256:<64 hex digits>"))
+
+    args = _serve_args(launch_text, launch_file, problems)
+    served = _flag_value(args, "--served-model-name")
+    if args and served is None:
+        problems.append(Problem(launch_file, 1, 1, "", "no --served-model-name: the health gate needs the name "
+                                                        "/v1/models lists"))
+
+    engine_fields: dict[str, Any] = {"args": args}
+    env = get(("launch", "env"), dict)
+    if env:
+        engine_fields["env"] = {str(k): str(v) for k, v in env.items()}
+    secret_env = get(("launch", "secret_env"), list)
+    if secret_env:
+        engine_fields["secret_env"] = [str(name) for name in secret_env]
+    ports = get(("launch", "ports"), list)
+    if ports:
+        engine_fields["ports"] = [{"container": p, "host": p} for p in ports]
+    volumes = get(("launch", "volumes"), list)
+    if volumes:
+        engine_fields["volumes"] = [_volume(doc, i, v, problems) for i, v in enumerate(volumes)]
+    for key in ("ipc", "shm_size"):
+        value = get(("launch", key), str)
+        if value is not None:
+            engine_fields[key] = value
+    gpus = get(("launch", "gpus"), list)
+    if gpus:
+        engine_fields["gpus"] = {"device_ids": [str(g) for g in gpus]}
+
+    health: dict[str, Any] = {}
+    timeout = get(("health", "ready", "timeout_s"), (int, float))
+    if timeout is not None:
+        health["startup_budget_minutes"] = math.ceil(timeout / 60)
+    liveness = get(("health", "liveness", "path"), str)
+    if liveness is not None:
+        health["health_path"] = liveness
+    ready = get(("health", "ready", "path"), str)
+    if ready is not None:
+        health["models_path"] = ready
+    if served is not None:
+        health["served_model_name"] = served
+    startup_log = {}
+    for jm_key, key in (("log_expect", "expect"), ("log_forbid", "forbid")):
+        lines = get(("health", jm_key), list)
+        if lines:
+            startup_log[key] = [str(line) for line in lines]
+    if startup_log:
+        health["startup_log"] = startup_log
+
+    if problems:
+        raise RecipeInvalid(problems)
+    jm_id = str(get(("id",), str, required=True) or "")
+    recipe: dict[str, Any] = {
+        "schema": "lanectl/v1",
+        "id": re.sub(r"[^a-z0-9._-]+", "-", jm_id.rsplit("/", 1)[-1].lower()).strip("-._") or "imported",
+        "description": str(get(("title",), str) or ""),
+        "defaults": {
+            "image": {"template": "vllm", "base": f"{image}@{digest}", "python_site": VLLM_PYTHON_SITE},
+            "engine": engine_fields,
+            "health": health,
+        },
+        "lanes": {lane: {}},
+    }
+    return JmImport(recipe=recipe, unmapped=_unmapped(doc))
+
+
+def _serve_args(text: str, file: str, problems: list[Problem]) -> list[str]:
+    """The arguments after `vllm serve`, as a shell would split the command (line continuations joined)."""
+    opening = _unclosed_quote(text)
+    if opening is not None:
+        # The shell only sees the last quote left open; the mistake is usually on the first line whose
+        # quotes do not pair up on their own (serve flags rarely quote across lines).
+        line, column, quote = opening
+        for number, row in enumerate(text.splitlines(), 1):
+            alone = _unclosed_quote(row)
+            if alone is not None:
+                line, column, quote = number, alone[1], alone[2]
+                break
+        problems.append(Problem(file, line, column, "", f"unbalanced quotes: this {quote} is never closed"))
+        return []
+    # A backslash-newline continues the command; shlex would keep the newline as a word of its own.
+    words = shlex.split(text.replace("\\\n", " "), comments=True)
+    if words[:2] != ["vllm", "serve"]:
+        line = next((i for i, row in enumerate(text.splitlines(), 1) if row.strip()), 1)
+        problems.append(Problem(file, line, 1, "", f"expected a `vllm serve …` command, got "
+                                                   f"{' '.join(words[:2]) or 'nothing'!r}"))
+        return []
+    return words[2:]
+
+
+def _unclosed_quote(text: str) -> tuple[int, int, str] | None:
+    """Line, column and character of a quote the shell would never see closed, or None."""
+    quote, start, i = "", 0, 0
+    while i < len(text):
+        char = text[i]
+        if quote == "'":
+            if char == "'":
+                quote = ""
+        elif quote == '"':
+            if char == "\\":
+                i += 1
+            elif char == '"':
+                quote = ""
+        elif char == "\\":
+            i += 1
+        elif char in "'\"":
+            quote, start = char, i
+        elif char == "#" and (i == 0 or text[i - 1].isspace()):
+            i = text.find("\n", i)
+            if i < 0:
+                break
+        i += 1
+    if not quote:
+        return None
+    line = text.count("\n", 0, start) + 1
+    return line, start - (text.rfind("\n", 0, start) + 1) + 1, quote
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, word in enumerate(args):
+        if word == flag and i + 1 < len(args):
+            return args[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _volume(doc: YamlDocument, index: int, volume: Any, problems: list[Problem]) -> dict[str, Any]:
+    path: PathKey = ("launch", "volumes", index)
+    if not isinstance(volume, dict) or not isinstance(volume.get("container"), str):
+        problems.append(doc.problem(path, "expected {host: PATH | volume: NAME, container: PATH, mode: ro|rw}"))
+        return {}
+    source = {"source": volume["host"]} if "host" in volume else {"volume": volume.get("volume")}
+    out: dict[str, Any] = {**source, "target": volume["container"]}
+    if volume.get("mode") == "ro":
+        out["read_only"] = True
+    for key in sorted(set(volume) - {"host", "volume", "container", "mode"}):
+        problems.append(doc.problem((*path, key), "unknown volume field; expected host, volume, container, mode",
+                                    key=True))
+    return out
+
+
+def _unmapped(doc: YamlDocument) -> list[Problem]:
+    """Every leaf (or whole list) of recipe.yaml outside MAPPED, at its key, in file order."""
+    found = []
+    for path in doc.value_at:
+        if not path or any(path[:len(m)] == m for m in MAPPED):
+            continue
+        value = _at(doc.data, path)
+        inside_list = any(isinstance(_at(doc.data, path[:cut]), list) for cut in range(len(path)))
+        if isinstance(value, dict) or inside_list:
+            continue  # reported through its keys, or with its whole list
+        line, column = doc.position(path, key=True)
+        found.append(Problem(doc.file, line, column, format_path(path), "not mapped: " + _show(value)))
+    return sorted(found, key=lambda p: (p.line, p.column))
+
+
+def _at(data: Any, path: PathKey) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if not isinstance(value, list) else f"list of {len(value)}"
+    return text if len(text) <= 60 else text[:57] + "..."

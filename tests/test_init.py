@@ -1,0 +1,70 @@
+"""`lanectl init`: a starter project that validates as written, and never a file overwritten.
+
+That `up` runs its first lane is checked from an installed wheel (tests/test_installed_wheel.py)."""
+
+from __future__ import annotations
+
+import json
+
+from lanectl.commands.init import project_id
+from lanectl.recipe.schema import recipe_json_schema
+from tests.test_cli import lanectl
+
+
+def test_init_writes_a_project_that_validates(tmp_path):
+    result = lanectl("init", "My Lanes", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    root = tmp_path / "My Lanes"
+    assert result.stdout.splitlines() == [
+        "wrote My Lanes/recipes/starter.yaml",
+        "wrote My Lanes/recipes/workloads/smoke.yaml",
+        "wrote My Lanes/lanectl.schema.json",
+        "next: cd 'My Lanes' && lanectl validate && lanectl build --all && lanectl up stub-a --no-gpu",
+    ]
+    recipe = (root / "recipes" / "starter.yaml").read_text()
+    assert recipe.startswith("# yaml-language-server: $schema=../lanectl.schema.json\n")
+    assert json.loads((root / "lanectl.schema.json").read_text()) == recipe_json_schema()
+    validated = lanectl("validate", cwd=root)
+    assert (validated.returncode, validated.stdout) == (0, "ok: 2 lanes in 1 recipes (stub-a, stub-b)\n")
+    lanes = lanectl("lanes", "--json", cwd=root)
+    assert {row["recipe"] for row in json.loads(lanes.stdout)["data"]["lanes"]} == {"my-lanes"}
+
+
+def test_init_in_the_current_folder(tmp_path):
+    result = lanectl("init", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == ("next: lanectl validate && lanectl build --all && "
+                                              "lanectl up stub-a --no-gpu")
+    assert (tmp_path / "recipes" / "starter.yaml").is_file()
+
+
+def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    mine = tmp_path / "recipes" / "starter.yaml"
+    mine.write_text("mine\n")
+    result = lanectl("init", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (f"lanectl: {mine} already exists; lanectl init never overwrites a file: "
+                             "choose a new or empty folder\n")
+    assert mine.read_text() == "mine\n"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "recipes", "recipes/starter.yaml"]
+
+
+def test_init_refuses_a_file_as_its_folder(tmp_path):
+    (tmp_path / "f").write_text("")
+    result = lanectl("init", "f", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, "lanectl: f is not a folder\n")
+
+
+def test_the_recipe_id_comes_from_the_folder_name(tmp_path):
+    assert project_id(tmp_path / "My Lanes!") == "my-lanes"
+    assert project_id(tmp_path / "---") == "lanes"
+
+
+def test_the_starter_workload_loads(tmp_path):
+    from lanectl.bench.workload import load_workload, workload_file
+
+    assert lanectl("init", cwd=tmp_path).returncode == 0
+    workload = load_workload(workload_file(tmp_path / "recipes", "smoke"))
+    assert (workload.name, sorted(workload.classes)) == ("smoke", ["code", "prose"])

@@ -1,0 +1,166 @@
+"""`lanectl import jm`: a jm-recipe/v1 recipe (tests/fixtures/jm/…) as a lanectl/v1 recipe.
+
+The fixture is this lane's J-M recipe, written here from the format's documented fields (its header says
+which); the GB300 recipe in recipes/ must be what an import of it gives, except where h1/h2-REF differ
+on purpose (DELIBERATE, each with its reason).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lanectl.commands.import_jm import import_jm_recipe
+from lanectl.errors import RecipeInvalid
+from lanectl.project import Project
+from lanectl.recipe.catalog import load_catalog
+from lanectl.recipe.jm_import import import_jm
+from lanectl.recipe.yaml_source import load_yaml
+from tests.conftest import REPO
+from tests.test_cli import lanectl
+
+FIXTURE = REPO / "tests" / "fixtures" / "jm" / "dgx-station-gb300" / "deepseek-v4.1-flash-vllm-uva-dspark"
+RECIPE_YAML = (FIXTURE / "recipe.yaml").read_text()
+LAUNCH = (FIXTURE / "launch-command.txt").read_text()
+SPECULATIVE = "--speculative-config"
+
+# Where h1-REF (the GB300 recipe's defaults) differs from the import on purpose, and why.
+DELIBERATE = {
+    "description": "the lane's own description, not the recipe title",
+    f"engine.args[{SPECULATIVE}]": "the release note's draft schedule [[1,8,5],[9,32,3]]; the public recipe's "
+                                   "v14 run used [[1,4,5],[5,16,1]]",
+    "engine.stop_timeout_seconds": "120 s for a clean vLLM shutdown; jm has no stop timeout (lanectl's default 30)",
+    "health.generation_probe.prompt": "lanectl's probe; jm verifies health with /v1/models only",
+    "health.request_timeout_seconds": "lanectl's probe timeout; not a jm field",
+    "watchdog.*": "the watchdog's restart budget and GPU-memory wait are lanectl's; jm has no watchdog",
+    "companions.rtx.*": "the RTX sidecar on the station's second GPU is not part of the public recipe",
+}
+
+
+def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flat(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def deliberate_name(key: str) -> str:
+    """A differing field under the name DELIBERATE gives it (whole sections as `section.*`)."""
+    for section in ("watchdog.", "companions.rtx."):
+        if key.startswith(section):
+            return section + "*"
+    return key
+
+
+def without_speculative(args: list[str]) -> tuple[list[str], str]:
+    at = args.index(SPECULATIVE)
+    return args[:at + 1] + args[at + 2:], args[at + 1]
+
+
+def imported_project(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "imported.yaml").write_text(text)
+    return tmp_path / "recipes"
+
+
+def test_the_gb300_recipe_is_the_import_of_its_jm_recipe_except_where_deliberate(tmp_path):
+    shipped = flat(load_catalog(Project.locate(REPO / "recipes")).lane("h1-REF").spec.model_dump(mode="json"))
+    recipes = imported_project(tmp_path, import_jm_recipe(FIXTURE, lane="h1-REF").text)
+    imported = flat(load_catalog(Project.locate(recipes)).lane("h1-REF").spec.model_dump(mode="json"))
+
+    shipped_args, shipped_schedule = without_speculative(shipped.pop("engine.args"))
+    imported_args, imported_schedule = without_speculative(imported.pop("engine.args"))
+    assert shipped_args == imported_args
+    assert json.loads(shipped_schedule)["num_speculative_tokens_per_batch_size"] == [[1, 8, 5], [9, 32, 3]]
+    assert json.loads(imported_schedule)["num_speculative_tokens_per_batch_size"] == [[1, 4, 5], [5, 16, 1]]
+    assert {k: v for k, v in json.loads(shipped_schedule).items() if k != "num_speculative_tokens_per_batch_size"} \
+        == {k: v for k, v in json.loads(imported_schedule).items() if k != "num_speculative_tokens_per_batch_size"}
+
+    differing = {key for key in shipped.keys() | imported.keys()
+                 if shipped.get(key, "<absent>") != imported.get(key, "<absent>")}
+    assert {deliberate_name(key) for key in differing} == set(DELIBERATE) - {f"engine.args[{SPECULATIVE}]"}
+    # Everything the jm recipe says reached the lane, field by field.
+    for key in ("image.base", "engine.env.VLLM_LOGGING_LEVEL", "engine.secret_env", "engine.ports",
+                "engine.volumes", "engine.ipc", "engine.shm_size", "engine.gpus.device_ids", "health.models_path",
+                "health.health_path",
+                "health.served_model_name", "health.startup_budget_minutes", "health.startup_log.expect",
+                "health.startup_log.forbid"):
+        assert imported[key] == shipped[key], key
+
+
+def test_import_round_trips_into_a_recipe_that_validates(project):
+    out = project / "recipes" / "imported.yaml"
+    result = lanectl("import", "jm", str(FIXTURE), "--out", str(out), cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0] == f"wrote {out}"
+    assert lanectl("validate", cwd=project).stdout == "ok: 1 lanes in 1 recipes (main)\n"
+    again = lanectl("import", "jm", str(FIXTURE / "recipe.yaml"), cwd=project)
+    assert again.stdout == out.read_text()
+
+
+def test_every_field_left_out_is_listed_with_its_location():
+    result = import_jm(load_yaml(RECIPE_YAML, "recipe.yaml"), LAUNCH, "launch-command.txt")
+    assert [(p.line, p.path) for p in result.unmapped] == [
+        (11, "status"), (12, "owners"), (13, "updated"),
+        (15, "model.name"), (16, "model.repo"), (17, "model.revision"), (18, "model.quantization"),
+        (20, "hardware.profile"), (22, "hardware.observed.gpu"), (23, "hardware.observed.cuda"),
+        (24, "hardware.observed.gpu_memory_visible_gib"), (25, "hardware.observed.snapshot"),
+        (28, "runtime.engine_version"), (33, "launch.script"), (57, "metrics"),
+        (65, "verification.gates.schema.how"), (66, "verification.gates.digest.how"),
+        (67, "verification.gates.health.how"), (68, "verification.gates.quality.how"),
+        (69, "verification.gates.performance.how"), (70, "limits"), (73, "rollback.script"),
+        (74, "rollback.summary"),
+    ]
+    assert str(result.unmapped[0]) == "recipe.yaml:11:1: status: not mapped: 'verified'"
+    text = import_jm_recipe(FIXTURE).text
+    assert all(f"#   {problem}".replace("recipe.yaml", str(FIXTURE / "recipe.yaml")) in text
+               for problem in result.unmapped)
+
+
+def test_a_new_unknown_field_is_listed_not_dropped():
+    doc = load_yaml(RECIPE_YAML.replace("  ipc: host\n", "  ipc: host\n  ulimits: {memlock: -1}\n"), "recipe.yaml")
+    listed = [str(p) for p in import_jm(doc, LAUNCH, "launch-command.txt").unmapped]
+    assert "recipe.yaml:43:13: launch.ulimits.memlock: not mapped: -1" in listed
+
+
+@pytest.mark.parametrize(("recipe", "launch", "problem"), [
+    (RECIPE_YAML.replace("schema: jm-recipe/v1", "schema: jm-recipe/v2"), LAUNCH,
+     "recipe.yaml:8:9: schema: 'jm-recipe/v2' is not a J-M recipe schema lanectl knows; "
+     "`lanectl import jm` reads jm-recipe/v1"),
+    (RECIPE_YAML, LAUNCH.replace("vllm serve /model", "python3 -m sglang.launch_server"),
+     "launch-command.txt:1:1: expected a `vllm serve …` command, got 'python3 -m'"),
+    (RECIPE_YAML, LAUNCH.replace("'{\"cpu_offload\": true}'", "'{\"cpu_offload\": true}"),
+     "launch-command.txt:8:19: unbalanced quotes: this ' is never closed"),
+    (RECIPE_YAML.replace("digest: sha256:00d5", "digest: 00d5"), LAUNCH,
+     "recipe.yaml:31:13: runtime.container.digest: expected sha256:<64 hex digits>"),
+])
+def test_bad_input_is_refused_with_its_location(recipe, launch, problem):
+    with pytest.raises(RecipeInvalid) as caught:
+        import_jm(load_yaml(recipe, "recipe.yaml"), launch, "launch-command.txt")
+    assert [str(p) for p in caught.value.problems] == [problem]
+
+
+def test_bad_input_exits_2_and_writes_nothing(tmp_path):
+    folder = tmp_path / "jm"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "launch-command.txt").write_text('vllm serve /model --served-model-name "m\n')
+    out = tmp_path / "out.yaml"
+    result = lanectl("import", "jm", str(folder), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == (f"{folder}/launch-command.txt:1:39: unbalanced quotes: "
+                                             "this \" is never closed")
+    assert not out.exists()
+
+
+def test_import_never_overwrites(tmp_path):
+    out = tmp_path / "mine.yaml"
+    out.write_text("mine\n")
+    result = lanectl("import", "jm", str(FIXTURE), "--out", str(out), cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, f"lanectl: {out} already exists; choose a new file\n")
+    assert out.read_text() == "mine\n"
