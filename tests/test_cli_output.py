@@ -340,3 +340,63 @@ def test_status_through_the_cli(project: Path, write_recipe, tmp_path: Path):
     assert data["data"]["unfinished_switch"]["done_steps"] == []
     # Containers of other recipes on this engine are named on stderr, never on stdout.
     assert all(x.startswith("container ") for x in text.stderr.splitlines())
+
+
+# ------------------------------------------------------------------ the other views, on fixed data
+
+
+def test_switch_text_shows_the_failed_engines_last_lines_on_stderr():
+    tail = [f"line {n}" for n in range(20)]
+    result = Result("switch", {"result": "rolled-back", "message": "h2 failed its gate; h1 is serving again",
+                               "lane": "h1", "steps": [], "diagnostics": {"log_tail": tail}}, exit_code=1)
+    lines = render_text(result)
+    assert streams(lines) == (["rolled-back: h2 failed its gate; h1 is serving again"],
+                              ["last log lines of the failed lane:", *(f"  line {n}" for n in range(5, 20))])
+    assert lines[0].spans[0] == ("rolled-back", "red") and lines[1].spans == (
+        ("last log lines of the failed lane:", "bold"),)
+
+
+def test_fleet_switch_text_has_a_row_per_node():
+    data = {"result": "ok", "message": "h2 serves on 2 node(s)", "lane": "h2", "diagnostics": {},
+            "nodes": [{"node": "gpu-1", "result": "ok", "detail": "canary, gated"},
+                      {"node": "gpu-2", "result": "unchanged", "detail": "already h2"}]}
+    assert streams(render_text(Result("fleet-switch", data))) == ([
+        "  gpu-1                    ok                     canary, gated",
+        "  gpu-2                    unchanged              already h2",
+        "ok: h2 serves on 2 node(s)",
+    ], [])
+
+
+def test_a_plan_is_its_steps_one_a_line():
+    result = Result("plan", {"lane": "h2", "steps": ["would stop h1", "would start h2"]})
+    assert streams(render_text(result)) == (["would stop h1", "would start h2"], [])
+    assert json.loads(render_json(result))["data"] == {"lane": "h2", "steps": ["would stop h1", "would start h2"]}
+
+
+def test_patches_text_aligns_the_status_and_shows_conflict_details_under_it():
+    parts = [{"status": "applies", "summary": "vllm/a.patch  (1 hunk, offset 0)", "subject": "Fix a",
+              "details": []},
+             {"status": "conflicts", "summary": "vllm/b.patch", "subject": "Fix b",
+              "details": ["  vllm/b.py: hunk 1 does not match", "  patch hunk:"]}]
+    result = Result("patches.check", {"patches": []}, exit_code=1, text_only={"patches": parts})
+    lines = render_text(result)
+    assert streams(lines) == ([
+        "applies          vllm/a.patch  (1 hunk, offset 0)  Fix a",
+        "conflicts        vllm/b.patch  Fix b",
+        "  vllm/b.py: hunk 1 does not match",
+        "  patch hunk:",
+    ], [])
+    assert [lines[0].spans[0], lines[1].spans[0]] == [("applies          ", "green"), ("conflicts        ", "red")]
+
+
+def test_build_text_and_the_failing_steps_last_lines():
+    builds = [
+        {"lane": "h1", "tag": "lanectl/r:h1-aaa", "status": "unchanged", "message": "up to date", "pushed": False,
+         "log_tail": []},
+        {"lane": "h2", "tag": "lanectl/r:h2-bbb", "status": "failed", "message": "step 3 (RUN make) failed",
+         "pushed": False, "log_tail": ["make: *** [all] Error 1"]},
+    ]
+    assert streams(render_text(Result("build", {"builds": builds}, exit_code=1))) == (
+        ["unchanged h1: up to date", "failed    h2: step 3 (RUN make) failed"],
+        ["last lines of the failing step:", "  make: *** [all] Error 1"],
+    )
