@@ -83,10 +83,10 @@ def show(result: Result, as_json: bool = False) -> None:
         raise typer.Exit(result.exit_code)
 
 
-def catalog(paths: list[Path] | None = None) -> Catalog:
+def catalog() -> Catalog:
     from lanectl.recipe.catalog import load_catalog
 
-    return load_catalog(Project.locate(state.recipes), paths or [])
+    return load_catalog(Project.locate(state.recipes), [])
 
 
 def _seconds(text: str, option: str) -> float:
