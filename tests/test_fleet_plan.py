@@ -254,10 +254,10 @@ def test_fleet_status_is_healthy_only_when_every_node_is_up_and_every_lane_answe
 def test_render_shows_the_service_spec_of_each_role_on_each_of_the_recipe_nodes(catalog):
     from lanectl.commands.render import render_lane
 
-    rendered = render_lane(catalog.lane("f2"), None)
+    rendered = render_lane(catalog.lane("f2"), None).data
     assert [s["Name"] for s in rendered["services"]] == [
         "fleet-t-primary-s2", "fleet-t-rtx-s2", "fleet-t-primary-s1", "fleet-t-rtx-s1"]
-    assert render_lane(catalog.lane("local"), None)["services"] == []
+    assert render_lane(catalog.lane("local"), None).data["services"] == []
 
 
 def test_doctor_says_what_a_swarm_placement_needs(catalog):

@@ -118,5 +118,19 @@ def test_bench_measures_the_serving_lane(lanes, state, tmp_path):
     assert 80 < cells["code@1"]["output_tok_per_s"] < 110, "stub decodes 100 tok/s per stream"
     assert cells["code@4"]["output_tok_per_s"] > 2.5 * cells["code@1"]["output_tok_per_s"]
     assert (Path(data["run_dir"]) / "results.json").is_file()
+    # For people: the table of the measured cells, notes and where the results went on stderr.
+    text = lanes.cli("bench", "--workload", "gate-test", "--concurrency", "1", "--out", str(tmp_path / "text"),
+                     state=state, check=True, timeout=300,
+                     extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    [run_dir] = (tmp_path / "text").iterdir()
+    measured = json.loads((run_dir / "results.json").read_text())["bench"]
+    written = measured["cells"]
+    assert text.stdout.splitlines() == [  # in the workload's order; results.json sorts its keys
+        "cell                       tok/s  ms/step  TTFT p50  ITL p99 failed",
+        *(f"{key:<22} {written[key]['output_tok_per_s']:>9.1f} {written[key]['ms_per_step']:>8.2f} "
+          f"{written[key]['ttft_p50_ms']:>8.1f}m {written[key]['itl_p99_ms']:>7.1f}m {written[key]['failed']:>6}"
+          for key in ("prose@1", "code@1")),
+    ]
+    assert text.stderr.splitlines()[-1 - len(measured["notes"]):] == [*measured["notes"], f"results in {run_dir}"]
     other = lanes.cli("bench", "t-fast", "--workload", "gate-test", state=state)
     assert other.returncode == 2 and "is not the serving lane" in other.stderr

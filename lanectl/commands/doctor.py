@@ -6,8 +6,11 @@ import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
+from lanectl.errors import EXIT_FAILED, EXIT_OK
+from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog
 from lanectl.state.paths import state_dir
 
@@ -21,6 +24,15 @@ class Finding:
     severity: Literal["ok", "warn", "error"]
     detail: str
     fix: str = ""
+
+
+def doctor(recipes: Path | None) -> Result:
+    """Every finding, with its fix; exit 1 on any error. Broken recipes only leave the recipe checks out."""
+    from lanectl.commands import catalog_if_valid
+
+    findings = diagnose(catalog_if_valid(recipes))
+    failed = any(f.severity == "error" for f in findings)
+    return Result("doctor", {"findings": [asdict(f) for f in findings]}, exit_code=EXIT_FAILED if failed else EXIT_OK)
 
 
 def diagnose(catalog: Catalog | None) -> list[Finding]:
@@ -136,7 +148,3 @@ def _base_images(engine: Any, catalog: Catalog) -> list[Finding]:
         findings.append(Finding(f"base image {image}", "ok" if present else "warn",
                                 "present" if present else "missing", "" if present else "make base-image"))
     return findings
-
-
-def as_json(findings: list[Finding]) -> list[dict[str, Any]]:
-    return [asdict(f) for f in findings]

@@ -1,13 +1,15 @@
-"""Plumbing for the --fleet verbs: the manager's engine, the host lock and the fleet journal."""
+"""The --fleet verbs: the manager's engine, the host lock and the fleet journal; `fleet status`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
 
+from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.fleet.rollout import FleetOutcome, FleetRollout
 from lanectl.lanes.switcher import Reporter
+from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lock import HostLock
@@ -31,9 +33,10 @@ def fleet_rollout(catalog: Catalog, command: str, *, lock_wait: float, reporter:
 
 
 def run(action: Callable[[FleetRollout], FleetOutcome], catalog: Catalog, command: str, *, lock_wait: float,
-        reporter: Reporter, no_gpu: bool) -> FleetOutcome:
+        reporter: Reporter, no_gpu: bool) -> Result:
     with fleet_rollout(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as rollout:
-        return action(rollout)
+        outcome = action(rollout)
+    return Result("fleet-switch", outcome.as_dict(), exit_code=outcome.exit_code)
 
 
 def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | None) -> list[str]:
@@ -57,8 +60,12 @@ def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | Non
     return lines
 
 
-def status(catalog: Catalog | None) -> dict[str, Any]:
+def status(recipes: Path | None) -> Result:
+    """Exit 1 when the fleet is degraded. The fleet is what it is, whatever the local recipes say: without
+    valid ones each lane is probed at /health."""
+    from lanectl.commands import catalog_if_valid
     from lanectl.dockerapi.swarm import SwarmEngine
     from lanectl.fleet.status import observe
 
-    return observe(SwarmEngine(), catalog)
+    data = observe(SwarmEngine(), catalog_if_valid(recipes))
+    return Result("fleet-status", data, exit_code=EXIT_OK if data["healthy"] else EXIT_FAILED)

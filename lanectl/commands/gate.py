@@ -1,3 +1,5 @@
+"""`bench` (measure the serving lane), `gate` (the A/B/A bracket) and `report` (a gate run again)."""
+
 from __future__ import annotations
 
 import os
@@ -5,10 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lanectl.bench.gate import GateReport, bench_lane, run_gate, write_results
+from lanectl.bench.gate import bench_lane, run_gate, write_results
 from lanectl.bench.stats import Verdict
 from lanectl.bench.workload import load_workload, workload_file
-from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.errors import EXIT_FAILED, EXIT_OK
+from lanectl.lanes.switcher import Reporter
+from lanectl.output import Message, Result, info
+from lanectl.recipe.catalog import Catalog
 
 
 def _kernel_log() -> Any | None:
@@ -23,16 +28,17 @@ def _kernel_log() -> Any | None:
         return None
 
 
-def bench(catalog: Catalog, lane: Lane | None, workload_name: str, concurrency: list[int], out: Path | None,
-          progress: Callable[[str], None]) -> dict[str, Any]:
+def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: list[int], out: Path | None,
+          progress: Callable[[str], None]) -> Result:
     """Measure the serving lane (or `lane`, which must be the active one) without switching anything."""
     from lanectl.dockerapi.containers import ContainerEngine
     from lanectl.errors import BadInput
     from lanectl.state.lanes import LaneStateStore
     from lanectl.state.paths import StateFiles, state_dir
 
+    named = catalog.lane(lane) if lane else None
     active = LaneStateStore(StateFiles(state_dir()).lanes).load().active
-    target = lane or (catalog.lanes.get(active) if active else None)
+    target = named or (catalog.lanes.get(active) if active else None)
     if target is None:
         raise BadInput("no active lane to bench; name one that is serving, or `lanectl up` one first")
     if target.name != active:
@@ -42,78 +48,44 @@ def bench(catalog: Catalog, lane: Lane | None, workload_name: str, concurrency: 
     result = bench_lane(ContainerEngine(), target, workload, concurrency, arm="bench", kernel_log=_kernel_log(),
                         progress=progress)
     data = {"bench": result.summary(), "workload": workload.name, "concurrency": concurrency}
+    messages: tuple[Message, ...] = ()
     if out is not None:
         data["run_dir"] = str(write_results(out, f"bench-{target.name}", data))
-    return data
+        messages = (info(f"results in {data['run_dir']}"),)
+    return Result("bench", data, messages)
 
 
-def gate(catalog: Catalog, candidate: Lane, control: Lane, workload_name: str, concurrency: list[int], bar: float,
-         promote: bool, out: Path | None, lock_wait: float, no_gpu: bool, reporter: Any,
-         progress: Callable[[str], None]) -> tuple[GateReport, Path | None]:
+def gate(catalog: Catalog, candidate: str, control: str, workload_name: str, concurrency: list[int], bar: float,
+         promote: bool, out: Path | None, lock_wait: float, no_gpu: bool, reporter: Reporter,
+         progress: Callable[[str], None]) -> Result:
+    """Control, candidate, control; exit 0 on PASS, 1 on FAIL or INCONCLUSIVE. With `out`, the results and
+    their plot are written to a new folder under it."""
+    from lanectl.bench.plot import plot
     from lanectl.commands.switch import switcher
 
+    candidate_lane, control_lane = catalog.lane(candidate), catalog.lane(control)
     workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name))
-    command = f"lanectl gate {candidate.name} --control {control.name}"
+    command = f"lanectl gate {candidate} --control {control}"
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
-        report = run_gate(lanes, candidate, control, workload, concurrency, bar=bar, promote=promote,
+        report = run_gate(lanes, candidate_lane, control_lane, workload, concurrency, bar=bar, promote=promote,
                           kernel_log=_kernel_log(), progress=progress)
     run_dir = None
+    messages: tuple[Message, ...] = ()
     if out is not None:
-        run_dir = write_results(out, f"gate-{candidate.name}", {"gate": report.as_dict(), "workload": workload.name,
-                                                                 "concurrency": concurrency})
+        run_dir = write_results(out, f"gate-{candidate}", {"gate": report.as_dict(), "workload": workload.name,
+                                                            "concurrency": concurrency})
         plot(report.as_dict(), run_dir / "ratios.png")
-    return report, run_dir
+        messages = (info(f"results and plot in {run_dir}"),)
+    passed = report.verdict == Verdict.PASS
+    return Result("gate", {**report.as_dict(), "run_dir": str(run_dir) if run_dir else None}, messages,
+                  exit_code=EXIT_OK if passed else EXIT_FAILED)
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on a server
-    import matplotlib.pyplot as plt
-
-    cells = report["cells"]
-    if not cells:
-        return
-    keys = list(cells)
-    ratios = [cells[k]["ratio"] for k in keys]
-    bands = [cells[k]["band"] for k in keys]
-    colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:gray"}
-    figure, axes = plt.subplots(figsize=(max(6.0, 0.6 * len(keys) + 2), 4))
-    axes.bar(keys, ratios, yerr=bands, capsize=3, color=[colours[cells[k]["verdict"]] for k in keys])
-    axes.axhline(report["bar"], color="tab:blue", linestyle="--", label=f"bar {report['bar']:.3f}x")
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    low = min(min(r - b for r, b in zip(ratios, bands, strict=True)), 1.0)
-    high = max(max(r + b for r, b in zip(ratios, bands, strict=True)), report["bar"])
-    axes.set_ylim(low - 0.02, high + 0.02)
-    axes.set_ylabel(f"{report['candidate']} / mean({report['control']} controls), output tok/s")
-    axes.set_title(f"gate {report['candidate']} vs {report['control']}: {report['verdict'].upper()}")
-    axes.legend()
-    plt.setp(axes.get_xticklabels(), rotation=45, ha="right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def report_table(report: dict[str, Any]) -> list[str]:
-    lines = [f"{'cell':<22} {'control-1':>10} {'candidate':>10} {'control-2':>10} {'ratio':>7} {'band':>6}  verdict"]
-    for key, cell in report["cells"].items():
-        lines.append(f"{key:<22} {cell['control_first']:>10.1f} {cell['candidate']:>10.1f} "
-                     f"{cell['control_last']:>10.1f} {cell['ratio']:>7.3f} {cell['band']:>6.3f}  {cell['verdict']}")
-    fid = report.get("fidelity") or {}
-    if fid:
-        lines.append(f"fidelity: {fid['verdict']}: {fid['confident_flips']} confident flips (bar "
-                     f"{fid['confident_flips_bar']}), weighted divergence {fid['weighted_divergence']:.3f} "
-                     f"(bar {fid['weighted_divergence_bar']:.3f}) over {fid['prompts']} prompts")
-    lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x)"
-                 + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
-    lines += [f"  - {reason}" for reason in report["reasons"]]
-    return lines
-
-
-def load_report(run_dir: Path) -> dict[str, Any]:
+def report(run_dir: Path) -> Result:
+    """The figures of a gate run written by `gate --out`, and its plot drawn again (ratios.png)."""
     import json
 
+    from lanectl.bench.plot import plot
     from lanectl.errors import BadInput
 
     path = run_dir / "results.json"
@@ -122,7 +94,5 @@ def load_report(run_dir: Path) -> dict[str, Any]:
     data = json.loads(path.read_text())
     if "gate" not in data:
         raise BadInput(f"{path} holds a bench run, not a gate; its figures are in the file")
-    return data["gate"]
-
-
-__all__ = ["Verdict", "bench", "gate", "plot", "report_table", "load_report"]
+    plot(data["gate"], run_dir / "ratios.png")
+    return Result("report", data["gate"], (info(f"plot: {run_dir / 'ratios.png'}"),))

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
+from lanectl.output import Result
 from lanectl.recipe.jm_import import JM_SCHEMA, import_jm, launch_file_name
 from lanectl.recipe.yaml_source import YamlSyntaxError, read_text_file, read_yaml_file
 
@@ -47,3 +48,16 @@ def import_jm_recipe(path: Path, *, lane: str = "main") -> ImportedRecipe:
         footer += [f"#   {line}" for line in unmapped]
     body = yaml.safe_dump(result.recipe, sort_keys=False, width=200, allow_unicode=True)
     return ImportedRecipe(text="\n".join([*header, body.rstrip("\n"), *footer]) + "\n", unmapped=unmapped)
+
+
+def import_jm_command(path: Path, *, lane: str = "main", out_file: Path | None = None) -> Result:
+    """`lanectl import jm`: the recipe (written to `out_file`, a new file, when given) and what was not mapped."""
+    if out_file is not None and (out_file.exists() or out_file.is_symlink()):
+        raise BadInput(f"{out_file} already exists; choose a new file")
+    imported = import_jm_recipe(path, lane=lane)
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        with out_file.open("x", encoding="utf-8") as handle:  # "x": never overwrites a file made meanwhile
+            handle.write(imported.text)
+    return Result("import.jm", {"recipe": imported.text, "out": None if out_file is None else str(out_file),
+                                "unmapped": imported.unmapped})

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from lanectl.errors import BadInput
+from lanectl.output import Result
 from lanectl.recipe.schema import recipe_json_schema
 
 STARTER_RECIPE = """\
@@ -108,3 +109,13 @@ def scaffold(folder: Path) -> list[Path]:
         with path.open("x", encoding="utf-8") as handle:  # "x": a file made since the check is not overwritten
             handle.write(text)
     return list(files)
+
+
+def init_project(folder: Path) -> Result:
+    """`lanectl init`: the files written and the commands that come next."""
+    import shlex
+
+    written = scaffold(folder)
+    where = "" if folder.resolve() == Path.cwd() else f"cd {shlex.quote(str(folder))} && "
+    steps = f"lanectl validate && lanectl build --all && lanectl up {FIRST_LANE} --no-gpu"
+    return Result("init", {"written": [str(path) for path in written], "next": where + steps})

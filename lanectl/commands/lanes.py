@@ -4,10 +4,11 @@ from typing import Any
 
 from lanectl.errors import OperationFailed
 from lanectl.image.render import plan_image
+from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog
 
 
-def list_lanes(catalog: Catalog) -> tuple[list[dict[str, Any]], str | None]:
+def list_lanes(catalog: Catalog) -> Result:
     """One row per lane; `built` is None when the Docker engine cannot be asked."""
     from lanectl.dockerapi.containers import DockerEngine
     from lanectl.image.build import is_built
@@ -18,7 +19,7 @@ def list_lanes(catalog: Catalog) -> tuple[list[dict[str, Any]], str | None]:
         engine = DockerEngine()
     except OperationFailed as exc:
         engine, note = None, f"built? unknown: {exc}"
-    rows = []
+    rows: list[dict[str, Any]] = []
     for lane in sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name)):
         plan = plan_image(lane)
         rows.append({
@@ -31,4 +32,4 @@ def list_lanes(catalog: Catalog) -> tuple[list[dict[str, Any]], str | None]:
             "kernels": [k.name for k in lane.kernels],
             "patches": [p.path for p in lane.spec.patches],
         })
-    return rows, note
+    return Result("lanes", {"lanes": rows, "note": note})

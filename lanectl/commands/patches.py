@@ -1,17 +1,20 @@
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
-from rich.console import Console
-
-from lanectl.errors import BadInput
-from lanectl.image.in_image.patching import PatchFormatError, format_report, parse_patch_file
+from lanectl.errors import EXIT_FAILED, EXIT_OK, BadInput
+from lanectl.image.in_image.patching import PatchFormatError, PatchReport, format_report, parse_patch_file
 from lanectl.image.patch_check import check_patch_files
+from lanectl.output import Result
 from lanectl.project import Project, cache_dir, leaves
 
 
-def check_project_patches(project: Project, progress: Console | None = None) -> list[dict[str, Any]]:
-    """Every patch under patches/ against the source its `Base:` names; never writes to the project."""
+def check_project_patches(project: Project, progress: Callable[[int, int], None] | None = None) -> Result:
+    """Every patch under patches/ against the source its `Base:` names; never writes to the project.
+
+    `progress(done, total)` follows the one-time download of a pinned source (bytes). Exit 1 when any
+    patch conflicts.
+    """
     files = sorted(project.patches_dir.rglob("*.patch"))
     if not files:
         raise BadInput(f"no *.patch files under {project.display(project.patches_dir)}")
@@ -20,15 +23,16 @@ def check_project_patches(project: Project, progress: Console | None = None) -> 
             shown = path.relative_to(project.root).as_posix()
             raise BadInput(f"{shown} leads out of patches/ (a symlink to {path.resolve()}); "
                            "keep patch files inside patches/")
-    show = _DownloadProgress(progress)
     try:
-        reports = check_patch_files(files, project.root, cache_dir(), progress=show)
+        reports = check_patch_files(files, project.root, cache_dir(), progress=progress)
     except PatchFormatError as exc:
         raise BadInput(str(exc)) from None
-    result = []
+    data, parts = [], []
     for path, report in zip(files, reports, strict=True):
         patch = parse_patch_file(path)
-        result.append({
+        lines = format_report(report)
+        summary, details = _summary(report, lines), lines[1:]
+        data.append({
             "patch": report.patch,
             "status": str(report.status),
             "subject": patch.subject,
@@ -37,22 +41,24 @@ def check_project_patches(project: Project, progress: Console | None = None) -> 
             "targets": list(patch.targets),
             # Per file: applies | creates | already-upstream | conflicts (the patch's status sums them up).
             "files": [{"path": f.path, "status": str(f.status)} for f in report.files],
-            "lines": format_report(report),
+            "lines": lines,
         })
-    return result
+        parts.append({"status": str(report.status), "summary": summary, "subject": patch.subject,
+                      "details": details})
+    conflicts = any(entry["status"] == "conflicts" for entry in data)
+    return Result("patches.check", {"patches": data}, exit_code=EXIT_FAILED if conflicts else EXIT_OK,
+                  text_only={"patches": parts})
 
 
-class _DownloadProgress:
-    """Prints the one-time download of a pinned source (vLLM's sdist is ~43 MB) in 10% steps."""
+def _summary(report: PatchReport, lines: list[str]) -> str:
+    """The report's summary: the patch, and what it does or why it conflicts.
 
-    def __init__(self, console: Console | None):
-        self.console = console
-        self.shown = -1
+    `format_report` lives in patching.py, which is copied into every image with patches: its bytes are an
+    image input (changing them would rebuild every patched lane), so it stays the one formatter, and its
+    first line is by construction the status, two spaces, then this summary.
+    """
+    prefix = f"{report.status}  "
+    if not lines[0].startswith(prefix):
+        raise AssertionError(f"patching.format_report changed the shape of its first line: {lines[0]!r}")
+    return lines[0].removeprefix(prefix)
 
-    def __call__(self, done: int, total: int) -> None:
-        if self.console is None or not total:
-            return
-        tenth = done * 10 // total
-        if tenth != self.shown:
-            self.shown = tenth
-            self.console.print(f"downloading pinned upstream source: {done / 1e6:.1f}/{total / 1e6:.1f} MB")

@@ -8,11 +8,12 @@ from typing import Any
 from lanectl.errors import BadInput
 from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
+from lanectl.output import Result, info
 from lanectl.project import leaves
 from lanectl.recipe.catalog import Lane
 
 
-def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
+def render_lane(lane: Lane, out_dir: Path | None) -> Result:
     from lanectl.image.kernel_source import cached_source
     from lanectl.project import cache_dir
 
@@ -30,7 +31,7 @@ def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
         # The recipe's nodes, or a placeholder when the lane may go to any node with its labels.
         for node in lane.spec.placement.nodes or ["NODE"]:
             services += [plan_service(lane, spec, node, with_gpus=True, inputs=plan.input_hash) for spec in specs]
-    return {
+    data = {
         "services": services,
         "lane": lane.name,
         "recipe": lane.recipe.id,
@@ -45,6 +46,8 @@ def render_lane(lane: Lane, out_dir: Path | None) -> dict[str, Any]:
                             "fetched": str(tree.path) if tree.path else None} for tree in plan.fetched_trees],
         "containers": containers,
     }
+    written = () if out_dir is None else (info(f"wrote the build context and containers.json to {out_dir}"),)
+    return Result("render", data, written)
 
 
 def _write_context(files: Any, containers: list[dict[str, Any]], out_dir: Path) -> None:

@@ -5,6 +5,7 @@ from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine, ContainerState
 from lanectl.image.render import plan_image
+from lanectl.output import Result
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
@@ -12,7 +13,7 @@ from lanectl.state.paths import StateFiles, state_dir
 from lanectl.state.pushes import PushStore
 
 
-def lane_status(catalog: Catalog) -> dict[str, Any]:
+def lane_status(catalog: Catalog) -> Result:
     """Everything an operator asks at 3 a.m.: what runs, is it healthy, which build, and is a way back there.
 
     The JSON shape (version 1 of the envelope) is documented in the README.
@@ -58,7 +59,7 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
         })
     known = {(lane.recipe.id, lane.name) for lane in catalog.lanes.values()}
     lease = state.watchdog_lease
-    return {
+    return Result("status", {
         "state_dir": str(directory),
         "active": state.active,
         "known_good": list(state.known_good),
@@ -71,7 +72,7 @@ def lane_status(catalog: Catalog) -> dict[str, Any]:
         "journal_problems": journal.tail(200).problems,
         "lanes": lanes,
         "unknown_containers": [c.name for c in containers if (c.recipe, c.lane) not in known],
-    }
+    })
 
 
 def _pushed(pushes: PushStore, tag: str, registry: str | None) -> dict[str, Any] | None:

@@ -1,16 +1,87 @@
+"""`up`, `rollback` and `down`: on this box's engine, or with --fleet on the Swarm nodes; --dry-run plans only."""
+
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.errors import BadInput
 from lanectl.lanes.plan import plan_switch
 from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target
+from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.lock import HostLock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
+
+
+def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
+       no_rollback: bool = False, no_gpu: bool = False, fleet: bool = False, nodes: Sequence[str] = (),
+       canary: str | None = None) -> Result:
+    """Switch this box (or with `fleet`, the Swarm nodes) to `lane`, health-gated, or go back."""
+    from lanectl.fleet.rollout import require_placement
+
+    target = catalog.lane(lane)
+    _require_fleet_for_nodes(nodes, canary, fleet)
+    require_placement(target, fleet)
+    if fleet:
+        from lanectl.commands import fleet as fleet_commands
+
+        if no_rollback:
+            raise BadInput("--no-rollback is for local lanes; on Swarm a failed update is always rolled back")
+        if dry_run:
+            return _plan(target, fleet_commands.dry_run_up(catalog, target, list(nodes), canary))
+        return fleet_commands.run(lambda rollout: rollout.up(target, nodes=nodes, canary=canary), catalog,
+                                  f"lanectl up {lane} --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+    if dry_run:
+        return _plan(target, dry_run_up(catalog, target))
+    return run(lambda lanes: lanes.up(target, rollback_on_failure=not no_rollback), catalog, f"lanectl up {lane}",
+               lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+
+
+def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
+             no_gpu: bool = False, fleet: bool = False, nodes: Sequence[str] = (),
+             canary: str | None = None) -> Result:
+    """Back to `to`, or the last known-good lane, through the same gated path as `up` (--fleet: Swarm's)."""
+    target = catalog.lane(to) if to else None
+    _require_fleet_for_nodes(nodes, canary, fleet)
+    if fleet:
+        from lanectl.commands import fleet as fleet_commands
+        from lanectl.fleet.rollout import require_placement
+
+        if target is not None:
+            require_placement(target, fleet=True)
+        if dry_run:
+            raise BadInput("--dry-run is not offered for rollback --fleet; `lanectl fleet status` shows each "
+                           "node's previous lane")
+        return fleet_commands.run(lambda rollout: rollout.rollback(target, nodes=nodes, canary=canary), catalog,
+                                  "lanectl rollback --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+    if dry_run:
+        planned = target or rollback_target(catalog, LaneStateStore(StateFiles(state_dir()).lanes).load())
+        return _plan(planned, dry_run_up(catalog, planned))
+    return run(lambda lanes: lanes.rollback(target), catalog, "lanectl rollback" + (f" --to {to}" if to else ""),
+               lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+
+
+def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float) -> Result:
+    """Stop `lane`, or the active one (companions first); its containers are kept for a later start."""
+    name = lane or LaneStateStore(StateFiles(state_dir()).lanes).load().active
+    if name is None:
+        raise BadInput("no active lane; name the lane to stop")
+    target = catalog.lane(name)
+    return run(lambda lanes: lanes.down(target), catalog, f"lanectl down {name}", lock_wait=lock_wait,
+               reporter=reporter)
+
+
+def _require_fleet_for_nodes(nodes: Sequence[str], canary: str | None, fleet: bool) -> None:
+    if (nodes or canary) and not fleet:
+        raise BadInput("--nodes and --canary choose Swarm nodes; add --fleet")
+
+
+def _plan(lane: Lane, steps: list[str]) -> Result:
+    return Result("plan", {"lane": lane.name, "steps": steps})
 
 
 @contextmanager
@@ -48,12 +119,10 @@ def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
     return lines
 
 
-def dry_run_rollback(catalog: Catalog, to: Lane | None) -> list[str]:
-    state = LaneStateStore(StateFiles(state_dir()).lanes).load()
-    return dry_run_up(catalog, to or rollback_target(catalog, state))
-
-
 def run(action: Callable[[LaneSwitcher], SwitchOutcome], catalog: Catalog, command: str, *, lock_wait: float,
-        reporter: Reporter, no_gpu: bool = False) -> SwitchOutcome:
+        reporter: Reporter, no_gpu: bool = False) -> Result:
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
-        return action(lanes)
+        outcome = action(lanes)
+    return Result("switch", {"result": outcome.result, "message": outcome.message, "lane": outcome.lane,
+                             "steps": list(outcome.steps), "diagnostics": outcome.diagnostics},
+                  exit_code=outcome.exit_code)

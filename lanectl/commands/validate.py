@@ -1,16 +1,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from lanectl.output import Result
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 
 
-def validate_recipes(project: Project, paths: list[Path]) -> dict[str, Any]:
+def validate_recipes(project: Project, paths: list[Path]) -> Result:
     """Raises `RecipeInvalid` with every problem; returns what was found when there is none."""
     catalog = load_catalog(project, paths)
-    return {
+    return Result("validate", {
         "recipes": [project.display(r.file) for r in catalog.recipes],
         "lanes": sorted(catalog.lanes),
-    }
+    })

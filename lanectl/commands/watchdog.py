@@ -1,16 +1,62 @@
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from lanectl.errors import LanectlError
 from lanectl.lanes.switcher import Reporter
+from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
-from lanectl.watchdog.runner import Watchdog
+from lanectl.watchdog.runner import PassResult, Watchdog
 from lanectl.watchdog.state import WatchdogStateStore
+
+
+def check(catalog: Catalog, kernel_log: str | None, *, reporter: Reporter) -> Result:
+    """One pass, for cron: exit 0 healthy, 1 acted or unhealthy, 2 misconfigured."""
+    result = _watchdog(catalog, kernel_log, reporter=reporter).check()
+    return Result("watchdog.check", result.as_dict(), exit_code=result.exit_code)
+
+
+def run(catalog: Catalog, kernel_log: str | None, *, reporter: Reporter, stop: threading.Event,
+        on_pass: Callable[[PassResult, str], None]) -> Result:
+    """Passes on Docker events, kernel-log lines and the probe interval until `stop` is set; each pass and
+    what woke it go to `on_pass`."""
+    _watchdog(catalog, kernel_log, reporter=reporter).run(stop, on_pass=on_pass)
+    return Result("watchdog.run", {})
+
+
+def arm(catalog: Catalog, *, reporter: Reporter) -> Result:
+    state = _watchdog(catalog, None, reporter=reporter, need_engine=False).arm()
+    return Result("watchdog.arm", {"armed": state.watchdog_armed})
+
+
+def rearm(catalog: Catalog, *, reporter: Reporter) -> Result:
+    """For cron: re-arm only when the maintenance lease has expired; idempotent."""
+    state, message = _watchdog(catalog, None, reporter=reporter, need_engine=False).rearm()
+    return Result("watchdog.rearm", {"armed": state.watchdog_armed, "message": message})
+
+
+def disarm(catalog: Catalog, seconds: float, reason: str, *, reporter: Reporter) -> Result:
+    """Observe and record only, until the lease ends (or `watchdog arm`)."""
+    from lanectl.state.journal import current_user_at_host
+
+    state = _watchdog(catalog, None, reporter=reporter, need_engine=False).disarm(seconds, reason,
+                                                                                 current_user_at_host())
+    lease = state.watchdog_lease
+    return Result("watchdog.disarm", {"until": lease.until if lease else None, "reason": reason})
+
+
+def _watchdog(catalog: Catalog, kernel_log: str | None, *, reporter: Reporter, need_engine: bool = True) -> Watchdog:
+    """The kernel log named on the command line, else $LANECTL_KERNEL_LOG, else /dev/kmsg (not required)."""
+    import os
+
+    spec = kernel_log or os.environ.get("LANECTL_KERNEL_LOG")
+    return open_watchdog(catalog, spec, explicit=spec is not None, reporter=reporter, need_engine=need_engine)
 
 
 def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bool, reporter: Reporter,
@@ -41,7 +87,8 @@ def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bo
     return watchdog
 
 
-def watchdog_status() -> dict[str, Any]:
+def watchdog_status() -> Result:
+    """Armed?, lease, last pass, last action, heartbeat age, counters; what could not be read."""
     files = StateFiles(state_dir())
     state = LaneStateStore(files.lanes).load()
     memory_store = WatchdogStateStore(files.watchdog, quarantine=False)
@@ -51,7 +98,7 @@ def watchdog_status() -> dict[str, Any]:
     if record.heartbeat:
         heartbeat_age = round(now.timestamp() - datetime.fromisoformat(record.heartbeat).timestamp(), 1)
     lease = state.watchdog_lease
-    return {
+    return Result("watchdog.status", {
         "armed": state.watchdog_armed_at(now),
         "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
                                              "expired": state.lease_expired(now)},
@@ -69,10 +116,10 @@ def watchdog_status() -> dict[str, Any]:
         "xid_total": record.xid_total,
         "xid_hardware_total": record.xid_hardware_total,
         "problems": [p for p in (memory_store.problem,) if p],
-    }
+    })
 
 
-def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = Path("/")) -> list[str]:
+def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = Path("/")) -> Result:
     """The units carry where the state and the recipes are, so cron's bare environment finds them."""
     import os
 
@@ -86,4 +133,4 @@ def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = 
         messages += [f"--- {unit.path} ---", unit.content.rstrip("\n")]
     elif not cron:
         messages.append("now: systemctl daemon-reload && systemctl enable --now lanectl-watchdog")
-    return messages
+    return Result("watchdog.install", {"lines": messages})

@@ -1,0 +1,39 @@
+"""The gate's picture: ratio per cell with the bar and each cell's noise band.
+
+matplotlib is imported only when a plot is drawn: it takes most of a second to load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a server
+    import matplotlib.pyplot as plt
+
+    cells = report["cells"]
+    if not cells:
+        return
+    keys = list(cells)
+    ratios = [cells[k]["ratio"] for k in keys]
+    bands = [cells[k]["band"] for k in keys]
+    colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:gray"}
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.6 * len(keys) + 2), 4))
+    axes.bar(keys, ratios, yerr=bands, capsize=3, color=[colours[cells[k]["verdict"]] for k in keys])
+    axes.axhline(report["bar"], color="tab:blue", linestyle="--", label=f"bar {report['bar']:.3f}x")
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    low = min(min(r - b for r, b in zip(ratios, bands, strict=True)), 1.0)
+    high = max(max(r + b for r, b in zip(ratios, bands, strict=True)), report["bar"])
+    axes.set_ylim(low - 0.02, high + 0.02)
+    axes.set_ylabel(f"{report['candidate']} / mean({report['control']} controls), output tok/s")
+    axes.set_title(f"gate {report['candidate']} vs {report['control']}: {report['verdict'].upper()}")
+    axes.legend()
+    plt.setp(axes.get_xticklabels(), rotation=45, ha="right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,325 @@
+"""The text view of each command: from a `Result` to the lines people read.
+
+Each view reads only the result (its data, and `text_only` where a view shows more than `--json` carries);
+`render_text` adds the result's messages on stderr. Styles are rich style names; with no terminal they vanish
+and what is left is the text the tests compare.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lanectl.output import Line, Result, Span, aligned, line, text_lines
+
+View = Callable[[Result], list[Line]]
+
+
+def render_text(result: Result) -> list[Line]:
+    """The view of the result's command, then its messages (stderr)."""
+    return VIEWS[result.command](result) + [line(m.text, err=True) for m in result.messages]
+
+
+def validate(result: Result) -> list[Line]:
+    lanes, recipes = result.data["lanes"], result.data["recipes"]
+    return [line(f"ok: {len(lanes)} lanes in {len(recipes)} recipes ({', '.join(lanes)})")]
+
+
+def lanes(result: Result) -> list[Line]:
+    built = {True: "yes", False: "no", None: "?"}
+    rows = [("LANE", "RECIPE", "IMAGE", "BUILT", "COMPANIONS")] + [
+        (row["lane"], row["recipe"], row["image"], built[row["built"]], ",".join(row["companions"]) or "-")
+        for row in result.data["lanes"]
+    ]
+    note = result.data["note"]
+    return [line(text) for text in aligned(rows)] + ([line(note, err=True)] if note else [])
+
+
+def render(result: Result) -> list[Line]:
+    data = result.data
+    lines = [line(f"# lane {data['lane']}  image {data['image']}  inputs {data['input_hash']}"),
+             line("# ---- Dockerfile ----"), *text_lines(data["dockerfile"]),
+             line("# ---- build context ----")]
+    lines += [line(f"{item['size']:>9}  {item['sha256'][:12]}  {item['path']}") for item in data["context"]]
+    for tree in data["kernel_sources"]:
+        where = f"fetched: {tree['fetched']}" if tree["fetched"] else "not fetched yet: `lanectl build` fetches it"
+        lines.append(line(f"{'tree':>9}  {'':12}  {tree['context']}  <- {tree['origin']} ({where})"))
+    lines += [line("# ---- containers (start order) ----"), *text_lines(json.dumps(data["containers"], indent=2))]
+    if data["services"]:
+        lines += [line("# ---- Swarm services (ServiceSpec, one per role and node) ----"),
+                  *text_lines(json.dumps(data["services"], indent=2))]
+    return lines
+
+
+def schema(result: Result) -> list[Line]:
+    return text_lines(json.dumps(result.data, indent=2))
+
+
+PATCH_COLOURS = {"applies": "green", "already-upstream": "yellow", "conflicts": "red"}
+
+
+def patches_check(result: Result) -> list[Line]:
+    lines = []
+    for patch in result.text_only["patches"]:
+        status = patch["status"]
+        lines.append(line((f"{status:<17}", PATCH_COLOURS[status]), f"{patch['summary']}  {patch['subject']}"))
+        lines += [line(detail) for detail in patch["details"]]
+    return lines
+
+
+BUILD_COLOURS = {"built": "green", "unchanged": "cyan", "skipped": "cyan", "failed": "red"}
+
+
+def build(result: Result) -> list[Line]:
+    lines = []
+    for outcome in result.data["builds"]:
+        lines.append(line((f"{outcome['status']:<9}", BUILD_COLOURS[outcome["status"]]),
+                          f" {outcome['lane']}: {outcome['message']}"))
+        if outcome["reference"] is not None:
+            lines.append(line(f"          {outcome['lane']}: {outcome['reference']}"))
+        if outcome["status"] == "failed":
+            lines.append(line(("last lines of the failing step:", "bold"), err=True))
+            lines += [line(f"  {text}", err=True) for text in outcome["log_tail"]]
+    return lines
+
+
+def plan(result: Result) -> list[Line]:
+    return [line(step) for step in result.data["steps"]]
+
+
+def switch(result: Result) -> list[Line]:
+    return _outcome(result.data, "the failed lane")
+
+
+def fleet_switch(result: Result) -> list[Line]:
+    rows = [line(f"  {node['node']:<24} {node['result']:<22} {node['detail']}") for node in result.data["nodes"]]
+    return rows + _outcome(result.data, "the failed node's service")
+
+
+def _outcome(data: Mapping[str, Any], failed: str) -> list[Line]:
+    """The result line; the failed engine's last log lines on stderr."""
+    colour = "green" if data["result"] in ("ok", "noop") else "red"
+    lines = [line((data["result"], colour), ": ", data["message"])]
+    tail = data["diagnostics"].get("log_tail")
+    if tail:
+        lines.append(line((f"last log lines of {failed}:", "bold"), err=True))
+        lines += [line(f"  {text}", err=True) for text in tail[-15:]]
+    return lines
+
+
+def status(result: Result) -> list[Line]:
+    data = result.data
+    lines = []
+    for lane in data["lanes"]:
+        health = f"  health: {lane['health']}" if lane["health"] else ""
+        active: list[str | Span] = [("active", "bold green"), " "] if lane["active"] else []
+        lines.append(line((lane["lane"], "bold"), "  ", *active, "known-good " if lane["known_good"] else "",
+                          f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"))
+        if lane["pushed"]:
+            lines.append(line(f"    pushed   {lane['pushed']['reference']}"))
+        for c in lane["containers"]:
+            detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
+            if c["exit_code"] not in (None, 0):
+                detail += f" (exit {c['exit_code']})"
+            stale: list[Span] = [] if c["current_build"] else [(f"  older build {c['image']}", "yellow")]
+            lines.append(line(f"    {c['role']:<8} {c['name']:<40} {detail:<14} restarts {c['restarts']}", *stale))
+    watchdog = data["watchdog"]
+    lease = watchdog["lease"]
+    lease_text = (f"; lease until {lease['until']} ({lease['reason']}){' expired' if lease['expired'] else ''}"
+                  if lease else "")
+    lines.append(line(f"watchdog: {'armed' if watchdog['armed'] else 'disarmed'}{lease_text}"))
+    lines.append(line(f"known-good: {', '.join(data['known_good']) or '-'}"))
+    if data["unfinished_switch"]:
+        u = data["unfinished_switch"]
+        lines.append(line((f"unfinished {u['action']}", "red"),
+                          f" {u['from'] or '-'} -> {u['to'] or '-'} since {u['ts']} "
+                          f"({len(u['done_steps'])}/{len(u['steps'])} steps); the next up/rollback finishes "
+                          f"or undoes it"))
+    lines += [line(f"journal: {problem}", err=True) for problem in data["journal_problems"]]
+    lines += [line(f"container {name} has lanectl labels but its lane is not in the recipes", err=True)
+              for name in data["unknown_containers"]]
+    return lines
+
+
+def fleet_status(result: Result) -> list[Line]:
+    lines = []
+    for node in result.data["nodes"]:
+        colour = "green" if node["state"] == "ready" else "red"
+        gpus = ", ".join(f"{k}={v}" for k, v in node["gpus"].items()) or "no GPUs advertised"
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(node["labels"].items())) or "-"
+        lines.append(line((node["hostname"], "bold"), " ", (node["state"], colour),
+                          f" {node['availability']} {node['role']} {node['addr']}  {gpus}  labels: {labels}"))
+        if node["lease"]:
+            lines.append(line(f"    being changed by {node['lease']}"))
+        for lane in node["lanes"]:
+            health = f"  health: {lane['health']}" if lane["health"] else ""
+            update = f"  last update: {lane['update']}" if lane["update"] else ""
+            problem: list[Span] = [(f"  {lane['problem']}", "red")] if lane["problem"] else []
+            failed = f"  failed tasks: {lane['failed_tasks']}" if lane["failed_tasks"] else ""
+            lines.append(line(f"    {lane['lane']:<20} {lane['role']:<8} task {lane['task']:<9}{health}{update}",
+                              *problem, failed))
+        if not node["lanes"]:
+            lines.append(line("    no lanectl lanes"))
+    lines += [line(("problem:", "red"), " ", problem, err=True) for problem in result.data["problems"]]
+    return lines
+
+
+def history(result: Result) -> list[Line]:
+    return ([line(describe(record)) for record in result.data["records"]]
+            + [line(f"journal: {problem}", err=True) for problem in result.data["problems"]])
+
+
+def describe(record: Mapping[str, Any]) -> str:
+    """One line per journal record; --json gives the records as written."""
+    kind = record.get("kind", "?")
+    if kind == "intent":
+        text = f"{record.get('action')} {record.get('from') or '-'} -> {record.get('to') or '-'} ({record.get('why')})"
+    elif kind == "step":
+        text = f"  {record.get('step')}  {record.get('detail', '')}"
+        if record.get("node") and not str(record.get("step", "")).startswith(str(record["node"])):
+            text = f"  [{record['node']}]{text}"
+    elif kind == "outcome":
+        text = f"{record.get('result')}: {record.get('message', '')}"
+    elif kind == "watchdog" and record.get("event") == "alert":
+        text = (f"alert ({record.get('severity')}): {record.get('title')}; "
+                f"{'delivered' if record.get('delivered') else 'not delivered'}: {record.get('detail')}")
+    elif kind == "watchdog":
+        action = record.get("action")
+        text = f"{record.get('event')}: " + (f"{action}: {record.get('reason')}" if action else
+                                             str(record.get("message", "")))
+    elif kind == "diagnostics":
+        text = f"  diagnostics: {record.get('failed')} (exit code {record.get('exit_code')})"
+    else:
+        text = str(record.get("message", ""))
+    return f"{record.get('ts', '?')}  {record.get('who', '?'):<20} {kind:<11} {text}"
+
+
+SEVERITY_COLOURS = {"ok": "green", "warn": "yellow", "error": "red"}
+
+
+def doctor(result: Result) -> list[Line]:
+    lines = []
+    for finding in result.data["findings"]:
+        severity = finding["severity"]
+        lines.append(line((f"{severity:<5}", SEVERITY_COLOURS[severity]), f" {finding['check']}: {finding['detail']}"))
+        if finding["fix"]:
+            lines.append(line(f"      fix: {finding['fix']}"))
+    return lines
+
+
+def watchdog_check(result: Result) -> list[Line]:
+    return [line(pass_line(result.data))]
+
+
+def pass_line(data: Mapping[str, Any]) -> str:
+    """One watchdog pass: the lane, what was done and why, and how it ended."""
+    text = f"{data['lane'] or '-'}: {data['action']}: {data['reason']}"
+    return text + (f" -> {data['outcome']}" if data["outcome"] else "")
+
+
+def watchdog_status(result: Result) -> list[Line]:
+    data = result.data
+    lease = data["lease"]
+    age = data["heartbeat_age_seconds"]
+    lines = [
+        line(f"watchdog: {'armed' if data['armed'] else 'disarmed'}"
+             + (f"; lease until {lease['until']} ({lease['reason']}, by {lease['by']})" if lease else "")),
+        line(f"active lane: {data['active'] or '-'}"),
+        line(f"last pass: {data['last_pass'] or 'never'} ({data['last_pass_result'] or '-'}); heartbeat "
+             + (f"{age:.0f} s ago" if age is not None else "never")),
+    ]
+    if data["last_action"]:
+        action = data["last_action"]
+        lines.append(line(f"last action: {action['ts']} {action['action']}: {action['reason']} -> {action['outcome']}"))
+    lines.append(line(f"restarts: {data['restarts_total'] or 0}; rollbacks: {data['rollbacks_total']}; "
+                      f"Xid: {data['xid_total'] or 0} (hardware {data['xid_hardware_total']})"))
+    return lines + [line(problem, err=True) for problem in data["problems"]]
+
+
+def watchdog_arm(result: Result) -> list[Line]:
+    return [line("armed" if result.data["armed"] else "disarmed")]
+
+
+def watchdog_rearm(result: Result) -> list[Line]:
+    return [line(result.data["message"])]
+
+
+def watchdog_disarm(result: Result) -> list[Line]:
+    return [line(f"disarmed until {result.data['until'] or '?'} ({result.data['reason']})")]
+
+
+def watchdog_install(result: Result) -> list[Line]:
+    return [line(text) for text in result.data["lines"]]
+
+
+def nothing(result: Result) -> list[Line]:
+    """Commands whose output has already been streamed (`logs`, `watchdog run`)."""
+    return []
+
+
+def bench(result: Result) -> list[Line]:
+    bench_data = result.data["bench"]
+    lines = [line(f"{'cell':<22} {'tok/s':>9} {'ms/step':>8} {'TTFT p50':>9} {'ITL p99':>8} {'failed':>6}")]
+    for key, cell in bench_data["cells"].items():
+        lines.append(line(f"{key:<22} {cell['output_tok_per_s']:>9.1f} {cell['ms_per_step'] or 0:>8.2f} "
+                          f"{cell['ttft_p50_ms'] or 0:>8.1f}m {cell['itl_p99_ms'] or 0:>7.1f}m {cell['failed']:>6}"))
+    return lines + [line(note, err=True) for note in bench_data["notes"]]
+
+
+def gate(result: Result) -> list[Line]:
+    """The table of a gate run: per cell the three arms, the ratio, the noise band and the verdict."""
+    report = result.data
+    lines = [f"{'cell':<22} {'control-1':>10} {'candidate':>10} {'control-2':>10} {'ratio':>7} {'band':>6}  verdict"]
+    for key, cell in report["cells"].items():
+        lines.append(f"{key:<22} {cell['control_first']:>10.1f} {cell['candidate']:>10.1f} "
+                     f"{cell['control_last']:>10.1f} {cell['ratio']:>7.3f} {cell['band']:>6.3f}  {cell['verdict']}")
+    fid = report.get("fidelity") or {}
+    if fid:
+        lines.append(f"fidelity: {fid['verdict']}: {fid['confident_flips']} confident flips (bar "
+                     f"{fid['confident_flips_bar']}), weighted divergence {fid['weighted_divergence']:.3f} "
+                     f"(bar {fid['weighted_divergence_bar']:.3f}) over {fid['prompts']} prompts")
+    lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x)"
+                 + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
+    lines += [f"  - {reason}" for reason in report["reasons"]]
+    return [line(text) for text in lines]
+
+
+def init(result: Result) -> list[Line]:
+    return [line(f"wrote {path}") for path in result.data["written"]] + [line(f"next: {result.data['next']}")]
+
+
+def import_jm(result: Result) -> list[Line]:
+    data = result.data
+    lines = text_lines(data["recipe"]) if data["out"] is None else [line(f"wrote {data['out']}", err=True)]
+    return lines + [line(text, err=True) for text in data["unmapped"]]
+
+
+VIEWS: dict[str, View] = {
+    "validate": validate,
+    "lanes": lanes,
+    "render": render,
+    "schema": schema,
+    "patches.check": patches_check,
+    "build": build,
+    "plan": plan,
+    "switch": switch,
+    "fleet-switch": fleet_switch,
+    "status": status,
+    "fleet-status": fleet_status,
+    "logs": nothing,
+    "history": history,
+    "doctor": doctor,
+    "watchdog.check": watchdog_check,
+    "watchdog.run": nothing,
+    "watchdog.status": watchdog_status,
+    "watchdog.arm": watchdog_arm,
+    "watchdog.rearm": watchdog_rearm,
+    "watchdog.disarm": watchdog_disarm,
+    "watchdog.install": watchdog_install,
+    "bench": bench,
+    "gate": gate,
+    "report": gate,
+    "init": init,
+    "import.jm": import_jm,
+}

@@ -1,0 +1,89 @@
+"""What every command returns, and the one JSON form scripts parse.
+
+A command returns a `Result`: the answer as plain data, notes for the person reading, and the exit code.
+The CLI renders it: `render_json` for `--json`, a text view per command for people (`lanectl.cli.views`).
+Text views are built from `Line`s: plain text with optional style names, so they can be compared exactly in
+tests and drawn in colour on a terminal; nothing here knows about the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from lanectl.errors import EXIT_OK
+
+# Bump only on an incompatible change of the envelope or of a command's data: scripts check it.
+ENVELOPE_VERSION = 1
+
+Level = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """A note for the person reading the text view (on stderr), beside the data; `--json` leaves it out."""
+
+    level: Level
+    text: str
+
+
+@dataclass(frozen=True)
+class Result:
+    command: str
+    """The envelope's `command`, and the name of the text view."""
+    data: Mapping[str, Any]
+    """The envelope's `data`: JSON-ready values, exactly what `--json` prints."""
+    messages: tuple[Message, ...] = ()
+    exit_code: int = EXIT_OK
+    text_only: Mapping[str, Any] = field(default_factory=dict)
+    """Parts only the text view shows, kept out of `data` so the envelope stays as scripts know it."""
+
+
+def info(text: str) -> Message:
+    return Message("info", text)
+
+
+def warning(text: str) -> Message:
+    return Message("warning", text)
+
+
+def render_json(result: Result) -> str:
+    """The stable envelope: `{"lanectl": 1, "command": …, "data": …}`, keys sorted, one trailing newline."""
+    envelope = {"lanectl": ENVELOPE_VERSION, "command": result.command, "data": result.data}
+    return json.dumps(envelope, indent=2, sort_keys=True) + "\n"
+
+
+Span = tuple[str, str]
+"""A run of text and its style name (`""` for none): what the terminal makes of the name is the CLI's business."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a text view; `err` lines go to stderr (notes beside the answer), the rest to stdout."""
+
+    spans: tuple[Span, ...]
+    err: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.spans)
+
+
+def line(*parts: str | Span, err: bool = False) -> Line:
+    """`line("ok", (" passed", "green"))`: plain strings have no style."""
+    return Line(tuple((part, "") if isinstance(part, str) else part for part in parts), err=err)
+
+
+def text_lines(text: str, *, err: bool = False) -> list[Line]:
+    """A block of text (a Dockerfile, a JSON document) as lines; a final newline ends the last line."""
+    return [line(part, err=err) for part in text.removesuffix("\n").split("\n")] if text else []
+
+
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Plain columns padded to the widest cell, never truncated whatever the terminal width (tags are long)."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
