@@ -98,13 +98,14 @@ STATUS = {
     "journal_problems": ["journal.jsonl line 1 from the end: unreadable record (not JSON, 12 bytes); ignored"],
     "lanes": [
         {"lane": "h1-REF", "recipe": "dsv41", "active": False, "known_good": True, "image": "lanectl/dsv41:h1-REF-aaa",
-         "built": True, "health": None, "provenance": {},
+         "built": True, "health": None, "provenance": {}, "pushed": None,
          "containers": [
              {"name": "dsv41-h1-REF", "role": "primary", "status": "exited", "exit_code": 137,
               "image": "lanectl/dsv41:h1-REF-aaa", "current_build": True, "uptime_seconds": None, "restarts": 0},
          ]},
         {"lane": "h2-REF", "recipe": "dsv41", "active": True, "known_good": True, "image": "lanectl/dsv41:h2-REF-bbb",
          "built": True, "health": "ok", "provenance": {"inputs": "bbb"},
+         "pushed": {"reference": "127.0.0.1:5000/lanectl/dsv41@sha256:" + "d" * 64},
          "containers": [
              {"name": "dsv41-h2-REF", "role": "primary", "status": "running", "exit_code": None,
               "image": "lanectl/dsv41:h2-REF-old", "current_build": False, "uptime_seconds": 3600, "restarts": 2},
@@ -112,7 +113,7 @@ STATUS = {
               "image": "lanectl/dsv41:h2-REF-bbb", "current_build": True, "uptime_seconds": 3590, "restarts": 0},
          ]},
         {"lane": "h3", "recipe": "dsv41", "active": False, "known_good": False, "image": "lanectl/dsv41:h3-ccc",
-         "built": False, "health": None, "provenance": {}, "containers": []},
+         "built": False, "health": None, "provenance": {}, "pushed": None, "containers": []},
     ],
     "unknown_containers": ["old-lane-1"],
 }
@@ -124,6 +125,7 @@ def test_status_text():
         "h1-REF  known-good lanectl/dsv41:h1-REF-aaa",
         "    primary  dsv41-h1-REF                             exited (exit 137) restarts 0",
         "h2-REF  active known-good lanectl/dsv41:h2-REF-bbb  health: ok",
+        "    pushed   127.0.0.1:5000/lanectl/dsv41@sha256:" + "d" * 64,
         "    primary  dsv41-h2-REF                             up 3600 s      restarts 2  older build "
         "lanectl/dsv41:h2-REF-old",
         "    rtx      dsv41-h2-REF-rtx                         up 3590 s      restarts 0",
@@ -148,8 +150,8 @@ def test_status_text_of_a_quiet_host():
 def test_status_styles_what_needs_attention():
     lines = render_text(Result("status", STATUS))
     assert lines[2].spans[:3] == (("h2-REF", "bold"), ("  ", ""), ("active", "bold green"))
-    assert lines[3].spans[-1] == ("  older build lanectl/dsv41:h2-REF-old", "yellow")
-    assert lines[8].spans[0] == ("unfinished up", "red")
+    assert lines[4].spans[-1] == ("  older build lanectl/dsv41:h2-REF-old", "yellow")
+    assert lines[9].spans[0] == ("unfinished up", "red")
 
 
 def test_status_json_is_the_data_as_is():
@@ -390,13 +392,17 @@ def test_patches_text_aligns_the_status_and_shows_conflict_details_under_it():
 
 
 def test_build_text_and_the_failing_steps_last_lines():
+    reference = "127.0.0.1:5000/lanectl/r@sha256:" + "e" * 64
     builds = [
-        {"lane": "h1", "tag": "lanectl/r:h1-aaa", "status": "unchanged", "message": "up to date", "pushed": False,
-         "log_tail": []},
+        {"lane": "h1", "tag": "lanectl/r:h1-aaa", "status": "unchanged", "message": "up to date", "push": None,
+         "reference": None, "log_tail": []},
+        {"lane": "h3", "tag": "lanectl/r:h3-ccc", "status": "skipped", "message": "already in the registry",
+         "push": "skipped", "reference": reference, "log_tail": []},
         {"lane": "h2", "tag": "lanectl/r:h2-bbb", "status": "failed", "message": "step 3 (RUN make) failed",
-         "pushed": False, "log_tail": ["make: *** [all] Error 1"]},
+         "push": None, "reference": None, "log_tail": ["make: *** [all] Error 1"]},
     ]
     assert streams(render_text(Result("build", {"builds": builds}, exit_code=1))) == (
-        ["unchanged h1: up to date", "failed    h2: step 3 (RUN make) failed"],
+        ["unchanged h1: up to date", "skipped   h3: already in the registry", f"          h3: {reference}",
+         "failed    h2: step 3 (RUN make) failed"],
         ["last lines of the failing step:", "  make: *** [all] Error 1"],
     )
