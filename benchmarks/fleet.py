@@ -23,6 +23,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The CLI runs in subprocesses too: they must import this checkout's lanectl, not an installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from lanectl.dockerapi.swarm import SwarmEngine  # noqa: E402
 from lanectl.fleet.plan import plan_service  # noqa: E402
@@ -40,7 +42,7 @@ POLL_SECONDS = 0.5
 
 
 class Quiet:
-    def step(self, text: str) -> None: ...
+    def step(self, text: str, *, ok: bool = True) -> None: ...
 
     def gate(self, progress: object) -> None: ...
 

@@ -23,6 +23,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The CLI runs in subprocesses too: they must import this checkout's lanectl, not an installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from lanectl.dockerapi.containers import ContainerEngine  # noqa: E402
 from lanectl.lanes.switcher import LaneSwitcher  # noqa: E402
@@ -36,7 +38,7 @@ REPEAT = 3
 
 
 class Quiet:
-    def step(self, text: str) -> None: ...
+    def step(self, text: str, *, ok: bool = True) -> None: ...
 
     def gate(self, progress: object) -> None: ...
 

@@ -24,6 +24,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The CLI runs in subprocesses too: they must import this checkout's lanectl, not an installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from tests.lane_fixtures import LaneProject, make_lane_project, remove_everything  # noqa: E402
 
@@ -108,7 +110,7 @@ def main() -> int:
             from lanectl.recipe.catalog import load_catalog
 
             class Quiet:
-                def step(self, text: str) -> None: ...
+                def step(self, text: str, *, ok: bool = True) -> None: ...
 
                 def gate(self, progress: object) -> None: ...
 
