@@ -2,15 +2,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lanectl.errors import LanectlError
-from lanectl.lanes.switcher import Reporter
 from lanectl.recipe.catalog import Catalog
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import create_state_dir, state_dir
 from lanectl.watchdog.runner import Watchdog
 from lanectl.watchdog.state import WatchdogStateStore
+
+if TYPE_CHECKING:
+    from lanectl.lanes.switcher import Reporter
 
 
 def open_watchdog(catalog: Catalog, kernel_log_spec: str | None, *, explicit: bool, reporter: Reporter,
