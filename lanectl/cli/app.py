@@ -17,11 +17,11 @@ from rich.text import Text
 from lanectl import __version__
 from lanectl.errors import EXIT_FAILED, LanectlError, RecipeInvalid
 from lanectl.project import Project
-from lanectl.recipe.catalog import Catalog, load_catalog
 
 if TYPE_CHECKING:
     from lanectl.health.gate import GateProgress
     from lanectl.lanes.switcher import SwitchOutcome
+    from lanectl.recipe.catalog import Catalog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Run GPU LLM serving lanes safely: recipes to images, switches, rollback, watchdog.")
@@ -68,6 +68,8 @@ def emit_json(command: str, data: Any) -> None:
 
 
 def catalog(paths: list[Path] | None = None) -> Catalog:
+    from lanectl.recipe.catalog import load_catalog
+
     return load_catalog(Project.locate(state.recipes), paths or [])
 
 
