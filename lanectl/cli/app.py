@@ -708,7 +708,8 @@ def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g.
         for line in report_table(data):
             out.print(line, markup=False, highlight=False)
         if run_dir:
-            err.print(f"results and plot in {run_dir}", markup=False)
+            drawn = (run_dir / "ratios.png").exists()
+            err.print(f"results{' and plot' if drawn else ''} in {run_dir}", markup=False)
     raise typer.Exit(0 if report.verdict.value == "pass" else EXIT_FAILED)
 
 
@@ -720,8 +721,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
     data = load_report(run_dir)
     for line in report_table(data):
         out.print(line, markup=False, highlight=False)
-    plot(data, run_dir / "ratios.png")
-    err.print(f"plot: {run_dir / 'ratios.png'}", markup=False)
+    not_drawn = plot(data, run_dir / "ratios.png")
+    err.print(not_drawn or f"plot: {run_dir / 'ratios.png'}", markup=False)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -61,20 +61,33 @@ def gate(catalog: Catalog, candidate: Lane, control: Lane, workload_name: str, c
     if out is not None:
         run_dir = write_results(out, f"gate-{candidate.name}", {"gate": report.as_dict(), "workload": workload.name,
                                                                  "concurrency": concurrency})
-        plot(report.as_dict(), run_dir / "ratios.png")
+        not_drawn = plot(report.as_dict(), run_dir / "ratios.png")
+        if not_drawn:
+            progress(not_drawn)
     return report, run_dir
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first."""
-    import matplotlib
+PLOT_EXTRA = "pip install 'lanectl[plot]'"
+
+
+def plot(report: dict[str, Any], path: Path) -> str | None:
+    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first.
+
+    matplotlib is an optional extra (a large import for one picture): without it nothing is drawn,
+    and the returned line says how to get the plot; None when it was drawn (or there is nothing to draw).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        return (f"no plot: matplotlib is not installed; `{PLOT_EXTRA}`, then `lanectl report {path.parent}` "
+                f"draws {path.name}")
 
     matplotlib.use("Agg")  # no display on a server
     import matplotlib.pyplot as plt
 
     cells = report["cells"]
     if not cells:
-        return
+        return None
     keys = list(cells)
     ratios = [cells[k]["ratio"] for k in keys]
     bands = [cells[k]["band"] for k in keys]
@@ -93,6 +106,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+    return None
 
 
 def report_table(report: dict[str, Any]) -> list[str]:
