@@ -131,7 +131,7 @@ def render_dockerfile(images_dir: Path, template: str, context: dict[str, Any]) 
     try:
         key = hashlib.sha256(json.dumps([_code_stamp(), str(images_dir), template, context],
                                         sort_keys=True).encode()).hexdigest()
-    except TypeError:  # a context JSON cannot hold is rendered every time
+    except (TypeError, OSError):  # a context JSON cannot hold, lanectl's sources unreadable: no memo
         key = None
     cache = CacheFolder("dockerfiles", RENDERED_KEEP)
     if key is not None and (raw := cache.read(key)) is not None:

@@ -27,8 +27,6 @@ from lanectl.project import CacheFolder
 
 FORMAT = 1
 KEEP_ENTRIES = 32  # one per project folder; the least recently used beyond this are removed
-_CODE = [Path(__file__).parent / name for name in sorted(os.listdir(Path(__file__).parent)) if name.endswith(".py")]
-_CODE += [Path(__file__).parent.parent / name for name in ("__init__.py", "project.py", "errors.py")]
 
 Fingerprint = tuple[str, str, str]
 
@@ -62,8 +60,11 @@ def code_stamp() -> str:
 
     from lanectl import __version__
 
+    here = Path(__file__).parent
+    code = [here / name for name in sorted(os.listdir(here)) if name.endswith(".py")]
+    code += [here.parent / name for name in ("__init__.py", "project.py", "errors.py")]
     digest = hashlib.sha256(f"{FORMAT}\0{__version__}\0{PYDANTIC_VERSION}\0{sys.version}\0".encode())
-    for path in _CODE:
+    for path in code:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -93,6 +94,10 @@ class CatalogCache:
             return None
 
     def store(self, recipes_dir: Path, recipe_files: list[Path], inputs: Iterable[Path], catalog: Any) -> None:
-        stored = {"stamp": code_stamp(), "recipe_files": [str(p) for p in recipe_files],
-                  "inputs": fingerprints([*recipe_files, *inputs]), "catalog": catalog}
-        self.entries.write(self.key(recipes_dir), pickle.dumps(stored, protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            stored = {"stamp": code_stamp(), "recipe_files": [str(p) for p in recipe_files],
+                      "inputs": fingerprints([*recipe_files, *inputs]), "catalog": catalog}
+            content = pickle.dumps(stored, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # lanectl's sources unreadable (a zip), something unpicklable: no entry, no error
+            return
+        self.entries.write(self.key(recipes_dir), content)
