@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,12 +110,15 @@ def main() -> int:
             recipe = (lanes.root / "recipes" / "lanes.yaml").read_text()
             port = int(recipe.split("host: ", 1)[1].split(",", 1)[0])
 
-            started = time.perf_counter()
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            lanes.cli("watchdog", "check", "--kernel-log", kernel_log_spec, state=state, check=True)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cli_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            cli_wall = time.perf_counter() - started
+            cpus, walls = [], []
+            for _ in range(5):  # cron's pass on a healthy lane; the median of a few, on a shared machine
+                started = time.perf_counter()
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                lanes.cli("watchdog", "check", "--kernel-log", kernel_log_spec, state=state, check=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+                walls.append(time.perf_counter() - started)
+            cli_cpu, cli_wall = statistics.median(cpus), statistics.median(walls)
             os.environ.update(lanes.env(state))
             from lanectl.commands.watchdog import open_watchdog
             from lanectl.project import Project
@@ -136,9 +140,10 @@ def main() -> int:
                 watchdog.check()
             pass_cpu = (time.process_time() - cpu0) / 5
             pass_wall = (time.perf_counter() - wall0) / 5
-            print(f"one `watchdog check`: CLI {cli_cpu:.2f} s CPU ({cli_wall:.2f} s wall, Python start-up and "
-                  f"imports included); the pass alone {pass_cpu * 1000:.0f} ms CPU ({pass_wall * 1000:.0f} ms "
-                  f"wall); target {CHECK_CPU_TARGET_S} s CPU: {'met' if cli_cpu <= CHECK_CPU_TARGET_S else 'MISSED'}")
+            print(f"one `watchdog check` (median of 5): CLI {cli_cpu:.2f} s CPU ({cli_wall:.2f} s wall, Python "
+                  f"start-up and imports included); the pass alone {pass_cpu * 1000:.0f} ms CPU "
+                  f"({pass_wall * 1000:.0f} ms wall); target {CHECK_CPU_TARGET_S} s CPU: "
+                  f"{'met' if cli_cpu <= CHECK_CPU_TARGET_S else 'MISSED'}")
 
             run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
                                     kernel_log_spec], cwd=lanes.root, env=lanes.env(state),
