@@ -24,6 +24,10 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The CLI runs in subprocesses too: they must import this checkout's lanectl, not an installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+# As installed (pip compiles the bytecode), not compiling every lanectl module again on every run.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from lanectl.dockerapi.swarm import SwarmEngine  # noqa: E402
 from lanectl.fleet.plan import plan_service  # noqa: E402

@@ -8,6 +8,7 @@ Figures, not pass/fail: these machines are shared and noisy, so targets live her
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import sys
@@ -20,6 +21,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The CLI runs in subprocesses too: they must import this checkout's lanectl, not an installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+# As installed (pip compiles the bytecode), not compiling every lanectl module again on every run.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from lanectl.dockerapi.containers import DockerEngine  # noqa: E402
 from lanectl.image.build import build_lane  # noqa: E402

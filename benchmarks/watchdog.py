@@ -4,6 +4,9 @@
   killed), a hang (/health 200, no tokens) and an application Xid line; the baseline polls the
   container state and /health every 5 s, measured the same way
   CPU time of one `watchdog check` pass (CLI, and the pass alone in-process); resident memory of `run`
+
+Targets (issue 12): a hang acted on within probe interval x N + generation timeout (probes overlap);
+`watchdog check` at most 0.3 s of CPU on a healthy lane; `watchdog run` at most 40 MiB resident.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,10 +28,17 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The CLI runs in subprocesses too: they must import this checkout's lanectl, not an installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+# As installed (pip compiles the bytecode), not compiling every lanectl module again on every run.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from tests.lane_fixtures import LaneProject, make_lane_project, remove_everything  # noqa: E402
 
 BASELINE_INTERVAL = 5.0
+CHECK_CPU_TARGET_S = 0.3
+RUN_RSS_TARGET_MIB = 40
+KERN_ERR = 3  # a /dev/kmsg record's priority: facility 0 (kern) << 3 | level 3 (err), as a real Xid has
 
 
 def journal_after(state: Path, t0: float) -> list[dict]:
@@ -84,8 +95,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lanectl-bench-watchdog-") as tmp:
         lanes = make_lane_project(Path(tmp))
         state = Path(tmp) / "state"
-        kernel_log = Path(tmp) / "kern.log"
+        # /dev/kmsg records in a file (`kmsg-file:`): a plain text line carries no facility, and the
+        # watchdog believes an Xid only from the kernel's own facility.
+        kernel_log = Path(tmp) / "kmsg"
         kernel_log.write_text("")
+        kernel_log_spec = f"kmsg-file:{kernel_log}"
         run = None
         try:
             recipe_file = lanes.root / "recipes" / "lanes.yaml"
@@ -96,25 +110,28 @@ def main() -> int:
             recipe = (lanes.root / "recipes" / "lanes.yaml").read_text()
             port = int(recipe.split("host: ", 1)[1].split(",", 1)[0])
 
-            started = time.perf_counter()
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            lanes.cli("watchdog", "check", "--kernel-log", f"file:{kernel_log}", state=state, check=True)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cli_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            cli_wall = time.perf_counter() - started
+            cpus, walls = [], []
+            for _ in range(5):  # cron's pass on a healthy lane; the median of a few, on a shared machine
+                started = time.perf_counter()
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                lanes.cli("watchdog", "check", "--kernel-log", kernel_log_spec, state=state, check=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+                walls.append(time.perf_counter() - started)
+            cli_cpu, cli_wall = statistics.median(cpus), statistics.median(walls)
             os.environ.update(lanes.env(state))
             from lanectl.commands.watchdog import open_watchdog
             from lanectl.project import Project
             from lanectl.recipe.catalog import load_catalog
 
             class Quiet:
-                def step(self, text: str) -> None: ...
+                def step(self, text: str, *, ok: bool = True) -> None: ...
 
                 def gate(self, progress: object) -> None: ...
 
                 def note(self, text: str) -> None: ...
 
-            watchdog = open_watchdog(load_catalog(Project.locate(lanes.root / "recipes")), f"file:{kernel_log}",
+            watchdog = open_watchdog(load_catalog(Project.locate(lanes.root / "recipes")), kernel_log_spec,
                                      explicit=True, reporter=Quiet())
             watchdog.check()
             cpu0 = time.process_time()
@@ -123,12 +140,13 @@ def main() -> int:
                 watchdog.check()
             pass_cpu = (time.process_time() - cpu0) / 5
             pass_wall = (time.perf_counter() - wall0) / 5
-            print(f"one `watchdog check`: CLI {cli_cpu:.2f} s CPU ({cli_wall:.2f} s wall, Python start-up and "
-                  f"imports included); the pass alone {pass_cpu * 1000:.0f} ms CPU ({pass_wall * 1000:.0f} ms "
-                  f"wall); target 0.5 s CPU")
+            print(f"one `watchdog check` (median of 5): CLI {cli_cpu:.2f} s CPU ({cli_wall:.2f} s wall, Python "
+                  f"start-up and imports included); the pass alone {pass_cpu * 1000:.0f} ms CPU "
+                  f"({pass_wall * 1000:.0f} ms wall); target {CHECK_CPU_TARGET_S} s CPU: "
+                  f"{'met' if cli_cpu <= CHECK_CPU_TARGET_S else 'MISSED'}")
 
             run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
-                                    f"file:{kernel_log}"], cwd=lanes.root, env=lanes.env(state),
+                                    kernel_log_spec], cwd=lanes.root, env=lanes.env(state),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(3)
 
@@ -138,9 +156,13 @@ def main() -> int:
             def hang() -> None:
                 httpx.post(f"http://127.0.0.1:{port}/admin/fault", json={"fault": "hang"}, timeout=5)
 
+            sequence = iter(range(1, 1000))
+
             def xid() -> None:
+                seq = next(sequence)
                 with kernel_log.open("a") as log:
-                    log.write("[ 1234.5] NVRM: Xid (PCI:0000:01:00): 31, pid=99, name=python3, MMU Fault\n")
+                    log.write(f"{KERN_ERR},{seq},{seq * 1000},-;NVRM: Xid (PCI:0000:01:00): 31, pid=99, "
+                              "name=python3, MMU Fault\n SUBSYSTEM=pci\n")
 
             faults = (("crash", crash), ("hang", hang), ("Xid 31", xid))
             ours = {}
@@ -187,14 +209,25 @@ def main() -> int:
                 client.containers.get(lanes.container("demo-h1")).restart(timeout=5)
                 time.sleep(2)
 
-            print(f"fault -> detection / -> recovery start in `watchdog run` (probe interval 0.2 s, 3 failed "
-                  f"probes to act, generation timeout 5 s) vs a {BASELINE_INTERVAL:.0f} s poll loop:")
+            policy = load_catalog(Project.locate(lanes.root / "recipes")).lane("demo-h1").spec
+            interval, failures = policy.health.poll_interval_seconds, policy.watchdog.failures_before_action
+            timeout = policy.health.generation_probe.timeout_seconds
+            bound = interval * failures + timeout
+            print(f"fault -> detection / -> recovery start in `watchdog run` (probe interval {interval:g} s, "
+                  f"{failures} failed probes to act, generation timeout {timeout:g} s) vs a "
+                  f"{BASELINE_INTERVAL:.0f} s poll loop:")
             for name, _ in faults:
                 detected, recovery = ours[name]
+                verdict = ""
+                if name == "hang":
+                    met = detected is not None and detected <= bound
+                    verdict = f"   target interval x N + timeout = {bound:.1f} s: {'met' if met else 'MISSED'}"
                 print(f"  {name:<7} detection {fmt(detected)}  recovery start {fmt(recovery)}   "
                       f"5 s poll loop: {fmt(polled[name])}"
-                      + ("   (container state and /health cannot see it)" if polled[name] is None else ""))
-            print(f"`watchdog run` resident memory: {rss_kb / 1024:.0f} MiB")
+                      + ("   (container state and /health cannot see it)" if polled[name] is None else "")
+                      + verdict)
+            print(f"`watchdog run` resident memory: {rss_kb / 1024:.0f} MiB   target {RUN_RSS_TARGET_MIB} MiB: "
+                  f"{'met' if rss_kb / 1024 <= RUN_RSS_TARGET_MIB else 'MISSED'}")
         finally:
             if run is not None:
                 run.terminate()

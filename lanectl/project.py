@@ -3,12 +3,20 @@
 A project is a folder holding `recipes/`, `images/`, `kernels/` and `patches/`; recipes refer
 to the other three by paths relative to it. Image templates a project does not have come from the
 ones lanectl ships (`vllm`, `stub-engine`, the shared `_lane/` blocks).
+
+The cache holds downloads (upstream sources) and results that are slow to work out and cheap to
+check again, kept from one command to the next (the validated catalog, rendered Dockerfiles). Each
+of those is a convenience: one that is missing, torn or cannot be written costs only speed, never an
+error. It is read only when it and its folder belong to this user and nobody else may write them:
+a catalog entry is a pickle, and a planted one would run its author's code.
 """
 
 from __future__ import annotations
 
 import importlib.resources
 import os
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,3 +93,60 @@ def template_dir(images_dir: Path, name: str) -> Path | None:
 def known_templates(images_dir: Path) -> list[str]:
     return sorted({template.parent.name for images in (images_dir, BUILTIN_IMAGES_DIR)
                    for template in images.glob("*/Dockerfile.j2")})
+
+
+class CacheFolder:
+    """One kind of entry, in its own folder, at most `keep` of them (the least recently used go)."""
+
+    def __init__(self, name: str, keep: int):
+        self.folder = cache_dir() / name
+        self.keep = keep
+
+    def path(self, key: str) -> Path:
+        return self.folder / key
+
+    def read(self, key: str) -> bytes | None:
+        path = self.path(key)
+        try:
+            if not (_private(self.folder) and _private(path)):
+                return None
+            content = path.read_bytes()
+            os.utime(path)  # recently used: kept when the folder is pruned
+            return content
+        except OSError:
+            return None
+
+    def write(self, key: str, content: bytes) -> None:
+        """Atomically (a reader sees the old entry or the new one); best effort."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not _private(self.folder):
+                return
+            fd, temp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(content)
+                os.replace(temp, self.path(key))
+            except BaseException:
+                Path(temp).unlink(missing_ok=True)
+                raise
+            self._prune()
+        except OSError:
+            return
+
+    def _prune(self) -> None:
+        entries = []
+        for path in self.folder.iterdir():
+            if not path.name.startswith("."):
+                try:
+                    entries.append((path.stat().st_mtime, path))
+                except OSError:  # removed by another lanectl meanwhile
+                    continue
+        for _, stale in sorted(entries, reverse=True)[self.keep:]:
+            stale.unlink(missing_ok=True)
+
+
+def _private(path: Path) -> bool:
+    info = os.lstat(path)
+    return (info.st_uid == os.geteuid() and not stat.S_ISLNK(info.st_mode)
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))

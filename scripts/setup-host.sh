@@ -31,9 +31,10 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 if [ ! -x .venv/bin/lanectl ] || [ pyproject.toml -nt .venv/.installed ]; then
-  echo "setup: creating .venv and installing lanectl with its test extras"
+  echo "setup: creating .venv and installing lanectl with its plot and test extras"
   python3 -m venv .venv
-  .venv/bin/pip install -q -e '.[test]'
+  # The plot extra too: the gate tests draw the plot (lanectl itself runs without matplotlib).
+  .venv/bin/pip install -q -e '.[plot,test]'
   touch .venv/.installed
 fi
 

@@ -123,6 +123,20 @@ def test_a_generation_timeout_says_what_health_answers(health_status: int, diagn
     assert not result.ok and result.detail == f"generation probe timed out after 5.0 s ({diagnosis})"
 
 
-def test_an_owned_client_uses_the_request_timeout() -> None:
-    with EndpointProbe("http://127.0.0.1:9", SETTINGS) as owned:
-        assert owned._client.timeout == httpx.Timeout(7)
+def test_every_request_carries_the_request_timeout_whatever_the_client() -> None:
+    timeouts = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        timeouts.append(request.extensions["timeout"])
+        return httpx.Response(200, json={"data": [{"id": "demo-model"}]})
+
+    endpoints = probe(engine)
+    endpoints.health_ok()
+    endpoints.models_lists_served_model()
+    assert timeouts == [httpx.Timeout(7).as_dict()] * 2
+
+
+def test_probes_speak_plain_http_only() -> None:
+    # The probe client verifies no certificate (see probe_client): an https URL must not reach it.
+    with pytest.raises(ValueError, match="plain HTTP"):
+        EndpointProbe("https://127.0.0.1:9", SETTINGS)

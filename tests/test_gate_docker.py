@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.lane_fixtures import LaneProject, make_lane_project, remove_containers, remove_everything
+from tests.test_plot_extra import without_matplotlib
 
 pytestmark = pytest.mark.docker
 
@@ -51,10 +52,11 @@ def state(lanes: LaneProject, tmp_path: Path):
     remove_containers(lanes)
 
 
-def gate(lanes: LaneProject, state: Path, candidate: str, *extra: str) -> tuple[int, dict]:
+def gate(lanes: LaneProject, state: Path, candidate: str, *extra: str,
+         env: dict[str, str] | None = None) -> tuple[int, dict]:
     result = lanes.cli("gate", candidate, "--control", "demo-h1", "--workload", "gate-test", "--concurrency", "1,4",
                        "--no-gpu", "--json", *extra, state=state, timeout=600,
-                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}", **(env or {})})
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)["data"]
 
@@ -85,11 +87,16 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     assert gates and gates[-1]["verdict"] == "pass" and gates[-1]["promoted"] == "t-fast"
 
 
-def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, state):
+def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-same", "--promote")
+    # Without the plot extra: the same verdict and exit code, the results written, no plot.
+    no_plot = {"PYTHONPATH": without_matplotlib(tmp_path)["PYTHONPATH"]}
+    code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
     assert code == 1 and report["verdict"] == "inconclusive", report
     assert report["promoted"] is None and active(lanes, state) == "demo-h1"
+    run_dir = Path(report["run_dir"])
+    assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == "inconclusive"
+    assert not (run_dir / "ratios.png").exists()
 
 
 def test_a_fatal_engine_line_in_the_candidate_arm_fails_the_gate_whatever_the_speed(lanes, state):

@@ -365,6 +365,37 @@ def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
     assert run.returncode in (0, 143)
 
 
+def test_run_mode_overlaps_the_probes_of_a_hung_engine(lanes, state, tmp_path):
+    """Each probe of a hung engine waits out the generation timeout (5 s here): issued one after another,
+    three failed probes would span at least two timeouts. Issued at the probe interval (0.2 s), their
+    answers come within one timeout of each other, and the restart with the third."""
+    from datetime import datetime
+
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.cli("watchdog", "arm", state=state, check=True)
+    run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
+                            empty_kernel_log(tmp_path)], cwd=lanes.root, env=lanes.env(state),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        admin(lanes, "hang")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not watchdog_status(lanes, state)["restarts_total"].get("demo-h1"):
+            time.sleep(0.2)
+        assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}
+    finally:
+        run.terminate()
+        _, stderr = run.communicate(timeout=30)
+    records = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()]
+    observed = [r for r in records if r["kind"] == "watchdog" and r.get("event") == "observation"]
+    failures = [r for r in observed if "generation probe timed out" in r["reason"]]
+    assert [r["action"] for r in failures[:3]] == ["none", "none", "restart"], observed
+    assert failures[0]["reason"].startswith("probe failed 1/3") and failures[1]["reason"].startswith("probe failed 2/3")
+    first, third = (datetime.fromisoformat(r["ts"]).timestamp() for r in (failures[0], failures[2]))
+    assert third - first < 5.0, f"the failed probes came {third - first:.1f} s apart: they did not overlap"
+    assert "demo-h1: restart: 3 consecutive failed probes: generation probe timed out" in stderr, stderr
+
+
 def test_a_webhook_that_never_answers_does_not_stall_the_pass(lanes, state, tmp_path):
     import socket
 

@@ -26,6 +26,13 @@ def ready(**changes) -> WatchdogMemory:
     return WatchdogMemory(**{"lane": "h2-REF", "ready_since_start": True, **changes})
 
 
+def test_a_pass_without_a_probe_answer_keeps_the_failure_count():
+    decision = decide(observed(health_ok=None, health_detail="", generation_ok=None, generation_detail=""),
+                      ready(consecutive_failures=2), POLICY, now=NOW, armed=True, startup_budget_seconds=BUDGET)
+    assert (decision.action, decision.failing, decision.memory.consecutive_failures) == ("none", False, 2)
+    assert decision.reason == "running; no probe answer in this pass"
+
+
 def test_healthy_resets_the_failure_count():
     decision = decide(observed(), ready(consecutive_failures=2), POLICY, now=NOW, armed=True,
                       startup_budget_seconds=BUDGET)

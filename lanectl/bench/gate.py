@@ -25,8 +25,9 @@ from lanectl.bench.stats import FidelityReport, TokenChoice, Verdict, cell_verdi
 from lanectl.bench.workload import Workload, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.health.gate import FATAL_ENGINE_LINES
+from lanectl.health.probe import probe_base_url
 from lanectl.host.xid import believed_xid
-from lanectl.lanes.switcher import LaneSwitcher, probe_base_url
+from lanectl.lanes.switcher import LaneSwitcher
 from lanectl.recipe.catalog import Lane
 
 # Logprobs asked for in the fidelity pass: enough to find the candidate's token among the control's top.

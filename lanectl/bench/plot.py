@@ -1,6 +1,7 @@
 """The gate's picture: ratio per cell with the bar and each cell's noise band.
 
-matplotlib is imported only when a plot is drawn: it takes most of a second to load.
+matplotlib is an optional extra (`lanectl[plot]`), imported only when a plot is drawn: it takes most of
+a second to load, for one picture.
 """
 
 from __future__ import annotations
@@ -8,17 +9,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+PLOT_EXTRA = "pip install 'lanectl[plot]'"
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first."""
-    import matplotlib
+
+def plot(report: dict[str, Any], path: Path) -> str | None:
+    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first.
+
+    Without matplotlib nothing is drawn, and the returned line says how to get the plot; None when it was
+    drawn (or there is nothing to draw).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        return (f"no plot: matplotlib is not installed; `{PLOT_EXTRA}`, then `lanectl report {path.parent}` "
+                f"draws {path.name}")
 
     matplotlib.use("Agg")  # no display on a server
     import matplotlib.pyplot as plt
 
     cells = report["cells"]
     if not cells:
-        return
+        return None
     keys = list(cells)
     ratios = [cells[k]["ratio"] for k in keys]
     bands = [cells[k]["band"] for k in keys]
@@ -37,3 +48,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+    return None

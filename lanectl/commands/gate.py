@@ -74,8 +74,9 @@ def gate(catalog: Catalog, candidate: str, control: str, workload_name: str, con
     if out is not None:
         run_dir = write_results(out, f"gate-{candidate}", {"gate": report.as_dict(), "workload": workload.name,
                                                             "concurrency": concurrency})
-        plot(report.as_dict(), run_dir / "ratios.png")
-        messages = (info(f"results and plot in {run_dir}"),)
+        not_drawn = plot(report.as_dict(), run_dir / "ratios.png")
+        messages = (info(not_drawn),) if not_drawn else ()
+        messages += (info(f"results{'' if not_drawn else ' and plot'} in {run_dir}"),)
     passed = report.verdict == Verdict.PASS
     return Result("gate", {**report.as_dict(), "run_dir": str(run_dir) if run_dir else None}, messages,
                   exit_code=EXIT_OK if passed else EXIT_FAILED)
@@ -94,5 +95,5 @@ def report(run_dir: Path) -> Result:
     data = json.loads(path.read_text())
     if "gate" not in data:
         raise BadInput(f"{path} holds a bench run, not a gate; its figures are in the file")
-    plot(data["gate"], run_dir / "ratios.png")
-    return Result("report", data["gate"], (info(f"plot: {run_dir / 'ratios.png'}"),))
+    not_drawn = plot(data["gate"], run_dir / "ratios.png")
+    return Result("report", data["gate"], (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),))

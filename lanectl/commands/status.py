@@ -18,8 +18,7 @@ def lane_status(catalog: Catalog) -> Result:
 
     The JSON shape (version 1 of the envelope) is documented in the README.
     """
-    from lanectl.health.probe import EndpointProbe
-    from lanectl.lanes.switcher import probe_base_url
+    from lanectl.health.probe import EndpointProbe, probe_base_url
 
     directory = state_dir()
     engine = ContainerEngine()

@@ -4,16 +4,18 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lanectl.errors import LanectlError
-from lanectl.lanes.switcher import Reporter
 from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 from lanectl.watchdog.runner import PassResult, Watchdog
 from lanectl.watchdog.state import WatchdogStateStore
+
+if TYPE_CHECKING:
+    from lanectl.lanes.switcher import Reporter
 
 
 def check(catalog: Catalog, kernel_log: str | None, *, reporter: Reporter) -> Result:

@@ -81,8 +81,17 @@ class BuildLog:
 class DockerEngine:
     def __init__(self, client: docker.DockerClient | None = None):
         try:
-            self.client = client or docker.from_env()
-            self.client.ping()
+            if client is None:
+                # Negotiating the API version is the first request: it fails here, with the same
+                # message, when the engine is not there, so no ping is needed.
+                client = docker.from_env()
+                if client.api.base_url.startswith("http+docker://"):
+                    # A local socket takes no proxy: without this, requests looks for proxy settings
+                    # in the environment on every call (~2 ms each; status makes one per lane).
+                    client.api.trust_env = False
+            else:
+                client.ping()
+            self.client = client
         except docker.errors.DockerException as exc:
             raise OperationFailed(
                 f"cannot reach the Docker engine ({exc}); start it (e.g. `dockerd &`) or set DOCKER_HOST"

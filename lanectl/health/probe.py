@@ -13,9 +13,20 @@ from typing import Any
 
 import httpx
 
+from lanectl.errors import BadInput
+from lanectl.recipe.catalog import Lane
 from lanectl.recipe.model import Health
 
 COMPLETIONS_PATH = "/v1/completions"
+
+
+def probe_base_url(lane: Lane) -> str:
+    """Where the lane's primary answers on this host: its first published port."""
+    if not lane.spec.engine.ports:
+        raise BadInput(f"lane {lane.name}: the primary publishes no port, so its health cannot be probed")
+    port = lane.spec.engine.ports[0]
+    host = "127.0.0.1" if port.host_ip in ("0.0.0.0", "") else port.host_ip
+    return f"http://{host}:{port.published}"
 
 
 @dataclass(frozen=True)
@@ -25,14 +36,30 @@ class ProbeResult:
     seconds: float
 
 
+def probe_client() -> httpx.Client:
+    """A client for probes; one may serve many `EndpointProbe`s, in several threads at once.
+
+    Probes speak plain HTTP to a port published on this host or a fleet node: without TLS there
+    is nothing to verify, and loading the CA bundle for it would cost every client 20-60 ms of CPU
+    (a watchdog pass every minute, every `status`).
+    """
+    return httpx.Client(verify=False)
+
+
 class EndpointProbe:
-    """`/health`, `/v1/models` and a 1-3 token generation against one engine's base URL."""
+    """`/health`, `/v1/models` and a 1-3 token generation against one engine's base URL.
+
+    Each request carries its own timeout (the recipe's), so a shared `client` may have any default.
+    """
 
     def __init__(self, base_url: str, health: Health, client: httpx.Client | None = None) -> None:
+        if not base_url.startswith("http://"):
+            raise ValueError(f"{base_url}: probes speak plain HTTP (see probe_client)")
         self.base_url = base_url.rstrip("/")
         self.health = health
         self._owns_client = client is None
-        self._client = client or httpx.Client(timeout=health.request_timeout_seconds)
+        self._client = client or probe_client()
+        self._timeout = health.request_timeout_seconds
 
     def close(self) -> None:
         if self._owns_client:
@@ -53,7 +80,7 @@ class EndpointProbe:
         path = self.health.health_path
         started = time.monotonic()
         try:
-            response = self._client.get(self.base_url + path)
+            response = self._client.get(self.base_url + path, timeout=self._timeout)
         except httpx.HTTPError as exc:
             return _failed(path, exc, self.health.request_timeout_seconds, started)
         return ProbeResult(response.status_code == 200, _answered(path, response), time.monotonic() - started)
@@ -63,7 +90,7 @@ class EndpointProbe:
         path, name = self.health.models_path, self.health.served_model_name
         started = time.monotonic()
         try:
-            response = self._client.get(self.base_url + path)
+            response = self._client.get(self.base_url + path, timeout=self._timeout)
         except httpx.HTTPError as exc:
             return _failed(path, exc, self.health.request_timeout_seconds, started)
         seconds = time.monotonic() - started

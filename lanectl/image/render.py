@@ -16,16 +16,18 @@ import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined
-from jinja2.sandbox import SandboxedEnvironment
+from typing import TYPE_CHECKING, Any
 
 from lanectl.dockerapi.labels import LABEL_PREFIX
 from lanectl.errors import BadInput
-from lanectl.project import BUILTIN_IMAGES_DIR, leaves, template_dir
+from lanectl.project import BUILTIN_IMAGES_DIR, CacheFolder, leaves, template_dir
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.kernel import KernelSpec
+
+if TYPE_CHECKING:
+    from jinja2.sandbox import SandboxedEnvironment
+
+RENDERED_KEEP = 256
 
 HELPERS_DIR = Path(__file__).parent / "in_image"  # stdlib-only scripts that run inside the image
 KERNEL_OUT = "/lanectl/kernel-out"
@@ -119,15 +121,89 @@ def env_value(value: str) -> str:
     return f'"{escaped}"'
 
 
+def render_dockerfile(images_dir: Path, template: str, context: dict[str, Any]) -> str:
+    """`template` rendered with `context`, from the cache folder while the templates are unchanged.
+
+    Rendering is a function of the context and of the templates it loads (the template and what it
+    includes), so the result is kept with the digest of every template loaded, and used again while each
+    of them still has that digest: `status` and `up` then need neither Jinja's import nor its compiling.
+    """
+    try:
+        key = hashlib.sha256(json.dumps([_code_stamp(), str(images_dir), template, context],
+                                        sort_keys=True).encode()).hexdigest()
+    except (TypeError, OSError):  # a context JSON cannot hold, lanectl's sources unreadable: no memo
+        key = None
+    cache = CacheFolder("dockerfiles", RENDERED_KEEP)
+    if key is not None and (raw := cache.read(key)) is not None:
+        try:
+            entry = json.loads(raw)
+            if all(_template_digest(images_dir, name) == digest for name, digest in entry["templates"].items()):
+                return str(entry["dockerfile"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # a torn or foreign entry: render
+    env, loaded = _environment(images_dir)
+    dockerfile = env.get_template(f"{template}/Dockerfile.j2").render(context)
+    if any(_template_digest(images_dir, name) != digest for name, digest in loaded.items()):
+        # Jinja re-reads a changed file, but not a project file that now overrides a built-in one it
+        # compiled: start again from the files as they are.
+        env.cache.clear()  # type: ignore[union-attr]
+        loaded.clear()
+        dockerfile = env.get_template(f"{template}/Dockerfile.j2").render(context)
+    if key is not None:
+        # Every template this environment has loaded, each at the digest of its source when Jinja last
+        # read it: the ones this render used are among them, as they are now.
+        cache.write(key, json.dumps({"templates": loaded, "dockerfile": dockerfile}).encode())
+    return dockerfile
+
+
+def _template_digest(images_dir: Path, name: str) -> str | None:
+    """As the environment's loaders read `name` (text, UTF-8, universal newlines): the project's file, else
+    lanectl's own."""
+    for folder in (images_dir, BUILTIN_IMAGES_DIR):
+        path = folder.joinpath(*name.split("/"))
+        if path.is_file():
+            try:
+                return hashlib.sha256(path.read_text(encoding="utf-8").encode()).hexdigest()
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+@functools.cache
+def _code_stamp() -> str:
+    """The code a rendering depends on besides the templates: this module's filters, Jinja, lanectl."""
+    import importlib.util
+
+    from lanectl import __version__
+
+    digest = hashlib.sha256(__version__.encode() + Path(__file__).read_bytes())
+    spec = importlib.util.find_spec("jinja2")
+    if spec is not None and spec.origin:
+        digest.update(Path(spec.origin).read_bytes())  # holds jinja2's __version__
+    return digest.hexdigest()
+
+
 @functools.lru_cache(maxsize=8)
-def _environment(images_dir: Path) -> SandboxedEnvironment:
+def _environment(images_dir: Path) -> tuple[SandboxedEnvironment, dict[str, str]]:
     """One environment per images folder: it caches compiled templates (re-read when a file changes).
+    With it, the digest of each template it loaded, as it last loaded it.
 
     The project's files come first, so its `images/<name>/` (or `images/_lane/<block>.j2`) overrides
     lanectl's own file of that name.
     """
+    from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    loaded: dict[str, str] = {}
+
+    class RecordingLoader(FileSystemLoader):
+        def get_source(self, environment: Environment, template: str) -> tuple[str, str, Any]:
+            source, filename, uptodate = super().get_source(environment, template)
+            loaded[template] = hashlib.sha256(source.encode()).hexdigest()
+            return source, filename, uptodate
+
     env = SandboxedEnvironment(
-        loader=ChoiceLoader([FileSystemLoader(str(images_dir)), FileSystemLoader(str(BUILTIN_IMAGES_DIR))]),
+        loader=ChoiceLoader([RecordingLoader(str(images_dir)), RecordingLoader(str(BUILTIN_IMAGES_DIR))]),
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -136,7 +212,7 @@ def _environment(images_dir: Path) -> SandboxedEnvironment:
     )
     env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
     env.filters["env_value"] = env_value
-    return env
+    return env, loaded
 
 
 def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePlan:
@@ -189,7 +265,7 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
         "entrypoint": spec.engine.entrypoint,
         "cmd": spec.engine.args,
     }
-    dockerfile = _environment(images_dir).get_template(f"{spec.image.template}/Dockerfile.j2").render(context)
+    dockerfile = render_dockerfile(images_dir, spec.image.template, context)
     files.insert(0, ContextFile("Dockerfile", dockerfile.encode()))
 
     local_images = []
@@ -240,7 +316,7 @@ def _kernel_context(kernel: KernelSpec, lane: Lane, context_dir: str) -> dict[st
     build_script = "\n".join([*preflight, 'mkdir -p "$LANECTL_KERNEL_OUT"', *kernel.build, guard])
     install_dir = lane.spec.image.python_site.rstrip("/") + "/" + kernel.install.package.replace(".", "/")
     smoke = {"dir": install_dir, "module": kernel.install.module, "beside": kernel.install.beside,
-             **kernel.smoke.op_schema.model_dump()}
+             **dict(kernel.smoke.op_schema)}  # its fields, str all: no serializer to build
     return {
         "name": kernel.name,
         "builder": kernel.builder.image or lane.spec.image.base,

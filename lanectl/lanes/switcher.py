@@ -91,21 +91,13 @@ def built_tag(engine: DockerEngine, lane: Lane) -> str:
     return tag
 
 
-def probe_base_url(lane: Lane) -> str:
-    if not lane.spec.engine.ports:
-        raise BadInput(f"lane {lane.name}: the primary publishes no port, so its health cannot be probed")
-    port = lane.spec.engine.ports[0]
-    host = "127.0.0.1" if port.host_ip in ("0.0.0.0", "") else port.host_ip
-    return f"http://{host}:{port.published}"
-
-
 def gate_lane(engine: ContainerEngine, lane: Lane, reporter: Reporter) -> GateResult:
     """Hold the lane's primary to its health gate, judging the log of its current run from its start.
 
     The container may have been started by an earlier, killed run of lanectl: its startup lines
     then predate this command, and must still count.
     """
-    from lanectl.health.probe import EndpointProbe
+    from lanectl.health.probe import EndpointProbe, probe_base_url
 
     name = lane.container_name()
     state = engine.container(name)
@@ -404,7 +396,7 @@ class LaneSwitcher:
                 return False
             if role == ROLE_PRIMARY and state.image != tag:
                 return False
-        from lanectl.health.probe import EndpointProbe
+        from lanectl.health.probe import EndpointProbe, probe_base_url
 
         with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
             return endpoints.health_ok().ok

@@ -1,7 +1,8 @@
 """Loading recipes into a catalog of lanes: parse, validate every lane, check what they refer to.
 
 Every problem in every file is collected before anything is reported, so one run of
-`lanectl validate` lists all there is to fix.
+`lanectl validate` lists all there is to fix. A catalog without problems is kept on disk
+(lanectl.recipe.catalog_cache) and reused until a file it was validated from changes.
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import pydantic
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.project import Project, known_templates, leaves, template_dir
 from lanectl.recipe.kernel import KernelSpec
 from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
-from lanectl.recipe.validation import problems_from_validation
-from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, read_yaml_file
+
+if TYPE_CHECKING:
+    # Only a catalog that is not in the cache is parsed and validated: these are imported then.
+    from lanectl.recipe.yaml_source import PathKey, YamlDocument
 
 ROLE_PRIMARY = "primary"
 
@@ -108,12 +108,35 @@ def _declares_recipe(path: Path) -> bool:
 
 
 def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:
-    """Every lane of every recipe, validated; raises `RecipeInvalid` listing all problems."""
+    """Every lane of every recipe, validated; raises `RecipeInvalid` listing all problems.
+
+    The project's whole recipes folder (no `paths`) is answered from the cache while none of the
+    files its validation read has changed.
+    """
+    from lanectl.recipe.catalog_cache import CatalogCache
+
+    chosen = list(paths)
+    files = recipe_files(project, chosen)
+    cache = CatalogCache() if not chosen else None
+    if cache is not None:
+        cached = cache.load(project.recipes_dir, files)
+        if isinstance(cached, Catalog) and cached.project == project:
+            return cached
+    inputs: set[Path] = {project.root, project.recipes_dir, project.images_dir, project.kernels_dir,
+                         project.patches_dir}
+    catalog = _validate(project, files, inputs)
+    if cache is not None:
+        cache.store(project.recipes_dir, files, inputs, catalog)
+    return catalog
+
+
+def _validate(project: Project, files: list[Path], inputs: set[Path]) -> Catalog:
+    """Parse and validate `files`, adding to `inputs` every file and folder the checks looked at."""
     problems: list[Problem] = []
     lanes: dict[str, Lane] = {}
-    kernels = _KernelLoader(project, problems)
-    for file in recipe_files(project, paths):
-        for lane in _load_recipe_file(project, file, kernels, problems):
+    kernels = _KernelLoader(project, problems, inputs)
+    for file in files:
+        for lane in _load_recipe_file(project, file, kernels, problems, inputs):
             if lane.name in lanes:
                 other = lanes[lane.name].recipe.file
                 problems.append(
@@ -144,7 +167,12 @@ def _container_name_clashes(project: Project, lanes: dict[str, Lane]) -> list[Pr
 
 
 def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
-                      problems: list[Problem]) -> list[Lane]:
+                      problems: list[Problem], inputs: set[Path]) -> list[Lane]:
+    from pydantic import ValidationError
+
+    from lanectl.recipe.validation import problems_from_validation
+    from lanectl.recipe.yaml_source import YamlSyntaxError, read_yaml_file
+
     shown = project.display(file)
     try:
         doc = read_yaml_file(file, shown)
@@ -176,7 +204,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
             return ("defaults", *loc)
 
         # File references are checked even when the lane has type errors, so one run lists both.
-        lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels)
+        lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels, inputs)
         try:
             spec = LaneSpec.model_validate(merged)
         except ValidationError as exc:
@@ -194,13 +222,14 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
 
 def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
                  locate: typing.Callable[[PathKey], PathKey],
-                 kernels: _KernelLoader) -> tuple[list[Problem], list[KernelSpec]]:
+                 kernels: _KernelLoader, inputs: set[Path]) -> tuple[list[Problem], list[KernelSpec]]:
     """What pydantic cannot see: the template, kernels and patches a lane refers to must exist."""
     problems = []
     image = merged.get("image")
     template_name = image.get("template") if isinstance(image, dict) else None
     if isinstance(template_name, str) and re.fullmatch(TEMPLATE_NAME, template_name):
         template = project.images_dir / template_name / "Dockerfile.j2"
+        inputs.update((template, template.parent))
         if leaves(template.parent, project.images_dir):
             problems.append(doc.problem(locate(("image", "template")),
                                      f"{template_name} leads out of images/ (through '..' or a symlink); "
@@ -227,6 +256,7 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
                 patch["path"]):
             continue  # the model reports it
         path = project.patches_dir / patch["path"]
+        inputs.add(path)
         if leaves(path, project.patches_dir):
             problems.append(doc.problem(locate(("patches", i, "path")),
                                      f"{patch['path']} leads out of patches/ (through '..' or a symlink); "
@@ -283,9 +313,10 @@ _INVALID: Any = object()
 class _KernelLoader:
     """Loads each kernels/<name>.yaml once; its problems are reported once, located in that file."""
 
-    def __init__(self, project: Project, problems: list[Problem]):
+    def __init__(self, project: Project, problems: list[Problem], inputs: set[Path]):
         self.project = project
         self.problems = problems
+        self.inputs = inputs
         self.cache: dict[str, KernelSpec | None] = {}
 
     def known_hint(self) -> str:
@@ -298,7 +329,13 @@ class _KernelLoader:
         return self.cache[name]
 
     def _load(self, name: str) -> Any:
+        from pydantic import ValidationError
+
+        from lanectl.recipe.validation import problems_from_validation
+        from lanectl.recipe.yaml_source import YamlSyntaxError, read_yaml_file
+
         path = self.project.kernels_dir / f"{name}.yaml"
+        self.inputs.add(path)
         if not os.path.lexists(path):
             return None
         shown = self.project.display(path)
@@ -320,6 +357,8 @@ class _KernelLoader:
             self.problems.append(doc.problem(("name",), f"is {kernel.name!r} but the file is {name}.yaml; "
                                                           "they must match"))
             return _INVALID
+        if kernel.source.path is not None:
+            self.inputs.add(self.project.root / kernel.source.path)
         if kernel.source.path is not None and leaves(self.project.root / kernel.source.path, self.project.root):
             self.problems.append(doc.problem(("source", "path"),
                                           f"{kernel.source.path} leads out of the project (through '..' or a "
@@ -332,4 +371,4 @@ class _KernelLoader:
         return kernel
 
 
-__all__ = ["Catalog", "Lane", "Recipe", "load_catalog", "pydantic"]
+__all__ = ["Catalog", "Lane", "Recipe", "load_catalog"]

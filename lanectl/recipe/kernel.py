@@ -147,7 +147,7 @@ class KernelSpec(Strict):
     description: str = ""
     upstream: str | None = Field(None, description="Where the change comes from (PR URL).")
     source: KernelSource
-    builder: KernelBuilder = KernelBuilder()
+    builder: KernelBuilder = Field(default_factory=KernelBuilder)
     archs: list[CudaArch] = Field(default_factory=list, description="CUDA archs, e.g. 9.0a, 10.0f.")
     arch_switches: dict[CudaArch, EnvName] = Field(
         default_factory=dict,

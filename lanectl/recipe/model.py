@@ -127,7 +127,7 @@ DockerfilePath = Annotated[str, AfterValidator(dockerfile_path)]
 
 class Strict(BaseModel):
     # `.inf` and `.nan` are valid YAML floats; no budget, window or timeout means either.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 class PortMapping(Strict):
@@ -383,8 +383,8 @@ class Health(Strict):
     health_path: str = Field("/health", pattern=URL_PATH)
     models_path: str = Field("/v1/models", pattern=URL_PATH)
     served_model_name: str
-    startup_log: StartupLog = StartupLog()
-    generation_probe: GenerationProbe = GenerationProbe()
+    startup_log: StartupLog = Field(default_factory=StartupLog)
+    generation_probe: GenerationProbe = Field(default_factory=GenerationProbe)
 
 
 class RestartPolicy(Strict):
@@ -425,13 +425,13 @@ class Alert(Strict):
 
 class WatchdogPolicy(Strict):
     failures_before_action: int = Field(3, ge=1, le=100)
-    restart: RestartPolicy = RestartPolicy()
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
     gpu_memory_release_timeout_seconds: float = Field(120, ge=0, le=3600)
-    xid: XidPolicy = XidPolicy()
+    xid: XidPolicy = Field(default_factory=XidPolicy)
     fatal_log_lines: list[str] = Field(
         default_factory=list, description="Extra regexes, added to the built-in fatal vLLM lines."
     )
-    alert: Alert = Alert()
+    alert: Alert = Field(default_factory=Alert)
 
 
 NODE_HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -498,8 +498,8 @@ class LaneSpec(Strict):
     engine: Engine
     companions: dict[str, Companion] = Field(default_factory=dict)
     health: Health
-    watchdog: WatchdogPolicy = WatchdogPolicy()
-    placement: Placement = Placement()
+    watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
+    placement: Placement = Field(default_factory=Placement)
 
     @field_validator("companions")
     @classmethod
@@ -556,7 +556,7 @@ class RecipeFile(Strict):
     schema_: Literal["lanectl/v1"] = Field(alias="schema")
     id: str = Field(pattern=RECIPE_ID, description="Recipe id; names the image repository lanectl/<id>.")
     description: str = ""
-    naming: Naming = Naming()
+    naming: Naming = Field(default_factory=Naming)
     keep_stopped_lanes: int = Field(3, ge=0, le=20)
     defaults: dict[str, Any] = Field(default_factory=dict, description="Lane fields every lane inherits.")
     lanes: dict[str, dict[str, Any]] = Field(min_length=1)

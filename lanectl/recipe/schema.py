@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
 from lanectl.recipe.model import LaneSpec, RecipeFile
 
 SCHEMA_ID = "https://lanectl.invalid/schema/lanectl-v1.json"
@@ -15,8 +19,9 @@ def recipe_json_schema() -> dict[str, Any]:
     Keys are all optional at that level: a lane may override one field and inherit the rest,
     so "required" is checked by `lanectl validate` after the merge, not by the editor.
     """
-    schema = RecipeFile.model_json_schema(by_alias=True)
-    lane = _without_required(LaneSpec.model_json_schema(by_alias=True, ref_template="#/$defs/{model}"))
+    schema = RecipeFile.model_json_schema(by_alias=True, schema_generator=_ModelDefaults)
+    lane = _without_required(LaneSpec.model_json_schema(by_alias=True, ref_template="#/$defs/{model}",
+                                                        schema_generator=_ModelDefaults))
     definitions = {**schema.pop("$defs", {}), **lane.pop("$defs", {})}
     definitions["LanePartial"] = lane
     schema["properties"]["defaults"] = {"$ref": "#/$defs/LanePartial", "description": "Inherited by every lane."}
@@ -26,6 +31,21 @@ def recipe_json_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = SCHEMA_ID
     return schema
+
+
+class _ModelDefaults(GenerateJsonSchema):
+    """Shows a section's defaults (`health.generation_probe: {prompt: "Say OK.", ...}`) to the editor.
+
+    The models build such defaults with `default_factory` (an instance made at import would build the
+    validators at import, which every command would pay for), and pydantic leaves factories out.
+    """
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        factory = schema.get("default_factory")
+        if isinstance(factory, type) and issubclass(factory, BaseModel):
+            schema = {**schema, "default": factory()}  # type: ignore[typeddict-item]
+            del schema["default_factory"]  # type: ignore[misc]
+        return super().default_schema(schema)
 
 
 def _without_required(node: Any) -> Any:

@@ -27,7 +27,7 @@ class Observation:
     lane: str
     containers_running: bool
     container_detail: str  # e.g. "primary exited with code 1"
-    health_ok: bool | None  # None: not probed (container down)
+    health_ok: bool | None  # None: not probed (container down, or no probe answer in this pass of `run`)
     health_detail: str
     generation_ok: bool | None  # None: not due this pass, or not probed
     generation_detail: str
@@ -115,6 +115,11 @@ def decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPol
         return _recover(crash, memory, policy, now, act)
 
     probe_failed = observation.health_ok is False or observation.generation_ok is False
+    if observation.health_ok is None and not probe_failed:
+        # Running, and no probe answered in this pass: nothing to count either way, so failures
+        # counted so far stand (the answers of a hung engine's probes come a timeout later).
+        return Decision("none", "running; no probe answer in this pass", False, memory, application + unlisted,
+                        hardware, observe_only=not armed)
     if not probe_failed:
         reason = "healthy"
         if unlisted:

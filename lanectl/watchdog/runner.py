@@ -1,6 +1,7 @@
 """The watchdog's passes: observe the active lane, decide (watchdog_policy), act through the lanes
 code path, and record everything. `check` is one pass (cron); `run` is passes triggered by Docker
-events and kernel-log lines as they arrive, and by the probe interval (a service)."""
+events and kernel-log lines as they arrive, and by the answers of probes issued at the probe
+interval (a service)."""
 
 from __future__ import annotations
 
@@ -9,23 +10,30 @@ import queue
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
 from lanectl.health.gate import FATAL_ENGINE_LINES
+from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url, probe_client
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
-from lanectl.lanes.switcher import LaneSwitcher, Reporter, probe_base_url
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal, utc_timestamp
 from lanectl.state.lanes import LaneState, LaneStateStore
 from lanectl.state.paths import StateFiles, check_state_file
 from lanectl.watchdog.policy import Decision, Observation, decide
 from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
+
+if TYPE_CHECKING:
+    import httpx
+
+    # The switcher (and the image rendering it brings) is needed only when a pass acts.
+    from lanectl.lanes.switcher import Reporter
 
 # A pass that must act waits this long for a command holding the host lock (a switch in progress
 # has disarmed the watchdog anyway); past it the pass skips acting and says so.
@@ -44,6 +52,23 @@ class PassResult:
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "lane": self.lane, "action": self.action, "reason": self.reason,
                 "outcome": self.outcome}
+
+
+@dataclass(frozen=True)
+class ProbeRound:
+    """The endpoint probes of one run of a lane's primary: /health, then the generation when due."""
+
+    lane: str
+    started_at: str | None  # the primary run probed: an answer about an earlier run is stale
+    health: ProbeResult
+    generation: ProbeResult | None
+    finished: float  # UNIX time
+
+
+def probe_round(endpoints: EndpointProbe, lane: str, started_at: str | None, generate: bool) -> ProbeRound:
+    health = endpoints.health_ok()
+    generation = endpoints.generate() if health.ok and generate else None
+    return ProbeRound(lane, started_at, health, generation, time.time())
 
 
 class Watchdog:
@@ -73,6 +98,13 @@ class Watchdog:
 
             gpu_inventory = query_gpus
         self.gpu_inventory = gpu_inventory
+        self._client: httpx.Client | None = None
+
+    def _probe_client(self) -> httpx.Client:
+        """One HTTP client for every probe of this watchdog, rounds in `run`'s threads included."""
+        if self._client is None:
+            self._client = probe_client()
+        return self._client
 
     # -- arm state -----------------------------------------------------------------------------------
 
@@ -98,9 +130,12 @@ class Watchdog:
 
     # -- one pass ------------------------------------------------------------------------------------
 
-    def check(self) -> PassResult:
+    def check(self, probes: ProbeRound | None = None, *, probe: bool = True) -> PassResult:
         """One pass. Passes never overlap: a cron pass that finds another still running (a restart
         waiting out a long startup budget) skips, and leaves the lane to it.
+
+        The pass probes the lane's endpoints itself, unless `probe` is False: `run` probes in rounds
+        of its own and hands each answer to one pass as `probes` (see `run`).
 
         A pass that fails (a state file it cannot use, an engine error, a bug) does not raise: it is
         journaled where the journal can be written and comes back as a result saying why, with the
@@ -108,7 +143,7 @@ class Watchdog:
         to its next pass and `check` exits with the cause instead of a traceback.
         """
         try:
-            return self._guarded_check()
+            return self._guarded_check(probes, probe)
         except Exception as exc:
             exit_code = exc.exit_code if isinstance(exc, LanectlError) else EXIT_BAD_INPUT
             detail = str(exc) if isinstance(exc, LanectlError) else f"{type(exc).__name__}: {exc}"
@@ -119,7 +154,7 @@ class Watchdog:
                 self.reporter.note(f"the failed pass could not be journaled either: {journal_error}")
             return result
 
-    def _guarded_check(self) -> PassResult:
+    def _guarded_check(self, probes: ProbeRound | None, probe: bool) -> PassResult:
         import fcntl
 
         guard_path = self.files.watchdog_pass_lock
@@ -130,7 +165,7 @@ class Watchdog:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return PassResult(EXIT_OK, None, "none", "skipped: another watchdog pass is still running")
-            return self._check()
+            return self._check(probes, probe)
         finally:
             os.close(fd)
 
@@ -141,7 +176,7 @@ class Watchdog:
             self.journal.append("watchdog", event="state-moved-aside", message=self.memory.problem)
         return record
 
-    def _check(self) -> PassResult:
+    def _check(self, probes: ProbeRound | None, probe: bool) -> PassResult:
         started = time.monotonic()
         record = self._load_memory()
         state = self.lanes.load()
@@ -157,7 +192,7 @@ class Watchdog:
                                 f"the active lane {state.active} is not in the recipes; fix LANECTL_RECIPES")
             self._finish(record, result, started, now, armed, None)
             return result
-        observation, record = self._observe(lane, record, now)
+        observation, record = self._observe(lane, record, now, probes, probe)
         decision = decide(observation, record.memory, lane.spec.watchdog, now=now, armed=armed,
                           startup_budget_seconds=lane.spec.health.startup_budget_minutes * 60)
         record = self._count_xids(replace(record, memory=decision.memory), decision)
@@ -174,9 +209,8 @@ class Watchdog:
         self._finish(record, result, started, now, armed, lane)
         return result
 
-    def _observe(self, lane: Lane, record: WatchdogRecord, now: datetime) -> tuple[Observation, WatchdogRecord]:
-        from lanectl.health.probe import EndpointProbe
-
+    def _observe(self, lane: Lane, record: WatchdogRecord, now: datetime, probes: ProbeRound | None,
+                 probe: bool) -> tuple[Observation, WatchdogRecord]:
         states = {role: self.engine.container(lane.container_name(role)) for role in lane.roles}
         down = [(role, s) for role, s in states.items() if s is None or not s.running]
         container_detail = "; ".join(
@@ -186,15 +220,19 @@ class Watchdog:
         health_ok = generation_ok = None
         health_detail = generation_detail = ""
         if primary is not None and primary.running:
-            with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
-                health = endpoints.health_ok()
-                health_ok, health_detail = health.ok, health.detail
-                due = (record.last_generation_probe is None or time.time() - record.last_generation_probe
+            endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health, self._probe_client())
+            if probe:
+                # While failures are counted, every pass generates: /health can answer 200 for an engine
+                # that no longer steps (vllm#39863), so it alone must not clear a failed generation.
+                failing = record.memory.for_lane(lane.name).consecutive_failures > 0
+                due = (failing or record.last_generation_probe is None or time.time() - record.last_generation_probe
                        >= lane.spec.health.generation_probe.interval_seconds)
-                if health.ok and due:
-                    generation = endpoints.generate()
-                    generation_ok, generation_detail = generation.ok, generation.detail
-                    record = replace(record, last_generation_probe=time.time())
+                probes = probe_round(endpoints, lane.name, primary.started_at, due)
+            if probes is not None and (probes.lane, probes.started_at) == (lane.name, primary.started_at):
+                health_ok, health_detail = probes.health.ok, probes.health.detail
+                if probes.generation is not None:
+                    generation_ok, generation_detail = probes.generation.ok, probes.generation.detail
+                    record = replace(record, last_generation_probe=probes.finished)
         fatal: list[str] = []
         if primary is not None:
             since = record.log_since if record.log_since and started and record.log_since > started else started
@@ -256,6 +294,7 @@ class Watchdog:
     # -- acting --------------------------------------------------------------------------------------
 
     def _act(self, lane: Lane, decision: Decision, record: WatchdogRecord) -> tuple[str, WatchdogRecord]:
+        from lanectl.lanes.switcher import LaneSwitcher
         from lanectl.state.lock import HostLock, LockBusy
 
         lock = HostLock(self.files.host_lock, f"lanectl watchdog {decision.action} {lane.name}")
@@ -349,29 +388,60 @@ class Watchdog:
 
     def run(self, stop: threading.Event, on_pass: Callable[[PassResult, str], None] = lambda r, why: None) -> None:
         """Passes on Docker events (a container died, stopped, got unhealthy), on kernel-log lines,
-        and at the lane's poll interval; survives the engine restarting (reconnects with backoff)."""
+        and on the answer of each probe round; survives the engine restarting (reconnects with backoff).
+
+        A round of probes is issued at every poll interval, each in its own thread, without waiting
+        for the rounds before it, and its answer, when it comes, is one pass's observation. So a hung
+        engine, whose every generation probe waits out its timeout, is acted on after N failed rounds
+        in interval x N + timeout, not N x timeout. At most N rounds (the policy's
+        failures_before_action) are in flight: more could not bring the decision sooner. An interval
+        that issues no round (no lane serving, N rounds still out) has a pass without probes.
+        """
         wake: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._follow_docker_events, args=(wake, stop), daemon=True).start()
         if self.kernel_log is not None:
             threading.Thread(target=self._follow_kernel_log, args=(wake, stop), daemon=True).start()
+        rounds = _ProbeRounds(self._probe_client(), lambda: wake.put("interval"))
         why = "start"
+        next_round = time.monotonic()
         while not stop.is_set():
-            result = self.check()  # never raises: a failed pass is journaled and the next one runs
+            # Never raises: a failed pass is journaled and the next one runs.
+            result = self.check(rounds.answered(), probe=False)
             on_pass(result, why)
-            try:
-                why = wake.get(timeout=self._interval())
+            if rounds.waiting():
+                continue  # each answered round has its pass
+            why = "stop"
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_round:
+                    interval, target = self._probe_target()
+                    next_round = now + interval
+                    if target is None or not rounds.issue(*target):
+                        why = "interval"
+                        break
+                try:
+                    why = wake.get(timeout=next_round - now if now < next_round else 0)
+                except queue.Empty:
+                    continue
                 while not wake.empty():  # one pass answers a burst of events
                     wake.get_nowait()
-            except queue.Empty:
-                why = "interval"
+                break
 
-    def _interval(self) -> float:
+    def _probe_target(self) -> tuple[float, tuple[Lane, str | None, EndpointProbe] | None]:
+        """The poll interval, and the lane to probe now with the primary run it is on, if one serves."""
         try:
             active = self.lanes.load().active
-        except LanectlError:  # the pass reports it; the watchdog keeps its rhythm meanwhile
-            return RUN_DEFAULT_INTERVAL_SECONDS
-        lane = self.catalog.lanes.get(active) if active else None
-        return lane.spec.health.poll_interval_seconds if lane else RUN_DEFAULT_INTERVAL_SECONDS
+            lane = self.catalog.lanes.get(active) if active else None
+            if lane is None:
+                return RUN_DEFAULT_INTERVAL_SECONDS, None
+            interval = lane.spec.health.poll_interval_seconds
+            primary = self.engine.container(lane.container_name())
+            if primary is None or not primary.running:
+                return interval, None
+            endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health, self._probe_client())
+        except Exception:  # the pass reports it; the watchdog keeps its rhythm meanwhile
+            return RUN_DEFAULT_INTERVAL_SECONDS, None
+        return interval, (lane, primary.started_at, endpoints)
 
     def _follow_docker_events(self, wake: queue.Queue[str], stop: threading.Event) -> None:
         backoff = 0.5
@@ -403,6 +473,55 @@ class Watchdog:
             except Exception as exc:  # a source that fails now may work in a moment (log rotation, dmesg)
                 wake.put(f"kernel log unreadable: {type(exc).__name__}: {exc}"[:200])
                 stop.wait(RUN_DEFAULT_INTERVAL_SECONDS)
+
+
+class _ProbeRounds:
+    """`run`'s probe rounds in flight, and their answers in the order they came."""
+
+    def __init__(self, client: httpx.Client, on_answer: Callable[[], None]):
+        self.client = client
+        self.on_answer = on_answer
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.answers: deque[ProbeRound] = deque()
+        self.last_generation: tuple[str, str | None, float] | None = None  # lane, primary run, monotonic
+        self.failing = False  # the last answer had a failed probe: generate in every round until one passes
+
+    def issue(self, lane: Lane, started_at: str | None, endpoints: EndpointProbe) -> bool:
+        """Start a round in its own thread; False when the lane's N rounds are all still out."""
+        with self.lock:
+            if self.in_flight >= lane.spec.watchdog.failures_before_action:
+                return False
+            self.in_flight += 1
+        now = time.monotonic()
+        last = self.last_generation
+        generate = (self.failing or last is None or last[:2] != (lane.name, started_at)
+                    or now - last[2] >= lane.spec.health.generation_probe.interval_seconds)
+        if generate:
+            self.last_generation = (lane.name, started_at, now)
+        threading.Thread(target=self._round, args=(endpoints, lane.name, started_at, generate), daemon=True).start()
+        return True
+
+    def _round(self, endpoints: EndpointProbe, lane: str, started_at: str | None, generate: bool) -> None:
+        try:
+            answer = probe_round(endpoints, lane, started_at, generate)
+        except Exception as exc:  # probes answer failures as results; anything else is a failed round
+            answer = ProbeRound(lane, started_at, ProbeResult(False, f"probe failed: {type(exc).__name__}: {exc}",
+                                                              0.0), None, time.time())
+        with self.lock:
+            self.in_flight -= 1
+            self.answers.append(answer)
+            if answer.generation is not None or not answer.health.ok:  # /health alone never clears it
+                self.failing = not answer.health.ok or not (answer.generation and answer.generation.ok)
+        self.on_answer()
+
+    def answered(self) -> ProbeRound | None:
+        with self.lock:
+            return self.answers.popleft() if self.answers else None
+
+    def waiting(self) -> bool:
+        with self.lock:
+            return bool(self.answers)
 
 
 def _lane_gpus(lane: Lane) -> LaneGpus:

@@ -1,0 +1,84 @@
+"""The quick commands import only what they use.
+
+`lanectl status` is what an operator waits for, `lanectl watchdog check` runs from cron every
+minute, `--help` is typed by hand: a module imported at the top of a module they pass through costs
+each of them its import time whether it is used or not. The real CLI runs in a subprocess with
+`-X importtime`, which names every module the command imported; speed itself is measured by
+`make bench` (benchmarks/lanes.py, benchmarks/watchdog.py), not here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+# Imported by none of the three: the plot extra, the Dockerfile templates (a pass that acts renders
+# through the switcher; a healthy pass does not), the switch machinery, the webhook retries, the
+# benchmark and fleet code.
+NEVER = {"matplotlib", "jinja2", "tenacity", "lanectl.lanes.switcher", "lanectl.state.lock", "lanectl.bench",
+         "lanectl.fleet", "lanectl.image.build", "lanectl.watchdog.alerts"}
+# The recipes are parsed and validated once; later commands load the validated catalog from the cache.
+CACHED_CATALOG = {"yaml", "lanectl.recipe.yaml_source"}
+# --help touches neither the engine nor the recipes.
+HELP = {"docker", "httpx", "pydantic", "lanectl.recipe", "lanectl.dockerapi"}
+
+
+def imported(*args: str, cwd: Path, env: dict[str, str]) -> set[str]:
+    """Every module the CLI imported (and each package above it); fails on a non-zero exit below 2."""
+    environment = {**{k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}, **env}
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "lanectl", *args], cwd=cwd, env=environment,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    names = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "lanectl.cli.app" in names
+    return {prefix for name in names for prefix in _prefixes(name)}
+
+
+def _prefixes(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+@pytest.fixture
+def lane_project(project: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    (project / "recipes" / "demo.yaml").write_text((REPO / "recipes" / "demo" / "stub.yaml").read_text()
+                                                   .replace("id: demo-stub", "id: import-hygiene"))
+    env = {"LANECTL_STATE_DIR": str(tmp_path / "state"), "LANECTL_CACHE_DIR": str(tmp_path / "cache")}
+    return project, env
+
+
+def test_help_imports_neither_the_engine_nor_the_recipes(project: Path) -> None:
+    modules = imported("--help", cwd=project, env={})
+    assert modules & (NEVER | HELP) == set()
+
+
+@pytest.mark.docker
+def test_status_imports_no_heavy_module_and_a_cached_catalog_no_yaml(lane_project) -> None:
+    project, env = lane_project
+    first = imported("status", cwd=project, env=env)
+    assert "yaml" in first  # the first run validates the recipes: the check below can see the difference
+    again = imported("status", cwd=project, env=env)
+    assert again & (NEVER | CACHED_CATALOG) == set()
+
+
+@pytest.mark.docker
+def test_watchdog_check_imports_no_heavy_module(lane_project, tmp_path: Path) -> None:
+    from lanectl.state.lanes import LaneStateStore
+
+    project, env = lane_project
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    # The active lane's container does not exist: the pass observes it down, decides, and (disarmed,
+    # as a fresh state is) acts on nothing, so everything a watching pass imports is imported.
+    (tmp_path / "state").mkdir()
+    LaneStateStore(tmp_path / "state" / "state.json").update(lambda s: s.with_active("demo-h1"))
+    imported("validate", cwd=project, env=env)
+    modules = imported("watchdog", "check", "--kernel-log", f"file:{kernel_log}", cwd=project, env=env)
+    assert modules & (NEVER | CACHED_CATALOG) == set()
+    assert {"lanectl.watchdog.runner", "lanectl.health.probe", "docker"} <= modules  # it did watch
