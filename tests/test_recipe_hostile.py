@@ -96,6 +96,7 @@ SLOTS: dict[str, dict[Slot, str]] = {
         ("placement", "node_labels", "<value>"): "no control characters (not rendered)",
         ("placement", "canary"): "not rendered (must be one of nodes)",
         ("placement", "gpu_resource"): "grammar: resource kind (not rendered)",
+        ("standby", "wake_check", "prompt"): "not rendered (sent to the engine as JSON)",
         ("companions", "<key>"): "grammar: role name (not rendered)",
         ("companions", "<value>", "image"): "grammar: Docker image reference (not rendered)",
     },
@@ -147,6 +148,12 @@ KERNEL = {
     "builder": {"image": "lanectl/base-build:bookworm", "local": True}, "archs": ["9.0a"], "env": {"K": "v"},
     "build": ["make"], "install": {"package": "stubengine", "module": "_k_C", "beside": "attention"},
     "smoke": {"op_schema": {"op": "stubengine._k_C.decode", "argument": "mega_num_splits"}},
+}
+# A lane that may keep a standby: sleep mode and dev mode on, a GPU, and no port for the cases to share.
+STANDBY_LANE = {
+    "engine": {"args": ["/model", "--port", "8000", "--enable-sleep-mode"], "env": {"VLLM_SERVER_DEV_MODE": "1"},
+               "gpus": {"device_ids": ["0"]}, "ports": []},
+    "standby": {"mode": "sleep", "weights_gib": 1, "resident_gib": 1, "gpu_memory_gib": 80},
 }
 GIT_SOURCE = {"git": "https://example.invalid/k.git", "commit": "0" * 40}
 
@@ -251,6 +258,8 @@ def _lane_body(slot: Slot, value: str) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if slot[0] == "placement":
         body["placement"] = {"backend": "swarm"}
+    if slot[0] == "standby":
+        body = json.loads(json.dumps(STANDBY_LANE))
     return _place(LaneSpec, body, slot, value)
 
 

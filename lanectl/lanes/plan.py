@@ -45,15 +45,7 @@ class Step:
 
 def gpu_ids(lane: Lane) -> set[str] | None:
     """The GPUs a lane's containers ask for; None means "all or an unnamed count" (conflicts with any GPU)."""
-    ids: set[str] = set()
-    engines = [lane.spec.engine, *(c.engine for c in lane.spec.companions.values())]
-    for engine in engines:
-        if engine.gpus is None:
-            continue
-        if engine.gpus.device_ids is None:
-            return None
-        ids.update(engine.gpus.device_ids)
-    return ids
+    return lane.spec.gpu_ids()
 
 
 def host_ports(lane: Lane) -> set[tuple[str, int]]:
@@ -62,7 +54,7 @@ def host_ports(lane: Lane) -> set[tuple[str, int]]:
 
 
 def uses_gpus(lane: Lane) -> bool:
-    return any(e.gpus is not None for e in [lane.spec.engine, *(c.engine for c in lane.spec.companions.values())])
+    return lane.spec.uses_gpus()
 
 
 def lanes_conflict(a: Lane, b: Lane) -> bool:
