@@ -89,6 +89,7 @@ class LaneProject:
 
 
 DEMO_PORTS = {"demo-h1": (18000, 18001), "demo-h2": (18010, 18011), "demo-broken": (18020, 18021)}
+DEMO_GPUS = re.compile(r"^(?:    # As h1-REF/h2-REF: GPU .*\n)?\s+gpus: \{device_ids: \[\"[01]\"\]\}\n", re.MULTILINE)
 STANDBY_BLOCK = re.compile(r"^  # standby: begin\n.*^  # standby: end\n", re.MULTILINE | re.DOTALL)
 
 
@@ -106,6 +107,10 @@ def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = F
     if not standby:
         text, cut = STANDBY_BLOCK.subn("", text)
         assert cut == 1, "the demo recipe's standby block is marked by '# standby: begin/end'"
+        # Nor the GPU requests that standbys need: these lanes conflict by their shared port, and a test may
+        # give a lane its GPUs itself.
+        text, cut = DEMO_GPUS.subn("", text)
+        assert cut == 2, "the demo's primary and rtx GPU requests"
     for lane, (primary, rtx) in DEMO_PORTS.items():
         assert f"host: {primary}," in text and f"host: {rtx}," in text, lane
         if lane == "demo-h1" or not standby:

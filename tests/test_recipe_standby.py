@@ -111,6 +111,11 @@ def test_the_shipped_recipes_say_where_standby_is_on_and_off():
          "refuse to start b beside it. Lower that to 0.97 or less, or leave standby off"],
         id="shared-port-and-a-greedy-neighbour"),
     pytest.param(
+        ("    ports:\n      - {container: 8000, host: 18000, host_ip: 127.0.0.1}\n", ""),
+        ["recipes/r.yaml:10:5: defaults.engine: a standby's primary must publish a port: lanectl puts it to sleep "
+         "and wakes it through its sleep routes there"],
+        id="no-port"),
+    pytest.param(
         ("level: 1,", "level: 2,"),
         ["recipes/r.yaml:18:33: defaults.standby.level: level 2: only level 1 is supported. Level 2 discards the "
          "weights, so a wake must reload them (a wake without a reload serves garbage, vllm#29341): no faster than "

@@ -358,19 +358,22 @@ def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go bac
 @app.command()
 def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default: the active lane).")] = None,
          lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
-    """Stop a lane (companions first, then the primary); its containers are kept for a later start."""
+    """Stop a lane (companions first, then the primary); its containers are kept for a later start.
+    Without LANE: the active lane and every lane waiting asleep as a standby."""
     from lanectl.cli.durations import parse_duration
     from lanectl.commands.switch import run
     from lanectl.errors import BadInput
     from lanectl.state.lanes import LaneStateStore
     from lanectl.state.paths import state_dir
+    from lanectl.state.standby import STANDBY_FILE, StandbyStore
 
     loaded = catalog()
     name = lane or LaneStateStore(state_dir() / "state.json").load().active
-    if name is None:
+    if name is None and not StandbyStore(state_dir() / STANDBY_FILE).load().standbys:
         raise BadInput("no active lane; name the lane to stop")
-    target = loaded.lane(name)
-    outcome = run(lambda lanes: lanes.down(target), loaded, f"lanectl down {name}",
+    target = loaded.lane(name) if name else None
+    outcome = run(lambda lanes: lanes.down(target, with_standbys=lane is None), loaded,
+                  f"lanectl down {lane or name or '(standbys)'}",
                   lock_wait=parse_duration(lock_wait, option="--lock-wait"), reporter=ConsoleReporter(err))
     _finish(outcome, as_json)
 
@@ -386,8 +389,14 @@ def status(as_json: JsonOption = False) -> None:
         return
     for lane in data["lanes"]:
         health = f"  health: {lane['health']}" if lane["health"] else ""
+        standby = lane["standby"]
+        asleep = ""
+        if standby:
+            resident = f", {standby['resident_gib']:g} GiB resident" if standby["resident_gib"] is not None else ""
+            asleep = f"standby {standby['seconds']} s{resident}{'' if standby['alive'] else ', container gone'} "
         out.print(Text.assemble((lane["lane"], "bold"), "  ", ("active", "bold green") if lane["active"] else "",
-                                " " if lane["active"] else "", "known-good " if lane["known_good"] else "",
+                                " " if lane["active"] else "", (asleep, "bold cyan"),
+                                "known-good " if lane["known_good"] else "",
                                 f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"),
                   highlight=False)
         for c in lane["containers"]:

@@ -5,12 +5,13 @@ from contextlib import contextmanager
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.lanes.plan import plan_switch
-from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target
+from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target, standby_facts
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.lock import HostLock
 from lanectl.state.paths import create_state_dir, state_dir
+from lanectl.state.standby import STANDBY_FILE, StandbyStore
 
 
 @contextmanager
@@ -32,7 +33,7 @@ def switcher(catalog: Catalog, command: str, *, lock_wait: float, reporter: Repo
                            no_gpu=no_gpu)
 
 
-def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
+def dry_run_up(catalog: Catalog, lane: Lane, *, rollback: bool = False) -> list[str]:
     """What `up` would do, from what the engine shows now; changes nothing and takes no lock."""
     directory = state_dir()
     engine = ContainerEngine()
@@ -41,7 +42,10 @@ def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
     if unfinished:
         lines.append(f"would first reconcile the unfinished {unfinished['action']} "
                      f"({unfinished.get('from') or '-'} -> {unfinished.get('to') or '-'})")
-    steps = plan_switch(lane, built_tag(engine, lane), catalog, engine.lane_containers())
+    observed = engine.lane_containers()
+    facts = standby_facts(catalog, StandbyStore(directory / STANDBY_FILE), observed, rollback=rollback)
+    active = LaneStateStore(directory / "state.json").load().active
+    steps = plan_switch(lane, built_tag(engine, lane), catalog, observed, active=active, standby=facts)
     lines.append(f"would disarm the watchdog for {lane.name}'s startup budget")
     lines += [f"would {step.describe()}" for step in steps]
     lines.append(f"would re-arm the watchdog; on a failed gate, stop {lane.name} and bring the previous lane back")
@@ -50,7 +54,7 @@ def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
 
 def dry_run_rollback(catalog: Catalog, to: Lane | None) -> list[str]:
     state = LaneStateStore(state_dir() / "state.json").load()
-    return dry_run_up(catalog, to or rollback_target(catalog, state))
+    return dry_run_up(catalog, to or rollback_target(catalog, state), rollback=True)
 
 
 def run(action: Callable[[LaneSwitcher], SwitchOutcome], catalog: Catalog, command: str, *, lock_wait: float,

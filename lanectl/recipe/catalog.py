@@ -329,6 +329,10 @@ def _check_standby(doc: YamlDocument, spec: LaneSpec, locate: typing.Callable[[P
             problems.append(_problem(doc, locate((*base, "env")),
                                      f"standby needs {DEV_MODE_ENV}: \"1\" in the {role} engine's env: vLLM mounts "
                                      "POST /sleep, POST /wake_up and GET /is_sleeping only in development mode"))
+        if not engine.ports:
+            problems.append(_problem(doc, locate(base),
+                                     f"a standby's {role} must publish a port: lanectl puts it to sleep and wakes it "
+                                     "through its sleep routes there"))
         if standby.acknowledge_exposed_dev_routes:
             continue
         for i, port in enumerate(engine.ports):
