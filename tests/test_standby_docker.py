@@ -198,7 +198,7 @@ def test_a_failed_gate_wakes_the_standby_it_left(lanes, state):
     up(lanes, state, "demo-h1")
     h1_started = started_at(lanes, "demo-h1")
     failed = up(lanes, state, "demo-broken", code=1)
-    assert "Rolled back: demo-h1 is serving again" in failed.stdout
+    assert "Rolled back: demo-h1 is serving again (woken from its standby in " in failed.stdout
     assert f"wake {lanes.container('demo-h1')}" in failed.stderr
     assert started_at(lanes, "demo-h1") == h1_started, "woken, not restarted"
     assert serving(status(lanes, state), "demo-h1")
@@ -235,3 +235,16 @@ def test_dry_run_shows_the_sleep_and_the_wake(lanes, state):
     plan = lanes.cli("rollback", "--dry-run", state=state, check=True).stdout
     assert f"would wake {lanes.container('demo-h1')} (primary of demo-h1)" in plan
     assert "not left asleep: the lane it rolls back to needs all of its GPU memory back" in plan
+
+
+def test_a_switch_killed_after_the_sleep_is_undone_by_waking_the_standby(lanes, state):
+    up(lanes, state, "demo-h1")
+    h1_started = started_at(lanes, "demo-h1")
+    killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state, extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": "2"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert is_sleeping(lanes, "demo-h1"), "killed right after demo-h1 fell asleep"
+    again = up(lanes, state, "demo-h1")
+    assert "undid the interrupted switch to demo-h2; demo-h1 is serving again" in again.stderr, again.stderr
+    assert f"wake {lanes.container('demo-h1')}" in again.stderr
+    assert started_at(lanes, "demo-h1") == h1_started
+    assert serving(status(lanes, state), "demo-h1")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lanectl.host.gpu_memory import parse_memory
 from lanectl.host.host_memory import available_gib
 from lanectl.lanes.standby import resident_gib
 from lanectl.state.standby import Fingerprint, StandbyFileCorrupt, StandbyRecord, StandbyState, StandbyStore
@@ -85,3 +86,12 @@ def test_resident_memory_is_the_engines_last_report():
            "memory is still in use.\n")
     assert resident_gib(log) == 2.5
     assert resident_gib("INFO nothing about sleep\n") is None
+
+
+def test_gpu_memory_is_read_as_nvidia_smi_answers_it():
+    # Recorded from `nvidia-smi --query-gpu=index,uuid,memory.total,memory.free --format=csv,noheader,nounits`
+    # on an NVIDIA H200 (driver 580), the line as it came.
+    h200 = "0, GPU-3a527203-54df-61c1-0387-ab370efdd1bd, 143771, 143156\n"
+    assert parse_memory(h200) == {"0": (143771, 143156), "GPU-3a527203-54df-61c1-0387-ab370efdd1bd": (143771, 143156)}
+    assert parse_memory(h200 + "1, GPU-x, [N/A], 3\n") is None
+    assert parse_memory("") is None

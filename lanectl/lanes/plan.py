@@ -99,7 +99,8 @@ def sleep_steps(lane: Lane) -> list[Step]:
 
 
 def wake_steps(lane: Lane) -> list[Step]:
-    """The primary wakes first, then its companions, as they start; then the gate and the wake check."""
+    """Every container wakes (the switcher wakes them together: separate engines on separate GPUs), then the
+    gate and the wake check."""
     return [*(Step("wake", lane.name, lane.container_name(role), role) for role in lane.roles),
             Step("gate", lane.name), Step("wake-check", lane.name)]
 

@@ -408,6 +408,8 @@ class LaneSwitcher:
         if restored.passed:
             self.states.update(LaneState.armed)
             message = f"{failure}. Rolled back: {previous.name} is serving again"
+            if previous.name in self._woken:
+                message += f" ({self._woken[previous.name]})"
             self.journal.record_outcome(switch, "rolled-back", message)
             return SwitchOutcome("rolled-back", message, previous.name, diagnostics=diagnostics)
         message = (f"{failure}. Rolling back to {previous.name} FAILED too ({restored.failed_check}: "
@@ -513,7 +515,9 @@ class LaneSwitcher:
         started = time.monotonic()
         gate: GateResult | None = None
         try:
-            for step in wake_steps(lane):
+            steps = wake_steps(lane)
+            self._wake_roles(switch, lane, [step for step in steps if step.action == "wake"])
+            for step in (step for step in steps if step.action != "wake"):
                 result = self._execute(switch, step, lane)
                 if result is not None and not result.passed:
                     raise StandbyError(f"failed its gate after the wake ({result.failed_check}): {result.detail}")
@@ -591,15 +595,14 @@ class LaneSwitcher:
             self.engine.stop(step.container, step.timeout)
             if step.role == ROLE_PRIMARY and self.standbys.load().standby(step.lane) is not None:
                 self.standbys.drop(step.lane, step.why or "stopped")
-        elif step.action in ("sleep", "wake"):
+        elif step.action == "sleep":
             standby = target.spec.standby
             if standby is None:
                 raise StandbyError(f"{target.name}'s recipe asks for no standby")
             with SleepEndpoints(role_base_url(target, step.role), standby.wake_timeout_seconds) as endpoints:
-                if step.action == "sleep":
-                    endpoints.sleep(standby.level)
-                else:
-                    endpoints.wake_up()
+                endpoints.sleep(standby.level)
+        elif step.action == "wake":
+            raise StandbyError("a lane's containers wake together (_wake_roles), not one step at a time")
         elif step.action == "wake-check":
             note = self._wake_check(target)
         elif step.action == "check-memory":
@@ -617,12 +620,43 @@ class LaneSwitcher:
         detail = f"{time.monotonic() - clock:.2f} s" + (f"; {note}" if note else "")
         if result is not None:
             detail += "; passed" if result.passed else f"; failed {result.failed_check}: {result.detail}"
+        self._done(switch, step, detail, ok=result is None or result.passed)
+        return result
+
+    def _done(self, switch: str, step: Step, detail: str, *, ok: bool = True) -> None:
+        """Journal a step that ran, show it, and honour the crash seam."""
         self.journal.record_step(switch, step.key, detail)
-        self.reporter.step(f"{step.describe()} ({detail})", ok=result is None or result.passed)
+        self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
         self._steps_done += 1
         if self._crash_after is not None and self._steps_done == self._crash_after:
             os.kill(os.getpid(), signal.SIGKILL)
-        return result
+
+    def _wake_roles(self, switch: str, lane: Lane, steps: list[Step]) -> None:
+        """Wake every container of the lane at once: they are separate engines on separate GPUs, and waking
+        them one after another would add each one's wake time to the rollback. Journaled in start order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        standby = lane.spec.standby
+        if standby is None:
+            raise StandbyError(f"{lane.name}'s recipe asks for no standby")
+
+        def wake(step: Step) -> tuple[float, Exception | None]:
+            clock = time.monotonic()
+            try:
+                with SleepEndpoints(role_base_url(lane, step.role), standby.wake_timeout_seconds) as endpoints:
+                    endpoints.wake_up()
+            except Exception as exc:  # reported with its step, below
+                return time.monotonic() - clock, exc
+            return time.monotonic() - clock, None
+
+        with ThreadPoolExecutor(max_workers=len(steps)) as pool:
+            outcomes = list(pool.map(wake, steps))
+        for step, (seconds, error) in zip(steps, outcomes, strict=True):
+            if error is not None:
+                self.journal.record_step(switch, step.key, f"{seconds:.2f} s; failed: {error}")
+                self.reporter.step(f"{step.describe()} ({seconds:.2f} s; {error})", ok=False)
+                raise StandbyError(f"{step.describe()}: {error}")
+            self._done(switch, step, f"{seconds:.2f} s")
 
     def _spec(self, lane: Lane, role: str, tag: str | None) -> ContainerSpec:
         plan = plan_image(lane)
