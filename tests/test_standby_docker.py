@@ -41,12 +41,14 @@ def fault_lanes() -> str:
         _lane("t-wakefail", {"STUB_FAULT": "wake_fail"}),
         _lane("t-altered", {"STUB_FAULT": "wake_altered"}),
         _lane("t-dies", {"STUB_FAULT": "die_asleep", "STUB_FAULT_AFTER_S": "0.5"}),
+        # Its wake takes longer than its recipe allows.
+        _lane("t-slowwake", {"STUB_WAKE_SECONDS": "5"}, "    standby: {wake_timeout_seconds: 1}\n"),
         # Asks for more host memory for its weights than any test machine has.
         _lane("t-heavy", {"STUB_TOKEN_SEED": "3"}, "    standby: {weights_gib: 60000}\n"),
     ])
 
 
-LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-dies", "t-heavy"]
+LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy"]
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +149,7 @@ def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
 @pytest.mark.parametrize(("lane", "cause"), [
     ("t-wakefail", "POST /wake_up answered 500: CUDA error: out of memory"),
     ("t-altered", "wake check: greedy output"),
+    ("t-slowwake", "POST /wake_up: no answer within 1 s"),
 ])
 def test_a_failed_wake_falls_back_to_the_cold_path(lanes, state, lane, cause):
     up(lanes, state, lane)

@@ -466,7 +466,9 @@ class Standby(Strict):
     gpu_memory_gib: float = Field(
         gt=0, le=65536, description="Memory of each GPU the lane uses: validation checks by it that the lanes "
         "sharing those GPUs can start beside this one asleep (nvidia-smi measures the truth at switch time).")
-    wake_timeout_seconds: float = Field(120, gt=0, le=3600, description="How long POST /wake_up may take.")
+    wake_timeout_seconds: float = Field(
+        120, gt=0, le=3600, description="How long POST /sleep or POST /wake_up may take, and the budget of the "
+        "woken lane's health gate; past it the rollback takes the cold path.")
     wake_check: WakeCheck = WakeCheck()
     acknowledge_exposed_dev_routes: bool = Field(
         False, description="Allow the lane's ports on a non-loopback address although development mode mounts "
