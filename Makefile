@@ -31,6 +31,7 @@ bench: setup
 	$(BIN)/python benchmarks/watchdog.py
 	$(BIN)/python benchmarks/bench_client.py
 	$(BIN)/python benchmarks/fleet.py
+	$(BIN)/python benchmarks/standby.py
 
 # Removes every image lanectl built (not the base images).
 clean-images:

@@ -13,17 +13,20 @@ run validate
 run patches check
 run build demo-h1 demo-h2 demo-broken
 run up demo-h1 --no-gpu
+say "lanectl up demo-h2 --no-gpu   # demo-h1 is not stopped: it waits asleep (vLLM sleep mode) as a standby"
+$lanectl up demo-h2 --no-gpu
+run status
+say "lanectl rollback --no-gpu   # wakes demo-h1 in seconds instead of loading it again"
+$lanectl rollback --no-gpu
 run up demo-h2 --no-gpu
-run status
-say "lanectl up demo-broken --no-gpu   # never becomes healthy: lanectl brings demo-h2 back"
+say "lanectl up demo-broken --no-gpu   # never becomes healthy: lanectl wakes demo-h2, which it left asleep"
 $lanectl up demo-broken --no-gpu || echo "(exit code $?: the switch failed, and the way back worked)"
-run rollback --no-gpu
 run status
-say "docker kill lanectl-demo-demo-h1   # the active lane's engine crashes"
-docker kill lanectl-demo-demo-h1 >/dev/null
+say "docker kill lanectl-demo-demo-h2   # the active lane's engine crashes"
+docker kill lanectl-demo-demo-h2 >/dev/null
 say "lanectl watchdog check --kernel-log file:/dev/null   # one cron pass: it restarts the lane"
 $lanectl watchdog check --kernel-log file:/dev/null || echo "(exit code $?: the watchdog acted)"
 run watchdog status
 run history -n 12
-say "lanectl down   # the demo is over; containers are kept for the next run"
+say "lanectl down   # the demo is over: the active lane and any standby stop; containers are kept for the next run"
 $lanectl down

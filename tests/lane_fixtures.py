@@ -5,6 +5,7 @@ Images are built once per session; containers and images are removed at the end.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -87,7 +88,15 @@ class LaneProject:
         return f"{self.prefix}-{lane}" + ("" if role == "primary" else f"-{role}")
 
 
-def make_lane_project(base: Path) -> LaneProject:
+DEMO_PORTS = {"demo-h1": (18000, 18001), "demo-h2": (18010, 18011), "demo-broken": (18020, 18021)}
+DEMO_GPUS = re.compile(r"^(?:    # As h1-REF/h2-REF: GPU .*\n)?\s+gpus: \{device_ids: \[\"[01]\"\]\}\n", re.MULTILINE)
+STANDBY_BLOCK = re.compile(r"^  # standby: begin\n.*^  # standby: end\n", re.MULTILINE | re.DOTALL)
+
+
+def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = FAULT_LANES) -> LaneProject:
+    """The demo recipe for tests. Without `standby`, its standby block is cut out and every lane publishes the
+    same two host ports, so lanes switch stop-first exactly as before standbys existed; with it, each demo
+    lane keeps its own ports (a sleeping lane holds its port)."""
     unique = uuid.uuid4().hex[:8]
     root = base / "lanes-project"
     for part in ("images", "kernels", "patches"):
@@ -95,9 +104,23 @@ def make_lane_project(base: Path) -> LaneProject:
     (root / "recipes").mkdir()
     text = (REPO / "recipes" / "demo" / "stub.yaml").read_text()
     primary_port, rtx_port = free_port(), free_port()
+    if not standby:
+        text, cut = STANDBY_BLOCK.subn("", text)
+        assert cut == 1, "the demo recipe's standby block is marked by '# standby: begin/end'"
+        # Nor the GPU requests that standbys need: these lanes conflict by their shared port, and a test may
+        # give a lane its GPUs itself.
+        text, cut = DEMO_GPUS.subn("", text)
+        assert cut == 2, "the demo's primary and rtx GPU requests"
+    for lane, (primary, rtx) in DEMO_PORTS.items():
+        assert f"host: {primary}," in text and f"host: {rtx}," in text, lane
+        if lane == "demo-h1" or not standby:
+            text = text.replace(f"host: {primary},", f"host: {primary_port},").replace(f"host: {rtx},",
+                                                                                      f"host: {rtx_port},")
+        else:
+            text = text.replace(f"host: {primary},", f"host: {free_port()},").replace(f"host: {rtx},",
+                                                                                     f"host: {free_port()},")
     text = (text.replace("id: demo-stub", f"id: lt-{unique}")
             .replace('container: "lanectl-demo-{lane}"', f'container: "lt-{unique}-{{lane}}"')
-            .replace("host: 18000", f"host: {primary_port}").replace("host: 18001", f"host: {rtx_port}")
             .replace('STUB_LOAD_SECONDS: "2"', 'STUB_LOAD_SECONDS: "0.3"')
             .replace('STUB_LOAD_SECONDS: "1"', 'STUB_LOAD_SECONDS: "0.2"')
             .replace("poll_interval_seconds: 0.5", "poll_interval_seconds: 0.2")
@@ -108,7 +131,7 @@ def make_lane_project(base: Path) -> LaneProject:
             .replace("max_restarts: 3", "max_restarts: 2")
             .replace("backoff_initial_seconds: 1", "backoff_initial_seconds: 0"))
     assert f"host: {primary_port}" in text and f"lt-{unique}" in text
-    (root / "recipes" / "lanes.yaml").write_text(text.rstrip() + "\n" + FAULT_LANES)
+    (root / "recipes" / "lanes.yaml").write_text(text.rstrip() + "\n" + extra_lanes)
     return LaneProject(root=root, recipe_id=f"lt-{unique}", prefix=f"lt-{unique}")
 
 

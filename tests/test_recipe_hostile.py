@@ -98,6 +98,7 @@ SLOTS: dict[str, dict[Slot, str]] = {
         ("placement", "node_labels", "<value>"): "no control characters (not rendered)",
         ("placement", "canary"): "not rendered (must be one of nodes)",
         ("placement", "gpu_resource"): "grammar: resource kind (not rendered)",
+        ("standby", "wake_check", "prompt"): "not rendered (sent to the engine as JSON)",
         ("companions", "<key>"): "grammar: role name (not rendered)",
         ("companions", "<value>", "image"): "grammar: Docker image reference (not rendered)",
     },
@@ -149,6 +150,12 @@ KERNEL = {
     "builder": {"image": "lanectl/base-build:bookworm", "local": True}, "archs": ["9.0a"], "env": {"K": "v"},
     "build": ["make"], "install": {"package": "stubengine", "module": "_k_C", "beside": "attention"},
     "smoke": {"op_schema": {"op": "stubengine._k_C.decode", "argument": "mega_num_splits"}},
+}
+# A lane that may keep a standby: sleep mode and dev mode on, a GPU, and a loopback port of its own (set per case).
+STANDBY_LANE = {
+    "engine": {"args": ["/model", "--port", "8000", "--enable-sleep-mode"], "env": {"VLLM_SERVER_DEV_MODE": "1"},
+               "gpus": {"device_ids": ["0"]}},
+    "standby": {"mode": "sleep", "weights_gib": 1, "resident_gib": 1, "gpu_memory_gib": 80},
 }
 GIT_SOURCE = {"git": "https://example.invalid/k.git", "commit": "0" * 40}
 
@@ -249,10 +256,14 @@ def _flow(value: Any) -> str:
     return json.dumps(value)  # JSON is YAML, one line, every control character escaped
 
 
-def _lane_body(slot: Slot, value: str) -> dict[str, Any]:
+def _lane_body(slot: Slot, value: str, name: str) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if slot[0] == "placement":
         body["placement"] = {"backend": "swarm"}
+    if slot[0] == "standby":
+        body = json.loads(json.dumps(STANDBY_LANE))
+        # A sleeping lane keeps its port, so no two lanes of a recipe with a standby may share one.
+        body["engine"]["ports"] = [{"container": 8000, "host": 20000 + int(name[1:]), "host_ip": "127.0.0.1"}]
     return _place(LaneSpec, body, slot, value)
 
 
@@ -289,7 +300,7 @@ def write_cases(root: Path, cases: list[Case], *, benign: bool) -> None:
         value = case.benign if benign else case.value
         if case.kind == "lane":
             case.file, case.line = "recipes/hostile.yaml", len(lines) + 1
-            lines.append(f"  {case.name}: {_flow(_lane_body(case.slot, value))}")
+            lines.append(f"  {case.name}: {_flow(_lane_body(case.slot, value, case.name))}")
         elif case.kind == "kernel":
             lines.append(f"  {case.name}: {_flow({'kernels': [case.name]})}")
             body = _kernel_body(case.name, case.slot, value)

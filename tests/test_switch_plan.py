@@ -77,8 +77,16 @@ def test_another_projects_lane_of_the_same_name_is_not_touched(catalog):
 
 def test_lanes_conflict_by_gpu_or_host_port(catalog):
     assert lanes_conflict(catalog.lane("h1-REF"), catalog.lane("h2-REF"))
-    assert lanes_conflict(catalog.lane("demo-h1"), catalog.lane("demo-h2")), "same host port"
-    assert not lanes_conflict(catalog.lane("demo-h1"), catalog.lane("h1-REF")), "no shared GPU or port"
+    # The demo lanes each have their own loopback port (a sleeping lane keeps its port) and share GPU 0 and 1.
+    assert lanes_conflict(catalog.lane("demo-h1"), catalog.lane("demo-h2")), "same GPUs"
+    assert lanes_conflict(catalog.lane("demo-h1"), catalog.lane("h1-REF")), "both ask for GPU 0"
+    from dataclasses import replace
+
+    elsewhere = catalog.lane("demo-h1").spec.model_copy(update={"engine": catalog.lane("demo-h1").spec.engine
+                                                                .model_copy(update={"gpus": None}),
+                                                                "companions": {}})
+    assert not lanes_conflict(replace(catalog.lane("demo-h1"), spec=elsewhere), catalog.lane("h1-REF")), \
+        "no shared GPU or port"
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("10m", 600), ("2h", 7200),

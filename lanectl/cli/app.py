@@ -242,7 +242,8 @@ def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go bac
 def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default: the active lane).",
                                                           autocompletion=complete_lane)] = None,
          lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
-    """Stop a lane (companions first, then the primary); its containers are kept for a later start."""
+    """Stop a lane (companions first, then the primary); its containers are kept for a later start.
+    Without LANE: the active lane and every lane waiting asleep as a standby."""
     from lanectl.commands import switch
 
     show(switch.down(catalog(), lane, lock_wait=_seconds(lock_wait, "--lock-wait"), reporter=_reporter()), as_json)

@@ -114,6 +114,11 @@ def status(result: Result) -> list[Line]:
     for lane in data["lanes"]:
         health = f"  health: {lane['health']}" if lane["health"] else ""
         active: list[str | Span] = [("active", "bold green"), " "] if lane["active"] else []
+        standby = lane.get("standby")
+        if standby:
+            resident = f", {standby['resident_gib']:g} GiB resident" if standby["resident_gib"] is not None else ""
+            gone = "" if standby["alive"] else ", container gone"
+            active.append((f"standby {standby['seconds']} s{resident}{gone} ", "bold cyan"))
         lines.append(line((lane["lane"], "bold"), "  ", *active, "known-good " if lane["known_good"] else "",
                           f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"))
         if lane["pushed"]:

@@ -11,6 +11,7 @@ from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import StateFiles, state_dir
 from lanectl.state.pushes import PushStore
+from lanectl.state.standby import StandbyRecord, StandbyStore
 
 
 def lane_status(catalog: Catalog) -> Result:
@@ -24,6 +25,7 @@ def lane_status(catalog: Catalog) -> Result:
     engine = ContainerEngine()
     files = StateFiles(directory)
     state = LaneStateStore(files.lanes).load()
+    standbys = StandbyStore(files.standby).load()
     journal = Journal(files.journal)
     pushes = PushStore(directory)
     containers = engine.lane_containers()
@@ -51,6 +53,7 @@ def lane_status(catalog: Catalog) -> Result:
             "image": tag,
             "built": engine.image_labels(tag) is not None,
             "health": health,
+            "standby": _standby(standbys.standby(lane.name), now, primary),
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
             "containers": [_container(c, tag, now) for c in own],
@@ -88,6 +91,16 @@ def _unfinished(journal: Journal) -> dict[str, Any] | None:
     if intent is None:
         return None
     return {key: intent.get(key) for key in ("switch", "action", "from", "to", "ts", "who", "steps", "done_steps")}
+
+
+def _standby(record: StandbyRecord | None, now: datetime, primary: ContainerState | None) -> dict[str, Any] | None:
+    """A lane waiting asleep: since when, for how long, the GPU memory it still holds as its engine reported it;
+    `alive` false when its container no longer runs (the next rollback drops it and starts the lane cold)."""
+    if record is None:
+        return None
+    since = datetime.fromisoformat(record.since)
+    return {"since": record.since, "seconds": round((now - since).total_seconds()), "resident_gib": record.resident_gib,
+            "fingerprint_recorded": record.fingerprint.recorded, "alive": primary is not None and primary.running}
 
 
 def _container(state: ContainerState, tag: str, now: datetime) -> dict[str, Any]:

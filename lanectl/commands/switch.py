@@ -8,13 +8,14 @@ from contextlib import contextmanager
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import BadInput
 from lanectl.lanes.plan import plan_switch
-from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target
+from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target, standby_facts
 from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.lock import HostLock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
+from lanectl.state.standby import StandbyStore
 
 
 def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
@@ -60,19 +61,21 @@ def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait:
                                   "lanectl rollback --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
     if dry_run:
         planned = target or rollback_target(catalog, LaneStateStore(StateFiles(state_dir()).lanes).load())
-        return _plan(planned, dry_run_up(catalog, planned))
+        return _plan(planned, dry_run_up(catalog, planned, rollback=True))
     return run(lambda lanes: lanes.rollback(target), catalog, "lanectl rollback" + (f" --to {to}" if to else ""),
                lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
 
 
 def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float) -> Result:
-    """Stop `lane`, or the active one (companions first); its containers are kept for a later start."""
-    name = lane or LaneStateStore(StateFiles(state_dir()).lanes).load().active
-    if name is None:
+    """Stop `lane`, or the active one and every lane waiting asleep as a standby (companions first); their
+    containers are kept for a later start."""
+    files = StateFiles(state_dir())
+    name = lane or LaneStateStore(files.lanes).load().active
+    if name is None and not StandbyStore(files.standby).load().standbys:
         raise BadInput("no active lane; name the lane to stop")
-    target = catalog.lane(name)
-    return run(lambda lanes: lanes.down(target), catalog, f"lanectl down {name}", lock_wait=lock_wait,
-               reporter=reporter)
+    target = catalog.lane(name) if name else None
+    return run(lambda lanes: lanes.down(target, with_standbys=lane is None), catalog,
+               f"lanectl down {lane or name or '(standbys)'}", lock_wait=lock_wait, reporter=reporter)
 
 
 def _require_fleet_for_nodes(nodes: Sequence[str], canary: str | None, fleet: bool) -> None:
@@ -104,15 +107,19 @@ def switcher(catalog: Catalog, command: str, *, lock_wait: float, reporter: Repo
                            no_gpu=no_gpu)
 
 
-def dry_run_up(catalog: Catalog, lane: Lane) -> list[str]:
+def dry_run_up(catalog: Catalog, lane: Lane, *, rollback: bool = False) -> list[str]:
     """What `up` would do, from what the engine shows now; changes nothing and takes no lock."""
+    files = StateFiles(state_dir())
     engine = ContainerEngine()
     lines = []
-    unfinished = Journal(StateFiles(state_dir()).journal).unfinished_intent()
+    unfinished = Journal(files.journal).unfinished_intent()
     if unfinished:
         lines.append(f"would first reconcile the unfinished {unfinished['action']} "
                      f"({unfinished.get('from') or '-'} -> {unfinished.get('to') or '-'})")
-    steps = plan_switch(lane, built_tag(engine, lane), catalog, engine.lane_containers())
+    observed = engine.lane_containers()
+    facts = standby_facts(catalog, StandbyStore(files.standby), observed, rollback=rollback)
+    active = LaneStateStore(files.lanes).load().active
+    steps = plan_switch(lane, built_tag(engine, lane), catalog, observed, active=active, standby=facts)
     lines.append(f"would disarm the watchdog for {lane.name}'s startup budget")
     lines += [f"would {step.describe()}" for step in steps]
     lines.append(f"would re-arm the watchdog; on a failed gate, stop {lane.name} and bring the previous lane back")

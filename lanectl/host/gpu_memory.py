@@ -33,6 +33,34 @@ def used_mib(device_ids: list[str] | None) -> dict[str, int] | None:
     return usage
 
 
+MEMORY_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,memory.total,memory.free", "--format=csv,noheader,nounits"]
+
+
+def memory_mib() -> dict[str, tuple[int, int]] | None:
+    """Every GPU's (total, free) memory in MiB, keyed by both its index and its UUID (recipes name either);
+    None when there is no nvidia-smi to ask, or it fails or answers something unreadable."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        answer = subprocess.run(MEMORY_QUERY, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_memory(answer.stdout) if answer.returncode == 0 else None
+
+
+def parse_memory(text: str) -> dict[str, tuple[int, int]] | None:
+    """MEMORY_QUERY's answer, e.g. `0, GPU-3a527203-54df-61c1-0387-ab370efdd1bd, 143771, 143156` (an H200)."""
+    memory: dict[str, tuple[int, int]] = {}
+    for line in text.strip().splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        try:
+            index, uuid, total, free = fields[0], fields[1], int(float(fields[2])), int(float(fields[3]))
+        except (IndexError, ValueError):
+            return None  # half a table would be taken for a whole one
+        memory[index] = memory[uuid] = (total, free)
+    return memory or None
+
+
 def wait_for_release(device_ids: list[str] | None, timeout_seconds: float, *,
                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                      query: Callable[[list[str] | None], dict[str, int] | None] = used_mib) -> str:

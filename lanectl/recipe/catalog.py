@@ -21,7 +21,17 @@ from typing import TYPE_CHECKING, Any
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.project import Project, known_templates, leaves, template_dir
 from lanectl.recipe.kernel import KernelSpec
-from lanectl.recipe.model import CONTROL_CHARACTER, TEMPLATE_NAME, LaneSpec, Naming, RecipeFile, merge
+from lanectl.recipe.model import (
+    CONTROL_CHARACTER,
+    DEV_MODE_ENV,
+    SLEEP_MODE_FLAG,
+    TEMPLATE_NAME,
+    LaneSpec,
+    Naming,
+    RecipeFile,
+    flag_value,
+    merge,
+)
 
 if TYPE_CHECKING:
     # Only a catalog that is not in the cache is parsed and validated: these are imported then.
@@ -194,6 +204,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
     recipe = Recipe(id=recipe_file.id, file=file, project_root=project.root, description=recipe_file.description,
                     naming=recipe_file.naming, keep_stopped_lanes=recipe_file.keep_stopped_lanes)
     lanes = []
+    locators: dict[str, typing.Callable[[PathKey], PathKey]] = {}
     for name, body in recipe_file.lanes.items():
         merged = merge(recipe_file.defaults, body)
 
@@ -212,11 +223,14 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
             problems.extend(problems_from_validation(exc, doc, LaneSpec, locate))
             continue
         lane_problems.extend(_check_consistency(doc, spec, locate))
+        lane_problems.extend(_check_standby(doc, spec, locate))
         problems.extend(lane_problems)
         if lane_problems:
             continue
         lanes.append(Lane(name=str(name), recipe=recipe, spec=spec, kernels=tuple(lane_kernels),
                           declared_at=doc.position(("lanes", name), key=True)))
+        locators[str(name)] = locate
+    problems.extend(_check_standby_neighbours(doc, lanes, locators))
     return lanes
 
 
@@ -290,7 +304,7 @@ def _check_consistency(doc: YamlDocument, spec: LaneSpec,
                                          f"host port {port.published}/{port.protocol} is already published by "
                                          f"the {seen_ports[key]} container; give each a distinct host port"))
             seen_ports[key] = role
-    served = _flag_value(spec.engine.args, "--served-model-name")
+    served = flag_value(spec.engine.args, "--served-model-name")
     if served is not None and served != spec.health.served_model_name:
         problems.append(doc.problem(locate(("health", "served_model_name")),
                                  f"is {spec.health.served_model_name!r} but the engine serves {served!r} "
@@ -298,13 +312,114 @@ def _check_consistency(doc: YamlDocument, spec: LaneSpec,
     return problems
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+def _engine_path(role: str) -> PathKey:
+    return ("engine",) if role == ROLE_PRIMARY else ("companions", role, "engine")
+
+
+def _check_standby(doc: YamlDocument, spec: LaneSpec, locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
+    """A standby lane must be able to sleep, and its development routes must stay on the box.
+
+    `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1` are required in the recipe rather than added by lanectl:
+    both are baked into the image and shown by `render`, so what the recipe says is what runs, and turning on
+    routes that run engine methods must be a line someone wrote and reviewed, not a side effect of a key.
+    """
+    import ipaddress
+
+    standby = spec.standby
+    if standby is None:
+        return []
+    problems = []
+    if spec.placement.backend == "swarm":
+        problems.append(doc.problem(locate(("standby",)),
+                                 "Swarm lanes (placement.backend: swarm) cannot keep a standby yet: an update replaces "
+                                 "the service's task, so no process is left to wake. Remove standby for this lane"))
+    if not spec.uses_gpus():
+        problems.append(doc.problem(locate(("standby",)),
+                                 "a standby frees GPU memory for the next lane, and this lane asks for no GPU "
+                                 "(engine.gpus): it has nothing to free. Remove standby, or give the lane its GPUs"))
+    for role, engine in spec.engines():
+        base = _engine_path(role)
+        if SLEEP_MODE_FLAG not in engine.args:
+            problems.append(doc.problem(locate((*base, "args")),
+                                     f"standby needs {SLEEP_MODE_FLAG} in the {role} engine's args: vLLM picks the "
+                                     "allocator that can give memory back at start, and without it POST /sleep fails. "
+                                     f"Add {SLEEP_MODE_FLAG}"))
+        if engine.env.get(DEV_MODE_ENV) != "1":
+            problems.append(doc.problem(locate((*base, "env")),
+                                     f"standby needs {DEV_MODE_ENV}: \"1\" in the {role} engine's env: vLLM mounts "
+                                     "POST /sleep, POST /wake_up and GET /is_sleeping only in development mode"))
+        if not engine.ports:
+            problems.append(doc.problem(locate(base),
+                                     f"a standby's {role} must publish a port: lanectl puts it to sleep and wakes it "
+                                     "through its sleep routes there"))
+        if standby.acknowledge_exposed_dev_routes:
+            continue
+        for i, port in enumerate(engine.ports):
+            if ipaddress.ip_address(port.host_ip).is_loopback:
+                continue
+            path = (*base, "ports", i, "host_ip")
+            problems.append(doc.problem(locate(path if doc.has(locate(path)) else path[:-1]),
+                                     f"host_ip {port.host_ip} publishes the {role}'s port {port.published} off the "
+                                     f"box, and with {DEV_MODE_ENV}=1 vLLM serves development routes on it: anyone who "
+                                     "reaches it can put the lane to sleep or wake it, and /collective_rpc runs engine "
+                                     "methods. Publish on 127.0.0.1 and let clients in through a proxy on the box, or "
+                                     "set standby.acknowledge_exposed_dev_routes: true"))
+    return problems
+
+
+def _check_standby_neighbours(doc: YamlDocument, lanes: list[Lane],
+                              locators: dict[str, typing.Callable[[PathKey], PathKey]]) -> list[Problem]:
+    """A standby lane sleeps beside the lanes that take its GPUs: by the recipe's own numbers, each must be able
+    to start there (its port free, its share of GPU memory left over)."""
+    problems = []
+    for lane in lanes:
+        standby = lane.spec.standby
+        if standby is None or lane.spec.placement.backend != "local":
+            continue
+        locate = locators[lane.name]
+        for other in lanes:
+            if other is lane or other.spec.placement.backend != "local":
+                continue
+            own_ports = {(role, i): (p.protocol, p.published) for role, engine in lane.spec.engines()
+                         for i, p in enumerate(engine.ports)}
+            theirs = {(p.protocol, p.published) for _, engine in other.spec.engines() for p in engine.ports}
+            for (role, i), key in own_ports.items():
+                if key in theirs:
+                    problems.append(doc.problem(locate((*_engine_path(role), "ports", i)),
+                                             f"lane {other.name} publishes host port {key[1]}/{key[0]} too; asleep, "
+                                             f"this lane keeps its port, so {other.name} could not start beside it. "
+                                             "Give each lane its own port (clients reach the serving lane through a "
+                                             "proxy on the box)"))
+            problems.extend(_standby_fit(doc, lane, other, locate))
+    return problems
+
+
+def _standby_fit(doc: YamlDocument, lane: Lane, other: Lane, locate: typing.Callable[[PathKey], PathKey]
+                 ) -> list[Problem]:
+    """vLLM refuses to start when a GPU's free memory is below its --gpu-memory-utilization share of the whole."""
+    standby = lane.spec.standby
+    assert standby is not None
+    for _, mine in lane.spec.engines():
+        for role, engine in other.spec.engines():
+            if mine.gpus is None or engine.gpus is None:
+                continue
+            if mine.gpus.device_ids is not None and engine.gpus.device_ids is not None and not (
+                    set(mine.gpus.device_ids) & set(engine.gpus.device_ids)):
+                continue
+            share = engine.gpu_memory_utilization()
+            if share is None:
+                continue
+            left = (1 - share) * standby.gpu_memory_gib
+            if standby.resident_gib > left:
+                most = max(0.0, 1 - standby.resident_gib / standby.gpu_memory_gib)
+                return [doc.problem(locate(("standby", "resident_gib")),
+                                 f"asleep, this lane holds {standby.resident_gib:g} GiB of each "
+                                 f"{standby.gpu_memory_gib:g} GiB GPU, but lane {other.name}'s {role} asks vLLM for "
+                                 f"--gpu-memory-utilization "
+                                 f"{share:g} of it, which leaves {left:.1f} GiB: vLLM would refuse to start "
+                                 f"{other.name} beside it. Lower that to {int(most * 100) / 100:.2f} or less, or leave "
+                                 "standby off")]
+    return []
 
 
 _INVALID: Any = object()

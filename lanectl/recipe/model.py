@@ -280,6 +280,31 @@ class Engine(Strict):
         check_splitkv_env(env)
         return env
 
+    def gpu_memory_utilization(self) -> float | None:
+        """The share of each GPU vLLM takes (`--gpu-memory-utilization`, vLLM's default 0.9); None if unreadable."""
+        raw = flag_value(self.args, GPU_MEMORY_UTILIZATION_FLAG)
+        if raw is None:
+            return VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+        return value if 0 < value <= 1 else None
+
+
+GPU_MEMORY_UTILIZATION_FLAG = "--gpu-memory-utilization"
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in an argument list (`--flag value` or `--flag=value`), None when absent."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
 
 # The split-KV overlay (patches/vllm/57711-splitkv-overlay.patch) merges at most this many partials
 # (its combine kernel's MAX_SPLITS); vLLM would otherwise log the overlay as off and serve unsplit.
@@ -434,6 +459,53 @@ class WatchdogPolicy(Strict):
     alert: Alert = Field(default_factory=Alert)
 
 
+# vLLM's sleep mode (docs.vllm.ai/en/latest/features/sleep_mode/): the allocator that can give memory back
+# is chosen at start, and the routes that drive it are mounted only in development mode.
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+class WakeCheck(Strict):
+    """After a wake, greedy output for this prompt must equal what the lane generated when it last passed its
+    gate: wakes have answered 200 on /health while generating garbage (vllm#17103)."""
+
+    prompt: str = Field("List the first five prime numbers:", min_length=1, max_length=4096)
+    max_tokens: int = Field(8, ge=1, le=64, description="Tokens generated at temperature 0 and compared.")
+
+
+class Standby(Strict):
+    """Leave this lane asleep (vLLM sleep mode) instead of stopped when another lane takes its GPUs, so a
+    rollback to it is a wake (seconds) rather than a start (minutes)."""
+
+    mode: Literal["sleep"] = Field(description="'sleep': vLLM sleep mode (--enable-sleep-mode).")
+    level: int = Field(1, description="Sleep level; only 1 (weights kept in host memory).")
+    weights_gib: float = Field(
+        gt=0, le=65536, description="Host memory the weights take asleep (level 1 copies them to host RAM); "
+        "checked against MemAvailable before the lane is put to sleep.")
+    resident_gib: float = Field(
+        ge=0, le=65536, description="GPU memory the lane still holds asleep (CUDA context and graphs; upstream "
+        "reports ~1 to 16 GiB; vLLM logs it: 'N GiB memory is still in use').")
+    gpu_memory_gib: float = Field(
+        gt=0, le=65536, description="Memory of each GPU the lane uses: validation checks by it that the lanes "
+        "sharing those GPUs can start beside this one asleep (nvidia-smi measures the truth at switch time).")
+    wake_timeout_seconds: float = Field(
+        120, gt=0, le=3600, description="How long POST /sleep or POST /wake_up may take, and the budget of the "
+        "woken lane's health gate; past it the rollback takes the cold path.")
+    wake_check: WakeCheck = WakeCheck()
+    acknowledge_exposed_dev_routes: bool = Field(
+        False, description="Allow the lane's ports on a non-loopback address although development mode mounts "
+        "routes that put the engine to sleep and run engine methods (/collective_rpc) for anyone who reaches them.")
+
+    @field_validator("level")
+    @classmethod
+    def _level_1(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"level {value}: only level 1 is supported. Level 2 discards the weights, so a wake "
+                             "must reload them (a wake without a reload serves garbage, vllm#29341): no faster than "
+                             "a start")
+        return value
+
+
 NODE_HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 NODE_LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
@@ -500,6 +572,26 @@ class LaneSpec(Strict):
     health: Health
     watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
     placement: Placement = Field(default_factory=Placement)
+    standby: Standby | None = Field(
+        None, description="Keep this lane asleep beside the next one instead of stopping it (a rollback wakes it).")
+
+    def engines(self) -> list[tuple[str, Engine]]:
+        """Every container's engine by role, the primary first."""
+        return [("primary", self.engine), *((role, c.engine) for role, c in self.companions.items())]
+
+    def gpu_ids(self) -> set[str] | None:
+        """The GPUs the lane asks for; None means "all or an unnamed count" (conflicts with any GPU)."""
+        ids: set[str] = set()
+        for _, engine in self.engines():
+            if engine.gpus is None:
+                continue
+            if engine.gpus.device_ids is None:
+                return None
+            ids.update(engine.gpus.device_ids)
+        return ids
+
+    def uses_gpus(self) -> bool:
+        return any(engine.gpus is not None for _, engine in self.engines())
 
     @field_validator("companions")
     @classmethod

@@ -72,6 +72,11 @@ class StateFiles:
         return self.root / "host.lock"
 
     @property
+    def standby(self) -> Path:
+        """The lanes waiting asleep (vLLM sleep mode) beside the active one, for a rollback that wakes them."""
+        return self.root / "standby.json"
+
+    @property
     def pushes(self) -> Path:
         """One record per image pushed to a registry: the digest the registry returned (`state.pushes`)."""
         return self.root / "pushes"

@@ -22,10 +22,12 @@ from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
 from lanectl.health.gate import FATAL_ENGINE_LINES
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url, probe_client
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
+from lanectl.lanes.standby import lost_standbys
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal, utc_timestamp
 from lanectl.state.lanes import LaneState, LaneStateStore
 from lanectl.state.paths import StateFiles, check_state_file
+from lanectl.state.standby import StandbyStore
 from lanectl.watchdog.policy import Decision, Observation, decide
 from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
 
@@ -182,6 +184,15 @@ class Watchdog:
         state = self.lanes.load()
         now = self.now()
         armed = state.watchdog_armed_at(now)
+        standbys = self._check_standbys()
+        if state.active is not None and standbys.load().standby(state.active) is not None:
+            # A lane recorded asleep is never probed or restarted: it answers 503 by design. Only a switch killed
+            # between the sleep and the new lane's gate leaves the active lane asleep; the next up/rollback ends it.
+            result = PassResult(EXIT_FAILED, state.active, "none",
+                                f"the active lane {state.active} is recorded asleep (a standby): an unfinished switch? "
+                                "not acting; the next `lanectl up` or `rollback` finishes or undoes it")
+            self._finish(record, result, started, now, armed, None)
+            return result
         if state.active is None:
             result = PassResult(EXIT_OK, None, "none", "no active lane: nothing to watch")
             self._finish(record, result, started, now, armed, None)
@@ -208,6 +219,17 @@ class Watchdog:
         result = PassResult(exit_code, lane.name, decision.action, reason, outcome)
         self._finish(record, result, started, now, armed, lane)
         return result
+
+    def _check_standbys(self) -> StandbyStore:
+        """Lanes waiting asleep are not watched like the active lane (no probe, restart or alert: asleep, they
+        refuse to generate by design), but one that died or was removed is dropped from the record, so the next
+        rollback to it says it starts cold rather than trying to wake a process that is gone."""
+        store = StandbyStore(StateFiles(self.directory).standby)
+        for name, reason in lost_standbys(self.catalog, self.engine, store):
+            message = f"the standby of {name} is gone: {reason}; dropped, a rollback to it will be a cold start"
+            self.journal.append("watchdog", event="standby-lost", lane=name, message=message)
+            self.reporter.note(message)
+        return store
 
     def _observe(self, lane: Lane, record: WatchdogRecord, now: datetime, probes: ProbeRound | None,
                  probe: bool) -> tuple[Observation, WatchdogRecord]:

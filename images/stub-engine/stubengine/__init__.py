@@ -10,7 +10,8 @@ Command line (vLLM's)::
 
     python3 -m stubengine serve MODEL_PATH [--served-model-name NAME ...] [--host 0.0.0.0]
         [--port 8000] [--max-model-len 32768] [--max-num-seqs 256]
-        [--cpu-offload-gb GB] [--cpu-offload-params NAME ...] [any other vLLM flag ...]
+        [--cpu-offload-gb GB] [--cpu-offload-params NAME ...] [--enable-sleep-mode]
+        [any other vLLM flag ...]
 
 Any other `--flag`, `--flag value ...` or `--flag=value` is accepted and listed once at startup.
 `--port 0` binds a free port; the "Uvicorn running on" line names it.
@@ -29,10 +30,16 @@ Environment (stub knobs; all optional):
     STUB_FLIP_EVERY=0              N > 0: at every Nth position (1-based) where the model is
                                    confident, emit the runner-up token instead (a "confident flip")
     STUB_FAULT=                    crash | crash_on_start | hang | unhealthy | fatal_log | slow_start
-    STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready
+                                   | wake_fail | wake_altered | die_asleep (sleep mode: see sleep.py)
+    STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready;
+                                   die_asleep this long after falling asleep
     STUB_SLOW_START_SECONDS=30     load time under STUB_FAULT=slow_start
     STUB_ADMIN=0                   1: enable POST /admin/fault {"fault": crash|hang|unhealthy|fatal_log|clear}
     STUB_OOB_LOG_EVERY=100         log the first stray sampler read, then one per this many
+    STUB_SLEEP_SECONDS=0.5         how long POST /sleep takes (sleep mode)
+    STUB_WAKE_SECONDS=1            how long POST /wake_up takes
+    VLLM_SERVER_DEV_MODE=0         1: mount /sleep, /wake_up, /is_sleeping, /reset_prefix_cache (vLLM's
+                                   development routes; sleep itself also needs --enable-sleep-mode)
     STUB_STATS_INTERVAL_S=10       period of the "Engine 000: Avg ..." stats line (0: never)
     VLLM_DSV41_MEGA_SPLITKV=0      split-KV max splits (0/1: off), as in vLLM #57711
     VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS=8   split only at <= this many query tokens per step
@@ -46,6 +53,7 @@ format "YYYY-MM-DD HH:MM:SS,mmm - INFO - autotuner.py:N - flashinfer.jit: messag
 "INFO:     message"); [..] lines are conditional:
 
     INFO  Starting vLLM API server (stub engine) pid=P model=MODEL served_model_name=NAME
+    [WARNING SECURITY WARNING: Development endpoints are enabled! ...  (VLLM_SERVER_DEV_MODE=1)]
     [INFO Ignoring vLLM flags the stub engine does not model: --flag value, ...]
     INFO  split-KV overlay: on, S splits at 1 request x T query tokens via stubengine._stub_splitkv_C; ...
        or split-KV overlay: off (REASON); every call unsplit on stubengine.attention

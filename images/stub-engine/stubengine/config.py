@@ -16,7 +16,8 @@ USAGE = (
     "[--port PORT] [--max-model-len N] [--max-num-seqs N] [any other vLLM flag ...]"
 )
 
-FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start")
+FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start",
+          "wake_fail", "wake_altered", "die_asleep")
 
 
 class ConfigError(ValueError):
@@ -34,6 +35,10 @@ class Config:
     cpu_offload_gb: float | None = None
     cpu_offload_params: list[str] = field(default_factory=list)
     ignored_flags: list[tuple[str, list[str]]] = field(default_factory=list)
+    # vLLM's sleep mode: the allocator that can release memory is chosen at start (--enable-sleep-mode),
+    # and the routes that drive it are mounted only in development mode (VLLM_SERVER_DEV_MODE=1).
+    enable_sleep_mode: bool = False
+    dev_mode: bool = False
 
     load_seconds: float = 2.0
     slow_start_seconds: float = 30.0
@@ -49,6 +54,8 @@ class Config:
     admin: bool = False
     oob_log_every: int = 100
     stats_interval_s: float = 10.0
+    sleep_seconds: float = 0.5
+    wake_seconds: float = 1.0
     # Split-KV overlay, read under the real vLLM names (#57711).
     mega_splitkv: int = 0
     mega_splitkv_max_tokens: int = 8
@@ -61,6 +68,7 @@ class Config:
 # Flags whose values the stub uses; everything else is collected as ignored.
 _SINGLE = ("--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--cpu-offload-gb")
 _MULTI = ("--served-model-name", "--cpu-offload-params")
+_BOOLEAN = ("--enable-sleep-mode",)
 
 
 @dataclass
@@ -68,6 +76,7 @@ class ParsedArgs:
     model: str | None = None
     single: dict[str, str] = field(default_factory=dict)
     multi: dict[str, list[str]] = field(default_factory=dict)
+    switches: set[str] = field(default_factory=set)
     ignored: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
@@ -103,6 +112,10 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
             if len(values) != 1:
                 raise ConfigError(f"{name} takes exactly one value, got {values!r}")
             out.single[name] = values[0]
+        elif name in _BOOLEAN:
+            if values:
+                raise ConfigError(f"{name} takes no value, got {values!r}")
+            out.switches.add(name)
         elif name in _MULTI:
             if not values:
                 raise ConfigError(f"{name} needs at least one value")
@@ -161,6 +174,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
             cpu_offload_gb=float(offload_gb) if offload_gb is not None else None,
             cpu_offload_params=parsed.multi.get("--cpu-offload-params", []),
             ignored_flags=parsed.ignored,
+            enable_sleep_mode="--enable-sleep-mode" in parsed.switches,
         )
     except ValueError as exc:
         raise ConfigError(f"bad flag value: {exc}") from None
@@ -184,6 +198,9 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.admin = _flag(env, "STUB_ADMIN")
     cfg.oob_log_every = _int(env, "STUB_OOB_LOG_EVERY", 100, minimum=1)
     cfg.stats_interval_s = _num(env, "STUB_STATS_INTERVAL_S", 10.0)
+    cfg.sleep_seconds = _num(env, "STUB_SLEEP_SECONDS", 0.5)
+    cfg.wake_seconds = _num(env, "STUB_WAKE_SECONDS", 1.0)
+    cfg.dev_mode = _flag(env, "VLLM_SERVER_DEV_MODE")
     fault = env.get("STUB_FAULT", "").strip().lower()
     if fault and fault != "none":
         if fault not in FAULTS:

@@ -32,6 +32,14 @@ class EngineDeadError(RuntimeError):
     """The engine cannot take requests (the unhealthy fault); the API answers 503."""
 
 
+class EngineSleepingError(RuntimeError):
+    """The engine is asleep (sleep mode): generation is refused until POST /wake_up."""
+
+
+DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace for the root cause."
+SLEEPING_MESSAGE = "The engine is sleeping: POST /wake_up before generating"
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -85,6 +93,7 @@ class Engine:
         self._running: list[Request] = []
         self._thread = threading.Thread(target=self._loop, name="EngineCore", daemon=True)
         self._ids = itertools.count()
+        self.sleeping = False
         metrics.gauges = self.gauges
 
     def start(self) -> None:
@@ -96,12 +105,20 @@ class Engine:
     def submit(self, req: Request) -> None:
         with self._cond:
             if self.faults.dead:
-                raise EngineDeadError("EngineCore encountered an issue. See stack trace for the root cause.")
+                raise EngineDeadError(DEAD_MESSAGE)
+            if self.sleeping:
+                raise EngineSleepingError(SLEEPING_MESSAGE)
             self._waiting.append(req)
             self._cond.notify_all()
 
     def abort(self, req: Request) -> None:
         req.aborted = True
+
+    def set_sleeping(self, sleeping: bool) -> None:
+        """Sleep mode: while asleep every request, in flight or new, ends with an error."""
+        with self._cond:
+            self.sleeping = sleeping
+            self._cond.notify_all()
 
     def wake(self) -> None:
         """Called when the fault state changes, so a stuck or dead engine reacts at once."""
@@ -121,9 +138,9 @@ class Engine:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, message: str) -> None:
         for req in itertools.chain(self._running, self._waiting):
-            req.events.put(("error", "EngineCore encountered an issue. See stack trace for the root cause."))
+            req.events.put(("error", message))
         self._running.clear()
         self._waiting.clear()
 
@@ -131,7 +148,9 @@ class Engine:
         """Wait for work, then admit waiting requests. Called with the condition held."""
         while True:
             if self.faults.dead:
-                self._fail_all()
+                self._fail_all(DEAD_MESSAGE)
+            elif self.sleeping:
+                self._fail_all(SLEEPING_MESSAGE)
             elif not self.faults.stuck and (self._running or self._waiting):
                 break
             self._cond.wait()
@@ -177,7 +196,7 @@ class Engine:
             if delay > 0:
                 time.sleep(delay)
             with self._cond:
-                if self.faults.stuck or self.faults.dead:
+                if self.faults.stuck or self.faults.dead or self.sleeping:
                     continue  # the step never completes; the loop parks in _schedule
                 emitted = self._emit(batch)
             self.metrics.add(generation_tokens=emitted, engine_steps=1, splitkv_steps=int(split))

@@ -8,6 +8,12 @@
                   (EngineDeadError); requests in flight end with an error.
 - fatal_log:      a fatal CUDA line is logged and the server keeps serving, so only a log watcher sees it.
 - slow_start:     loading takes STUB_SLOW_START_SECONDS (handled by startup.py).
+
+Sleep-mode faults (handled by sleep.py), each a way a standby has failed upstream:
+- wake_fail:      POST /wake_up answers 500 (CUDA out of memory) and the engine stays asleep.
+- wake_altered:   the wake succeeds and /health says 200, but every token after it differs from before the
+                  sleep: the "healthy endpoint, corrupt output" wake (vllm#17103).
+- die_asleep:     the process dies STUB_FAULT_AFTER_S after falling asleep, as a crash does.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from . import logs
 log = logs.get("core")
 
 RUNTIME_FAULTS = ("crash", "hang", "unhealthy", "fatal_log", "clear")
+SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep")
 
 FATAL_CUDA_LINE = "CUDA error: an illegal memory access was encountered"
 
@@ -95,8 +102,8 @@ class FaultState:
         else:
             raise ValueError(f"unknown fault {fault!r}; expected one of {', '.join(RUNTIME_FAULTS)}")
 
-    def schedule(self, fault: str, after_s: float) -> None:
+    def schedule(self, fault: str, after_s: float, reason: str = "") -> None:
         """Inject `fault` `after_s` seconds from now (STUB_FAULT with STUB_FAULT_AFTER_S)."""
-        timer = threading.Timer(after_s, self.apply, args=(fault, f"STUB_FAULT={fault}"))
+        timer = threading.Timer(after_s, self.apply, args=(fault, reason or f"STUB_FAULT={fault}"))
         timer.daemon = True
         timer.start()

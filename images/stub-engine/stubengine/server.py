@@ -12,14 +12,18 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from . import __version__, decoding, logs, protocol
 from .config import Config
-from .engine import Engine, EngineDeadError, Request
+from .engine import SLEEPING_MESSAGE, Engine, EngineDeadError, EngineSleepingError, Request
 from .faults import RUNTIME_FAULTS, FaultState
 from .metrics import Metrics
+from .sleep import Sleeper, SleepError
 
 MAX_BODY = 64 * 1024 * 1024
+# Mounted only with VLLM_SERVER_DEV_MODE=1, as vLLM does (GET /is_sleeping is answered in do_GET).
+DEV_ROUTES = ("/sleep", "/wake_up", "/reset_prefix_cache")
 
 
 class StubHTTPServer(ThreadingHTTPServer):
@@ -28,11 +32,12 @@ class StubHTTPServer(ThreadingHTTPServer):
     # and the client retries a second later, which shows up as a bogus time to first token.
     request_queue_size = 256
 
-    def __init__(self, cfg: Config, engine: Engine, metrics: Metrics, faults: FaultState) -> None:
+    def __init__(self, cfg: Config, engine: Engine, metrics: Metrics, faults: FaultState, sleeper: Sleeper) -> None:
         self.cfg = cfg
         self.engine = engine
         self.metrics = metrics
         self.faults = faults
+        self.sleeper = sleeper
         super().__init__((cfg.host, cfg.port), Handler)
 
 
@@ -97,6 +102,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, self.server.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/version":
             self._json(200, {"version": __version__})
+        elif path == "/is_sleeping" and self.server.cfg.dev_mode:
+            self._json(200, {"is_sleeping": self.server.sleeper.asleep})
         else:
             self._json(404, {"detail": "Not Found"})
 
@@ -107,11 +114,30 @@ class Handler(BaseHTTPRequestHandler):
                 self._generate(chat=path == "/v1/chat/completions")
             elif path == "/admin/fault" and self.server.cfg.admin:
                 self._admin_fault()
+            elif path in DEV_ROUTES and self.server.cfg.dev_mode:
+                self._body()
+                self._dev_route(path)
             else:
                 self._body()  # drain it, or the next request on this connection would read it
                 self._json(404, {"detail": "Not Found"})
         except protocol.ApiError as err:
             self._error(err)
+
+    def _dev_route(self, path: str) -> None:
+        """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): 200 with an empty body, as vLLM answers."""
+        query = parse_qs(urlsplit(self.path).query)
+        try:
+            if path == "/sleep":
+                raw = query.get("level", ["1"])[-1]
+                if not raw.isdigit():
+                    raise SleepError(400, f"level must be an integer, got {raw!r}")
+                self.server.sleeper.sleep(int(raw))
+            elif path == "/wake_up":
+                self.server.sleeper.wake_up(query.get("tags") or None)
+            # /reset_prefix_cache: the stub keeps no prefix cache, so there is nothing to drop.
+        except SleepError as exc:
+            raise protocol.ApiError(exc.status, exc.message, "SleepModeError") from None
+        self._send(200, b"")
 
     def _models(self) -> dict[str, Any]:
         cfg = self.server.cfg
@@ -150,13 +176,16 @@ class Handler(BaseHTTPRequestHandler):
         gen = protocol.parse(
             self._body(), chat=chat, served_names=srv.cfg.served_model_names, max_model_len=srv.cfg.max_model_len
         )
-        tokens = decoding.TokenStream(gen.prompt, srv.cfg.token_seed, srv.cfg.flip_every)
+        seed = srv.cfg.token_seed + srv.sleeper.seed_offset
+        tokens = decoding.TokenStream(gen.prompt, seed, srv.cfg.flip_every)
         request_id = srv.engine.next_id("chatcmpl" if chat else "cmpl")
         req = Request(request_id, gen.prompt_tokens, gen.max_tokens, tokens)
         try:
             srv.engine.submit(req)
         except EngineDeadError as exc:
             raise protocol.ApiError(503, str(exc), "EngineDeadError") from None
+        except EngineSleepingError as exc:
+            raise protocol.ApiError(503, str(exc), "EngineSleepingError") from None
         render = protocol.Renderer(gen, request_id, tokens)
         if gen.stream:
             self._stream(req, render)
@@ -167,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
         while True:
             event = req.events.get()
             if event[0] == "error":
-                raise protocol.ApiError(503, event[1], "EngineDeadError")
+                raise _engine_error(event[1])
             _, index, finish = event
             if finish is not None:
                 self._json(200, render.response(index + 1, finish))
@@ -191,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
             while True:
                 event = req.events.get()
                 if event[0] == "error":
-                    self._sse(protocol.ApiError(503, event[1], "EngineDeadError").body())
+                    self._sse(_engine_error(event[1]).body())
                     break
                 _, index, finish = event
                 if first and render.gen.chat:
@@ -208,3 +237,9 @@ class Handler(BaseHTTPRequestHandler):
             # The client went away: stop spending engine steps on it, as vLLM aborts the request.
             self.server.engine.abort(req)
             self.close_connection = True
+
+
+def _engine_error(message: str) -> protocol.ApiError:
+    """A request the engine ended: put to sleep under it, or the engine died."""
+    kind = "EngineSleepingError" if message == SLEEPING_MESSAGE else "EngineDeadError"
+    return protocol.ApiError(503, message, kind)

@@ -16,6 +16,7 @@ from .engine import Engine, draft_steps
 from .faults import FaultState
 from .metrics import Metrics
 from .server import StubHTTPServer
+from .sleep import Sleeper
 
 log = logs.get("startup")
 
@@ -34,6 +35,9 @@ def announce(cfg: Config, attention: splitkv.DecodeAttention) -> None:
         cfg.model,
         ",".join(cfg.served_model_names),
     )
+    if cfg.dev_mode:
+        # vLLM's own warning: these routes put the engine to sleep and run arbitrary engine methods.
+        log.warning("SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!")
     if cfg.ignored_flags:
         log.info("Ignoring vLLM flags the stub engine does not model: %s", _describe_flags(cfg.ignored_flags))
     if cfg.mega_splitkv > 1 and not attention.available:
@@ -113,7 +117,7 @@ def serve(cfg: Config) -> None:
     state.on_change = engine.wake
     engine.start()
     try:
-        httpd = StubHTTPServer(cfg, engine, metrics, state)
+        httpd = StubHTTPServer(cfg, engine, metrics, state, Sleeper(cfg, engine, state))
     except OSError as exc:
         log.error("Cannot bind the API server to %s:%d: %s", cfg.host, cfg.port, exc)
         os._exit(1)
@@ -122,6 +126,6 @@ def serve(cfg: Config) -> None:
     logs.uvicorn.info("Waiting for application startup.")
     logs.uvicorn.info("Application startup complete.")
     logs.uvicorn.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
-    if cfg.fault and cfg.fault not in ("crash_on_start", "slow_start"):
+    if cfg.fault and cfg.fault not in ("crash_on_start", "slow_start", *faults.SLEEP_FAULTS):
         state.schedule(cfg.fault, cfg.fault_after_s)
     httpd.serve_forever(poll_interval=0.5)

@@ -1,0 +1,156 @@
+"""Talking to a lane's engine about sleep: vLLM's development routes and the wake check.
+
+`POST /sleep?level=1`, `POST /wake_up` and `GET /is_sleeping` exist only with `VLLM_SERVER_DEV_MODE=1`
+(docs.vllm.ai/en/latest/features/sleep_mode/). vLLM answers both POSTs with an empty 200 once done, and
+`/is_sleeping` with `{"is_sleeping": bool}`; lanectl asks `/is_sleeping` after each, rather than trusting
+the 200. Before sleeping, `POST /reset_prefix_cache` drops cached prefixes: a wake that kept them has served
+wrong text (vllm#17103). Every failure is a `StandbyError` whose message says what the engine answered.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.recipe.model import Engine
+from lanectl.state.standby import StandbyStore
+
+# vLLM's worker logs this once asleep: "Sleep mode freed 71.25 GiB memory, 1.38 GiB memory is still in use."
+RESIDENT_LINE = re.compile(r"Sleep mode freed [0-9.]+ GiB memory, ([0-9.]+) GiB memory is still in use")
+
+
+class StandbyError(Exception):
+    """A sleep, a wake or a wake check that did not do what it must."""
+
+
+def role_engine(lane: Lane, role: str) -> Engine:
+    return lane.spec.engine if role == ROLE_PRIMARY else lane.spec.companions[role].engine
+
+
+def role_base_url(lane: Lane, role: str) -> str:
+    """The role's first published port, on loopback when it is published on every address."""
+    ports = role_engine(lane, role).ports
+    if not ports:
+        raise StandbyError(f"{lane.name}'s {role} publishes no port, so lanectl cannot reach its sleep routes")
+    host = "127.0.0.1" if ports[0].host_ip in ("0.0.0.0", "") else ports[0].host_ip
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{ports[0].published}"
+
+
+def resident_gib(log_text: str) -> float | None:
+    """GPU memory a sleeping engine still holds, from its own last report; None if it logged none."""
+    found = RESIDENT_LINE.findall(log_text)
+    return float(found[-1]) if found else None
+
+
+class SleepEndpoints:
+    """One engine's sleep routes and a greedy completion, with one timeout for every request."""
+
+    def __init__(self, base_url: str, timeout: float, client: httpx.Client | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._owns_client = client is None
+        self._client = client or httpx.Client(timeout=timeout)
+
+    def __enter__(self) -> SleepEndpoints:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._client.request(method, self.base_url + path, timeout=self.timeout, **kwargs)
+        except httpx.TimeoutException:
+            raise StandbyError(f"{method} {path}: no answer within {self.timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            raise StandbyError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code != 200:
+            hint = " (is VLLM_SERVER_DEV_MODE=1 set in the image?)" if response.status_code == 404 else ""
+            raise StandbyError(f"{method} {path} answered {response.status_code}: {_message(response)}{hint}")
+        return response
+
+    def is_sleeping(self) -> bool:
+        response = self._request("GET", "/is_sleeping")
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("is_sleeping"), bool):
+            raise StandbyError(f"GET /is_sleeping answered {response.text[:100]!r}, not {{\"is_sleeping\": bool}}")
+        return answer["is_sleeping"]
+
+    def sleep(self, level: int) -> None:
+        self._request("POST", "/reset_prefix_cache")
+        self._request("POST", "/sleep", params={"level": str(level)})
+        if not self.is_sleeping():
+            raise StandbyError(f"POST /sleep?level={level} answered 200 but /is_sleeping still says false")
+
+    def wake_up(self) -> None:
+        self._request("POST", "/wake_up")
+        if self.is_sleeping():
+            raise StandbyError("POST /wake_up answered 200 but /is_sleeping still says true")
+
+    def greedy_text(self, model: str, prompt: str, max_tokens: int) -> str:
+        """The text of a temperature-0 completion: what a wake check compares."""
+        response = self._request("POST", "/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False})
+        try:
+            text = response.json()["choices"][0]["text"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise StandbyError(f"/v1/completions answered 200 without a completion: {response.text[:100]!r}") from None
+        if not isinstance(text, str):
+            raise StandbyError(f"/v1/completions answered a {type(text).__name__} as text")
+        return text
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return response.text.strip()[:200] or "(empty)"
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:200]
+        if isinstance(error, str):
+            return error[:200]
+        if body.get("detail"):
+            return str(body["detail"])[:200]
+    return response.text.strip()[:200]
+
+
+def lost_standbys(catalog: Catalog, engine: ContainerEngine, store: StandbyStore) -> list[tuple[str, str]]:
+    """Standbys recorded asleep that can no longer be woken, each dropped from the record with its reason:
+    a container that died or was removed while asleep, a lane rebuilt since, a lane gone from the recipes.
+    Returns (lane, reason) for each, for the caller to say (the next rollback to it is a cold start)."""
+    lost = []
+    for record in store.load().standbys:
+        reason = _why_lost(catalog, engine, record.lane)
+        if reason is not None:
+            store.drop(record.lane, reason)
+            lost.append((record.lane, reason))
+    return lost
+
+
+def _why_lost(catalog: Catalog, engine: ContainerEngine, name: str) -> str | None:
+    from lanectl.image.render import plan_image
+
+    lane = catalog.lanes.get(name)
+    if lane is None:
+        return "its lane is no longer in the recipes"
+    for role in lane.roles:
+        state = engine.container(lane.container_name(role))
+        if state is None:
+            return f"its {role} container was removed while asleep"
+        if not state.running:
+            return f"its {role} container {state.status} while asleep (exit code {state.exit_code})"
+        if role == ROLE_PRIMARY and state.image != plan_image(lane).tag:
+            return "the lane was rebuilt since it fell asleep; the sleeping container runs the old build"
+    return None

@@ -1,0 +1,135 @@
+"""Which lanes wait asleep (vLLM sleep mode) on this host, and what each must generate when woken:
+`state_dir/standby.json`.
+
+Kept apart from `state.json` so that a standby never changes what the active lane is: a lost or unreadable
+standby only makes the next rollback a cold start. A record is written *before* the lane is put to sleep,
+so a run killed in between leaves a record for an awake lane (a wake of an awake vLLM is a no-op and the
+wake check still holds it to its fingerprint), never a sleeping lane nobody knows of.
+
+Callers hold the `HostLock` for load-change-save, as for `state.json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
+from lanectl.state.journal import utc_now, utc_timestamp
+from lanectl.state.atomic import write_atomically
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+
+MAX_STANDBY_BYTES = 1024 * 1024
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Fingerprint(_Record):
+    """Greedy output of the lane's wake-check prompt, recorded when it last passed its gate."""
+
+    prompt: str
+    max_tokens: int
+    text: str
+    recorded: str
+
+
+class StandbyRecord(_Record):
+    lane: str
+    since: str  # ISO UTC: when it was put to sleep
+    fingerprint: Fingerprint
+    resident_gib: float | None = None  # GPU memory it still holds asleep, as the engine logged it
+
+
+class DroppedStandby(_Record):
+    """Why a lane's standby was given up (it died asleep, a switch stopped it): the next rollback says so."""
+
+    reason: str
+    at: str
+
+
+class StandbyState(_Record):
+    version: Literal[1] = 1
+    standbys: tuple[StandbyRecord, ...] = ()
+    fingerprints: dict[str, Fingerprint] = {}
+    dropped: dict[str, DroppedStandby] = {}
+
+    def standby(self, lane: str) -> StandbyRecord | None:
+        return next((record for record in self.standbys if record.lane == lane), None)
+
+    def with_standby(self, record: StandbyRecord) -> StandbyState:
+        others = tuple(r for r in self.standbys if r.lane != record.lane)
+        dropped = {k: v for k, v in self.dropped.items() if k != record.lane}
+        return self.model_copy(update={"standbys": (*others, record), "dropped": dropped})
+
+    def without(self, lane: str, reason: str | None, now: datetime) -> StandbyState:
+        """`lane` no longer waits asleep; a `reason` is kept for the next command that looks for it."""
+        if self.standby(lane) is None:
+            return self
+        dropped = dict(self.dropped)
+        if reason is not None:
+            dropped[lane] = DroppedStandby(reason=reason, at=utc_timestamp(now))
+        return self.model_copy(update={"standbys": tuple(r for r in self.standbys if r.lane != lane),
+                                       "dropped": dropped})
+
+    def serving(self, lane: str) -> StandbyState:
+        """`lane` serves again: it is nobody's standby and nothing about its old one matters any more."""
+        return self.model_copy(update={"standbys": tuple(r for r in self.standbys if r.lane != lane),
+                                       "dropped": {k: v for k, v in self.dropped.items() if k != lane}})
+
+    def with_fingerprint(self, lane: str, fingerprint: Fingerprint) -> StandbyState:
+        return self.model_copy(update={"fingerprints": {**self.fingerprints, lane: fingerprint}})
+
+
+class StandbyFileCorrupt(OperationFailed):
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, path: Path, detail: str):
+        super().__init__(f"{path} is not a readable standby record ({detail}); the file was left untouched. Move it "
+                         f"aside (mv {path} {path}.broken): lanectl then knows of no standby, the lanes left asleep "
+                         "keep running, and their next rollback is a cold start")
+
+
+class StandbyStore:
+    def __init__(self, path: Path, *, now: Callable[[], datetime] = utc_now):
+        self.path = path
+        self.now = now
+
+    def load(self) -> StandbyState:
+        try:
+            raw = read_state_file(self.path, MAX_STANDBY_BYTES)
+        except NotAStateFile as exc:
+            raise StandbyFileCorrupt(self.path, str(exc)) from exc
+        except OSError as exc:
+            raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
+        if raw is None:
+            return StandbyState()
+        if len(raw) > MAX_STANDBY_BYTES:
+            raise StandbyFileCorrupt(self.path, f"more than {MAX_STANDBY_BYTES} bytes")
+        try:
+            return StandbyState.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the file"
+            raise StandbyFileCorrupt(self.path, f"{where}: {first['msg']}") from exc
+
+    def update(self, change: Callable[[StandbyState], StandbyState]) -> StandbyState:
+        state = change(self.load())
+        try:
+            create_state_dir(self.path.parent)
+            check_state_file(self.path)
+            write_atomically(self.path, (state.model_dump_json(indent=2) + "\n").encode())
+        except OSError as exc:
+            raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc
+        return state
+
+    def drop(self, lane: str, reason: str | None) -> StandbyState:
+        return self.update(lambda s: s.without(lane, reason, self.now()))
+
+    def timestamp(self) -> str:
+        return utc_timestamp(self.now())

@@ -1,0 +1,253 @@
+"""Standbys on the real Docker engine with stub-engine images: a switch leaves the previous lane asleep, a
+rollback wakes it, and every way a wake can fail falls back to the cold path (stop, start, gate).
+
+The demo recipe with its standby block, each lane on its own loopback ports, plus lanes whose stub fails
+the way upstream wakes have failed. Every test has its own state dir; containers are removed after each.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from tests.lane_fixtures import LaneProject, free_port, make_lane_project, remove_containers, remove_everything
+
+pytestmark = pytest.mark.docker
+
+
+def _lane(name: str, env: dict[str, str], standby: str = "") -> str:
+    env_lines = "".join(f"        {key}: \"{value}\"\n" for key, value in env.items())
+    return f"""
+  {name}:
+    engine:
+      ports:
+        - {{container: 8000, host: {free_port()}, host_ip: 127.0.0.1}}
+      env:
+{env_lines}    companions:
+      rtx:
+        engine:
+          ports:
+            - {{container: 8001, host: {free_port()}, host_ip: 127.0.0.1}}
+{standby}"""
+
+
+def fault_lanes() -> str:
+    return "".join([
+        _lane("t-wakefail", {"STUB_FAULT": "wake_fail"}),
+        _lane("t-altered", {"STUB_FAULT": "wake_altered"}),
+        _lane("t-dies", {"STUB_FAULT": "die_asleep", "STUB_FAULT_AFTER_S": "0.5"}),
+        # Its wake takes longer than its recipe allows.
+        _lane("t-slowwake", {"STUB_WAKE_SECONDS": "5"}, "    standby: {wake_timeout_seconds: 1}\n"),
+        # Asks for more host memory for its weights than any test machine has.
+        _lane("t-heavy", {"STUB_TOKEN_SEED": "3"}, "    standby: {weights_gib: 60000}\n"),
+    ])
+
+
+LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy"]
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory):
+    project = make_lane_project(tmp_path_factory.mktemp("standby"), standby=True, extra_lanes=fault_lanes())
+    state = tmp_path_factory.mktemp("build-state")
+    project.cli("build", *LANES, state=state, check=True, timeout=600)
+    yield project
+    remove_everything(project)
+
+
+@pytest.fixture
+def state(lanes: LaneProject, tmp_path: Path):
+    yield tmp_path / "state"
+    remove_containers(lanes)
+
+
+def up(lanes: LaneProject, state: Path, lane: str, *args: str, code: int = 0):
+    result = lanes.cli("up", lane, "--no-gpu", *args, state=state)
+    assert result.returncode == code, f"{result.stdout}\n{result.stderr}"
+    return result
+
+
+def rollback(lanes: LaneProject, state: Path, code: int = 0):
+    result = lanes.cli("rollback", "--no-gpu", state=state)
+    assert result.returncode == code, f"{result.stdout}\n{result.stderr}"
+    return result
+
+
+def status(lanes: LaneProject, state: Path) -> dict:
+    return json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+
+
+def row(data: dict, lane: str) -> dict:
+    return next(r for r in data["lanes"] if r["lane"] == lane)
+
+
+def started_at(lanes: LaneProject, lane: str) -> str:
+    return docker.from_env().api.inspect_container(lanes.container(lane))["State"]["StartedAt"]
+
+
+def port(lanes: LaneProject, lane: str) -> int:
+    from lanectl.project import Project
+    from lanectl.recipe.catalog import load_catalog
+
+    return load_catalog(Project.locate(lanes.root / "recipes")).lane(lane).spec.engine.ports[0].published
+
+
+def is_sleeping(lanes: LaneProject, lane: str) -> bool:
+    return bool(httpx.get(f"http://127.0.0.1:{port(lanes, lane)}/is_sleeping", timeout=5).json()["is_sleeping"])
+
+
+def records(lanes: LaneProject, state: Path) -> list[dict]:
+    return json.loads(lanes.cli("history", "-n", "500", "--json", state=state, check=True).stdout)["data"]["records"]
+
+
+def serving(data: dict, lane: str) -> bool:
+    r = row(data, lane)
+    return r["active"] and r["health"] == "ok" and r["standby"] is None and \
+        [c["status"] for c in r["containers"]] == ["running", "running"]
+
+
+def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
+    up(lanes, state, "demo-h1")
+    h1_started = started_at(lanes, "demo-h1")
+    switched = up(lanes, state, "demo-h2")
+    assert "demo-h2 is serving (was demo-h1); demo-h1 waits asleep as a standby" in switched.stdout
+    assert f"put {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1) to sleep" in switched.stderr
+    assert "check that the GPUs have the memory demo-h2 needs beside the standby" in switched.stderr
+    assert "not checked: the lanes run without GPUs (--no-gpu)" in switched.stderr
+
+    data = status(lanes, state)
+    assert serving(data, "demo-h2")
+    standby = row(data, "demo-h1")["standby"]
+    assert standby is not None and standby["alive"] and standby["resident_gib"] == 1.0 and standby["seconds"] >= 0
+    assert [c["status"] for c in row(data, "demo-h1")["containers"]] == ["running", "running"]
+    assert is_sleeping(lanes, "demo-h1")
+    text = lanes.cli("status", state=state, check=True).stdout
+    assert "standby " in text and "1 GiB resident" in text
+
+    back = rollback(lanes, state)
+    assert "demo-h1 is serving (was demo-h2); woken from its standby in" in back.stdout, back.stdout
+    assert f"wake {lanes.container('demo-h1')} (primary of demo-h1)" in back.stderr
+    assert "check demo-h1's greedy output against the fingerprint" in back.stderr
+    assert f"start {lanes.container('demo-h1')}" not in back.stderr, "a wake, not a start"
+    assert started_at(lanes, "demo-h1") == h1_started, "the same engine process served again"
+    assert not is_sleeping(lanes, "demo-h1")
+    data = status(lanes, state)
+    assert serving(data, "demo-h1")
+    assert [c["status"] for c in row(data, "demo-h2")["containers"]] == ["exited", "exited"], "rollback stops B"
+    assert row(data, "demo-h2")["standby"] is None
+
+    keys = [r.get("step") for r in records(lanes, state) if r["kind"] == "step"]
+    assert f"sleep:{lanes.container('demo-h1')}" in keys and f"wake:{lanes.container('demo-h1')}" in keys
+    assert "wake-check:demo-h1" in keys
+
+
+@pytest.mark.parametrize(("lane", "cause"), [
+    ("t-wakefail", "POST /wake_up answered 500: CUDA error: out of memory"),
+    ("t-altered", "wake check: greedy output"),
+    ("t-slowwake", "POST /wake_up: no answer within 1 s"),
+])
+def test_a_failed_wake_falls_back_to_the_cold_path(lanes, state, lane, cause):
+    up(lanes, state, lane)
+    first_start = started_at(lanes, lane)
+    up(lanes, state, "demo-h2")
+    assert is_sleeping(lanes, lane)
+    back = rollback(lanes, state)
+    assert f"{lane} is serving (was demo-h2); its wake failed (" in back.stdout and \
+        "so it was started cold" in back.stdout, back.stdout
+    assert cause in back.stdout
+    assert f"wake of {lane} failed" in back.stderr and "cold path: stop, start, gate" in back.stderr
+    assert started_at(lanes, lane) != first_start, "a fresh engine process"
+    assert serving(status(lanes, state), lane)
+    notes = [r["message"] for r in records(lanes, state) if r["kind"] == "note"]
+    assert any(f"wake of {lane} failed" in note and cause in note for note in notes)
+
+
+def test_a_standby_that_dies_asleep_is_dropped_and_the_rollback_says_it_starts_cold(lanes, state):
+    up(lanes, state, "t-dies")
+    up(lanes, state, "demo-h2")
+    client = docker.from_env()
+    deadline = time.monotonic() + 30
+    while client.api.inspect_container(lanes.container("t-dies"))["State"]["Running"]:
+        assert time.monotonic() < deadline, "the stub never died asleep"
+        time.sleep(0.2)
+    check = lanes.cli("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "the standby of t-dies is gone: its primary container exited while asleep (exit code 1)" in check.stderr
+    watchdog_events = [r for r in records(lanes, state) if r["kind"] == "watchdog"]
+    assert [r["event"] for r in watchdog_events if r.get("lane") == "t-dies"] == ["standby-lost"], \
+        "dropped, neither restarted nor alerted on"
+    assert row(status(lanes, state), "t-dies")["standby"] is None
+
+    back = rollback(lanes, state)
+    assert "t-dies has no standby to wake (dropped " in back.stderr and "starting it cold" in back.stderr
+    assert serving(status(lanes, state), "t-dies")
+
+
+def test_the_watchdog_leaves_a_sleeping_lane_alone(lanes, state):
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    check = lanes.cli("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert is_sleeping(lanes, "demo-h1")
+    assert not [r for r in records(lanes, state) if r["kind"] == "watchdog" and r.get("lane") == "demo-h1"]
+
+
+def test_a_failed_gate_wakes_the_standby_it_left(lanes, state):
+    up(lanes, state, "demo-h1")
+    h1_started = started_at(lanes, "demo-h1")
+    failed = up(lanes, state, "demo-broken", code=1)
+    assert "Rolled back: demo-h1 is serving again (woken from its standby in " in failed.stdout
+    assert f"wake {lanes.container('demo-h1')}" in failed.stderr
+    assert started_at(lanes, "demo-h1") == h1_started, "woken, not restarted"
+    assert serving(status(lanes, state), "demo-h1")
+
+
+def test_too_little_host_memory_stops_the_lane_instead(lanes, state):
+    up(lanes, state, "t-heavy")
+    switched = up(lanes, state, "demo-h2")
+    assert "not left asleep: host memory: " in switched.stderr and "its weights need 60000 GiB" in switched.stderr
+    assert "waits asleep" not in switched.stdout
+    data = status(lanes, state)
+    assert row(data, "t-heavy")["standby"] is None
+    assert [c["status"] for c in row(data, "t-heavy")["containers"]] == ["exited", "exited"]
+
+
+def test_down_stops_the_standbys_too(lanes, state):
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    down = lanes.cli("down", state=state)
+    assert down.returncode == 0, down.stderr
+    assert "demo-h2 stopped; demo-h1 (standby) stopped" in down.stdout
+    data = status(lanes, state)
+    assert data["active"] is None
+    for lane in ("demo-h1", "demo-h2"):
+        assert row(data, lane)["standby"] is None
+        assert all(c["status"] == "exited" for c in row(data, lane)["containers"])
+
+
+def test_dry_run_shows_the_sleep_and_the_wake(lanes, state):
+    up(lanes, state, "demo-h1")
+    plan = lanes.cli("up", "demo-h2", "--dry-run", state=state, check=True).stdout
+    assert f"would put {lanes.container('demo-h1')} (primary of demo-h1) to sleep" in plan
+    up(lanes, state, "demo-h2")
+    plan = lanes.cli("rollback", "--dry-run", state=state, check=True).stdout
+    assert f"would wake {lanes.container('demo-h1')} (primary of demo-h1)" in plan
+    assert "not left asleep: the lane it rolls back to needs all of its GPU memory back" in plan
+
+
+def test_a_switch_killed_after_the_sleep_is_undone_by_waking_the_standby(lanes, state):
+    up(lanes, state, "demo-h1")
+    h1_started = started_at(lanes, "demo-h1")
+    killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state, extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": "2"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert is_sleeping(lanes, "demo-h1"), "killed right after demo-h1 fell asleep"
+    again = up(lanes, state, "demo-h1")
+    assert "undid the interrupted switch to demo-h2; demo-h1 is serving again" in again.stderr, again.stderr
+    assert f"wake {lanes.container('demo-h1')}" in again.stderr
+    assert started_at(lanes, "demo-h1") == h1_started
+    assert serving(status(lanes, state), "demo-h1")
