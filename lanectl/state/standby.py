@@ -19,8 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
-from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.atomic import write_atomically
+from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 
 MAX_STANDBY_BYTES = 1024 * 1024
