@@ -61,7 +61,11 @@ def test_a_second_load_is_answered_by_the_cache(demo, cache, validations):
 
 def _append_lane(project: Path) -> None:
     recipe = project / "recipes" / "demo.yaml"
-    recipe.write_text(recipe.read_text() + "  demo-h3:\n    description: a new lane\n")
+    # Its own host ports: the demo's lanes keep a sleeping standby, which holds its ports.
+    recipe.write_text(recipe.read_text() + "  demo-h3:\n    description: a new lane\n"
+                      "    engine:\n      ports:\n        - {container: 8000, host: 18030, host_ip: 127.0.0.1}\n"
+                      "    companions:\n      rtx:\n        engine:\n          ports:\n"
+                      "            - {container: 8001, host: 18031, host_ip: 127.0.0.1}\n")
 
 
 def _new_recipe_file(project: Path) -> None:
