@@ -24,8 +24,18 @@ running_pid() {
   local pid
   pid=$(cat "$pidfile")
   [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "serve $dir/config.yml" || return 1
+  local cmdline
+  cmdline=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmdline == *"serve $dir/config.yml"* ]] || return 1
   echo "$pid"
+}
+
+still_running() {
+  # The process exists and has not exited (an exited child stays a zombie, state Z, until this shell reaps it).
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
 }
 
 case $action in
@@ -59,8 +69,11 @@ case $action in
     echo $! > "$pidfile"
     scheme=http curl_tls=()
     if [ -n "$cert" ]; then scheme=https curl_tls=(--cacert "$cert"); fi
+    started_pid=$!
     for _ in $(seq 1 100); do
-      if ! running_pid >/dev/null; then
+      # Alive, not what its cmdline says: until the forked child has exec'd docker-registry its cmdline is still
+      # this script's, and a loaded machine can look in that window. The pid is our unreaped child, so not reused.
+      if ! still_running "$started_pid"; then
         echo "registry: exited at start; last lines of $dir/registry.log:" >&2; tail -n 20 "$dir/registry.log" >&2; exit 1
       fi
       if [ "$(curl -s -o /dev/null -w '%{http_code}' "${curl_tls[@]}" "$scheme://$addr/v2/")" = 200 ]; then
