@@ -53,8 +53,10 @@ def test_dropping_a_lane_that_is_no_standby_changes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize(("content", "detail"), [
-    (b"{", "Invalid JSON"),
-    (json.dumps({"version": 2}).encode(), "version: Input should be 1"),
+    (b"{", "not JSON: Expecting property name"),
+    (b"[]", "expected a JSON object, got list"),
+    (json.dumps({"version": "1"}).encode(), "version must be 1, got '1'"),
+    (json.dumps({"version": 2}).encode(), "version 2, written by a newer lanectl"),
     (json.dumps({"version": 1, "standbys": [{"lane": "a"}]}).encode(), "standbys.0.since: Field required"),
     (json.dumps({"version": 1, "extra": 1}).encode(), "extra: Extra inputs are not permitted"),
 ])

@@ -7,8 +7,9 @@ coercion (`"1"` is not a number, `1` is not true), no unknown keys.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,3 +40,44 @@ def describe_invalid(error: ValidationError) -> str:
         problems.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
     more = error.error_count() - len(problems)
     return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class NewerVersion(ValueError):
+    """The file names a version above the one this lanectl reads: written by a newer lanectl."""
+
+    def __init__(self, version: int):
+        super().__init__(f"version {version}, written by a newer lanectl")
+        self.version = version
+
+
+def parse_state_file(raw: bytes, model: type[Model], limit: int, what: str, *, version: int | None = None) -> Model:
+    """`raw` (a state file's bytes, as `read_state_file` returns them) as a `model`; ValueError saying what is
+    wrong when it is not one: its size, encoding, JSON, shape, `version` (when given; NewerVersion when above
+    it, so a newer lanectl's file is refused as such, not as wrong-shaped), then each invalid field.
+    `what` names the kind of file in the size error."""
+    if len(raw) > limit:
+        raise ValueError(f"more than the {limit} bytes a {what} can hold")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: [[[[…]]]] nested past Python's limit
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    if version is not None:
+        found = data.get("version")
+        if type(found) is int and found > version:
+            raise NewerVersion(found)
+        if type(found) is not int or found != version:
+            raise ValueError(f"version must be {version}, got {found!r}")
+    try:
+        # From the text, not `data`: strict JSON-mode validation takes a list for a tuple field.
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise ValueError(describe_invalid(exc)) from None

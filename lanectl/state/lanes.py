@@ -16,11 +16,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
-
 from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import StateFileModel, Timestamp, describe_invalid
+from lanectl.state.file_model import NewerVersion, StateFileModel, Timestamp, parse_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 
@@ -127,26 +125,12 @@ class LaneStateStore:
             raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
         if raw is None:
             return LaneState()
-        if len(raw) > MAX_STATE_BYTES:
-            raise StateFileCorrupt(self.path, f"more than the {MAX_STATE_BYTES} bytes a lane state can hold")
         try:
-            data = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise StateFileCorrupt(self.path, f"not UTF-8 text (byte {exc.start})") from exc
-        except (ValueError, RecursionError) as exc:  # RecursionError: [[[[…]]]] nested past Python's limit
-            raise StateFileCorrupt(self.path, f"not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise StateFileCorrupt(self.path, f"expected a JSON object, got {type(data).__name__}")
-        # The version is looked at first: a newer lanectl's file is refused as such, not as wrong-shaped.
-        version = data.get("version")
-        if type(version) is int and version > STATE_VERSION:
-            raise StateFileCorrupt(self.path, f"version {version}", newer_version=version)
-        if type(version) is not int or version != STATE_VERSION:
-            raise StateFileCorrupt(self.path, f"version must be {STATE_VERSION}, got {version!r}")
-        try:
-            return LaneState.model_validate_json(raw)
-        except ValidationError as exc:
-            raise StateFileCorrupt(self.path, describe_invalid(exc)) from exc
+            return parse_state_file(raw, LaneState, MAX_STATE_BYTES, "lane state", version=STATE_VERSION)
+        except NewerVersion as exc:
+            raise StateFileCorrupt(self.path, str(exc), newer_version=exc.version) from exc
+        except ValueError as exc:
+            raise StateFileCorrupt(self.path, str(exc)) from exc
 
     def save(self, state: LaneState) -> None:
         self._write(state)

@@ -16,10 +16,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
 from lanectl.state.atomic import write_atomically
+from lanectl.state.file_model import parse_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 
@@ -109,14 +110,10 @@ class StandbyStore:
             raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
         if raw is None:
             return StandbyState()
-        if len(raw) > MAX_STANDBY_BYTES:
-            raise StandbyFileCorrupt(self.path, f"more than {MAX_STANDBY_BYTES} bytes")
         try:
-            return StandbyState.model_validate_json(raw)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in first["loc"]) or "the file"
-            raise StandbyFileCorrupt(self.path, f"{where}: {first['msg']}") from exc
+            return parse_state_file(raw, StandbyState, MAX_STANDBY_BYTES, "standby record", version=1)
+        except ValueError as exc:
+            raise StandbyFileCorrupt(self.path, str(exc)) from exc
 
     def update(self, change: Callable[[StandbyState], StandbyState]) -> StandbyState:
         state = change(self.load())

@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import StateFileModel, Timestamp, describe_invalid
+from lanectl.state.file_model import StateFileModel, Timestamp, parse_state_file
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 from lanectl.watchdog.policy import WatchdogMemory
 
@@ -94,16 +94,7 @@ class WatchdogRecord:
 
 def parse_watchdog_file(raw: bytes) -> WatchdogRecord:
     """The record in `raw`; ValueError saying where and what when it is not a valid watchdog.json."""
-    if len(raw) > MAX_STATE_BYTES:
-        raise ValueError(f"{len(raw)} bytes, more than the {MAX_STATE_BYTES} a watchdog.json can hold")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
-    try:
-        parsed = WatchdogFile.model_validate_json(text)
-    except ValidationError as exc:
-        raise ValueError(describe_invalid(exc)) from None
+    parsed = parse_state_file(raw, WatchdogFile, MAX_STATE_BYTES, "watchdog.json")
     data = parsed.model_dump()
     remembered = data.pop("memory")
     memory = WatchdogMemory(**{**remembered, "restarts": tuple(remembered["restarts"])})
