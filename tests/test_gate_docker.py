@@ -83,7 +83,8 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     code, report = gate(lanes, state, "t-fast", "--promote", "--out", str(tmp_path / "results"))
     assert code == 0 and report["verdict"] == "pass", report["reasons"]
     assert {c["verdict"] for c in report["cells"].values()} == {"pass"}
-    assert all(1.15 < c["ratio"] < 1.35 for c in report["cells"].values()), {k: (c["ratio"], c["low"], c["high"], c["arms"]) for k, c in report["cells"].items()}
+    figures = {k: (c["ratio"], c["low"], c["high"], c["arms"]) for k, c in report["cells"].items()}
+    assert all(1.15 < c["ratio"] < 1.35 for c in report["cells"].values()), figures
     assert all(1.15 < c["low"] <= c["ratio"] <= c["high"] < 1.35 for c in report["cells"].values()), report["cells"]
     fid = report["fidelity"]
     assert (fid["method"], fid["confident_flips"], fid["confident_flips_bar"]) == ("teacher-forced", 0, 0)
