@@ -8,14 +8,18 @@ import pytest
 
 from lanectl.bench.stats import (
     CellVerdict,
-    Divergence,
-    FidelityReport,
+    Flip,
+    ForcedFidelity,
+    ForcedPosition,
+    RatioInterval,
     TokenChoice,
     Verdict,
+    bootstrap_ratio,
+    calibrate,
     cell_verdict,
-    fidelity,
     fidelity_verdict,
     percentile,
+    teacher_forced,
 )
 
 # -- percentiles ----------------------------------------------------------------------------------
@@ -42,85 +46,126 @@ def test_percentile_rejects_nothing_and_out_of_range() -> None:
         percentile([1.0], 101)
 
 
-# -- the A/B/A verdict ----------------------------------------------------------------------------
+# -- the verdict from an interval ---------------------------------------------------------------
 
 
 def test_release_note_4_splits_pass() -> None:
-    v = cell_verdict(467.5, 467.5, 484.5, 1.025)
+    v = cell_verdict(484.5 / 467.5, 1.030, 1.042, 1.025)
     assert v.verdict is Verdict.PASS
-    assert v.band == 0.0
     assert round(v.ratio, 3) == 1.036
-    assert str(v) == "pass: 1.036x against a bar of 1.025x (noise band ±0.000)"
+    assert str(v) == "pass: 1.036x against a bar of 1.025x (95% interval 1.030-1.042)"
 
 
 def test_release_note_8_splits_do_not_pass() -> None:
-    v = cell_verdict(467.5, 467.5, 477.8, 1.025)
-    assert round(v.ratio, 3) == 1.022
-    assert v.verdict is Verdict.INCONCLUSIVE  # a gain, but short of the bar: not promoted, not a loss
+    # 1.022x: a gain, but short of the bar even with no noise at all: not promoted, not a loss.
+    assert cell_verdict(1.022, 1.022, 1.022, 1.025).verdict is Verdict.INCONCLUSIVE
 
 
-def test_ratio_exactly_at_the_bar_passes() -> None:
-    assert cell_verdict(400.0, 400.0, 410.0, 1.025).verdict is Verdict.PASS
+def test_the_low_end_exactly_at_the_bar_passes() -> None:
+    assert cell_verdict(1.03, 1.025, 1.035, 1.025).verdict is Verdict.PASS
+    assert cell_verdict(1.03, 1.0249, 1.035, 1.025).verdict is Verdict.INCONCLUSIVE
 
 
-def test_band_is_the_controls_drift() -> None:
-    v = cell_verdict(460.0, 475.0, 484.5, 1.025)
-    assert v.band == pytest.approx(15.0 / 467.5)
-    assert v.ratio == pytest.approx(484.5 / 467.5)
+def test_a_gain_whose_interval_reaches_below_the_bar_is_inconclusive() -> None:
+    assert cell_verdict(1.036, 1.004, 1.068, 1.025).verdict is Verdict.INCONCLUSIVE
 
 
-def test_a_gain_inside_the_noise_is_inconclusive() -> None:
-    # 1.036x, but the controls moved 3.2%: the true ratio may be anywhere in 1.004..1.068.
-    v = cell_verdict(460.0, 475.0, 484.5, 1.025)
-    assert v.verdict is Verdict.INCONCLUSIVE
-
-
-def test_pass_needs_the_bar_at_the_pessimistic_end() -> None:
-    # band 1% (465.15 / 469.85 around 467.5): 1.036 - 0.010 = 1.026 >= 1.025
-    assert cell_verdict(465.1625, 469.8375, 484.5, 1.025).verdict is Verdict.PASS
-    # band 2%: 1.036 - 0.020 = 1.016 < 1.025 <= 1.056
-    assert cell_verdict(462.825, 472.175, 484.5, 1.025).verdict is Verdict.INCONCLUSIVE
-
-
-def test_fail_needs_a_loss_as_large_as_the_bar_at_the_optimistic_end() -> None:
-    # floor = 1 / 1.025 = 0.9756. 0.95 with a 0.2% band: 0.952 < 0.9756
-    assert cell_verdict(467.0325, 467.9675, 444.125, 1.025).verdict is Verdict.FAIL
-    # 0.97 with a 1% band: 0.98 >= 0.9756, so the loss is inside the noise
-    assert cell_verdict(465.1625, 469.8375, 453.475, 1.025).verdict is Verdict.INCONCLUSIVE
-    # as fast as the controls: neither a gain nor a loss
-    assert cell_verdict(467.5, 467.5, 467.5, 1.025).verdict is Verdict.INCONCLUSIVE
-
-
-def test_lower_is_better_inverts_the_ratio() -> None:
-    # ms/step: controls 11.10, candidate 10.67 -> 1.040x better
-    v = cell_verdict(11.10, 11.10, 10.67, 1.025, higher_is_better=False)
-    assert v.ratio == pytest.approx(11.10 / 10.67)
-    assert v.verdict is Verdict.PASS
-    assert cell_verdict(11.10, 11.10, 11.20, 1.0, higher_is_better=False).verdict is Verdict.FAIL
+def test_fail_needs_the_whole_interval_below_the_floor() -> None:
+    # floor = 1 / 1.025 = 0.9756
+    assert cell_verdict(0.95, 0.948, 0.952, 1.025).verdict is Verdict.FAIL
+    assert cell_verdict(0.97, 0.96, 0.98, 1.025).verdict is Verdict.INCONCLUSIVE  # the loss is inside the noise
+    assert cell_verdict(1.0, 1.0, 1.0, 1.025).verdict is Verdict.INCONCLUSIVE  # neither gain nor loss
 
 
 def test_a_no_regression_bar_below_one() -> None:
     # tool_json at 1 user in the release note: 0.992x; a "no worse than 2%" bar passes it.
-    assert cell_verdict(100.0, 100.0, 99.2, 0.98).verdict is Verdict.PASS
-    assert cell_verdict(100.0, 100.0, 97.0, 0.98).verdict is Verdict.FAIL
+    assert cell_verdict(0.992, 0.99, 0.994, 0.98).verdict is Verdict.PASS
+    assert cell_verdict(0.97, 0.968, 0.972, 0.98).verdict is Verdict.FAIL
 
 
 def test_a_candidate_that_measured_nothing_fails() -> None:
-    assert cell_verdict(467.5, 467.5, 0.0, 1.025) == CellVerdict(ratio=0.0, band=0.0, bar=1.025, verdict=Verdict.FAIL)
+    assert cell_verdict(0.0, 0.0, 0.0, 1.025) == CellVerdict(ratio=0.0, low=0.0, high=0.0, bar=1.025,
+                                                            verdict=Verdict.FAIL)
 
 
 def test_nonsense_figures_are_refused() -> None:
-    with pytest.raises(ValueError, match="controls measured nothing"):
-        cell_verdict(0.0, 0.0, 10.0, 1.025)
-    with pytest.raises(ValueError, match="candidate must be a finite figure"):
-        cell_verdict(1.0, 1.0, math.nan, 1.025)
-    with pytest.raises(ValueError, match="control_first must be a finite figure"):
-        cell_verdict(-1.0, 1.0, 1.0, 1.025)
-    with pytest.raises(ValueError, match="lower-is-better"):
-        cell_verdict(11.1, 11.1, 0.0, 1.025, higher_is_better=False)
+    with pytest.raises(ValueError, match="ratio must be a finite figure"):
+        cell_verdict(math.nan, 1.0, 1.0, 1.025)
+    with pytest.raises(ValueError, match="must hold the ratio"):
+        cell_verdict(1.1, 1.0, 1.05, 1.025)
 
 
-# -- fidelity -------------------------------------------------------------------------------------
+# -- the bootstrap --------------------------------------------------------------------------------
+
+
+def test_arms_without_spread_give_the_ratio_exactly() -> None:
+    interval = bootstrap_ratio([[100.0] * 6, [100.0] * 6], [[125.0] * 6], resamples=50)
+    assert (interval.ratio, interval.low, interval.high) == (1.25, 1.25, 1.25)
+    assert len(interval.replicates) == 50
+
+
+def test_drift_between_the_control_arms_widens_the_interval_to_its_ends() -> None:
+    # No request-to-request noise: a replicate draws the control arms {A1, A1}, {A1, A2} or {A2, A2}, so its
+    # ratio is 110/100, 110/105 or 110/110, the ends drawn a quarter of the time each.
+    interval = bootstrap_ratio([[100.0] * 5, [110.0] * 5], [[110.0] * 5], resamples=2000, seed=1)
+    assert interval.ratio == pytest.approx(110 / 105)
+    assert (interval.low, interval.high) == (1.0, 1.1)
+    assert set(interval.replicates) == {1.1, 110 / 105, 1.0}
+    assert interval.replicates.count(1.0) == pytest.approx(500, abs=70)
+
+
+def test_the_bootstrap_is_seeded() -> None:
+    controls = [[100.0 + (i * 7) % 13 for i in range(20)], [101.0 + (i * 5) % 11 for i in range(20)]]
+    candidate = [[104.0 + (i * 3) % 17 for i in range(20)]]
+    first = bootstrap_ratio(controls, candidate)
+    assert first == bootstrap_ratio(controls, candidate)
+    assert first.replicates != bootstrap_ratio(controls, candidate, seed=2).replicates
+    assert len(first.replicates) == 2000
+    assert first.low < first.ratio < first.high
+    # 2.5th and 97.5th percentiles of the replicates, as the docstring states.
+    assert (first.low, first.high) == (percentile(first.replicates, 2.5), percentile(first.replicates, 97.5))
+
+
+def test_more_requests_narrow_the_interval() -> None:
+    def width(n: int) -> float:
+        noisy = [[100.0 + (i * 37) % 21 - 10 for i in range(n)] for _ in range(2)]
+        interval = bootstrap_ratio(noisy, [[x * 1.05 for x in noisy[0]]])
+        return interval.high - interval.low
+
+    assert width(400) < width(25) / 2
+
+
+def test_the_bootstrap_refuses_empty_arms_and_a_zero_control() -> None:
+    with pytest.raises(ValueError, match="at least one request"):
+        bootstrap_ratio([[1.0], []], [[1.0]])
+    with pytest.raises(ValueError, match="measured nothing"):
+        bootstrap_ratio([[0.0]], [[1.0]])
+
+
+# -- calibration ----------------------------------------------------------------------------------
+
+
+def test_calibration_counts_replicates_at_or_above_the_bar_and_the_worst_cell_decides() -> None:
+    cells = [
+        RatioInterval(ratio=1.0, low=0.99, high=1.01, replicates=(0.99, 1.0, 1.01, 1.025)),
+        RatioInterval(ratio=1.0, low=0.96, high=1.03, replicates=(0.96, 1.0, 1.03, 1.0)),
+    ]
+    found = calibrate(cells, 1.025)
+    assert found.false_promotion_rate == 2 / 8  # 1.025 (at the bar) and 1.03
+    assert found.cells_passed == 0
+    assert found.detectable_ratio == pytest.approx(1.025 / 0.96)
+    assert found.detectable_gain == pytest.approx(1 / 0.96 - 1)
+    assert found.within(0.25) and not found.within(0.2)
+
+
+def test_a_cell_whose_interval_cleared_the_bar_is_a_false_promotion_whatever_the_rate() -> None:
+    cells = [RatioInterval(ratio=1.03, low=1.026, high=1.034, replicates=(1.0,) * 99 + (1.03,))]
+    found = calibrate(cells, 1.025)
+    assert (found.cells_passed, found.false_promotion_rate) == (1, 0.01)
+    assert not found.within(0.05)
+
+
+# -- teacher-forced fidelity ----------------------------------------------------------------------
 
 
 def choice(token: str, p: float, **others: float) -> TokenChoice:
@@ -128,59 +173,54 @@ def choice(token: str, p: float, **others: float) -> TokenChoice:
     return TokenChoice(token=token, logprob=math.log(p), top=top)
 
 
-def test_identical_runs_do_not_diverge() -> None:
-    run = {0: [choice("a", 0.95), choice("b", 0.5, c=0.3)], 1: [choice("x", 0.99)]}
-    report = fidelity(run, run)
-    assert report == FidelityReport(prompts=2, positions=3, length_mismatches=0, divergences=())
-    assert report.confident_flips == 0
-    assert report.weighted_divergence == 0.0
+def forced(token: str, top: str | None = None) -> ForcedPosition:
+    return ForcedPosition(token=token, logprob=math.log(0.9), top_token=top or token, top_logprob=math.log(0.9))
 
 
-def test_only_the_first_divergence_of_a_prompt_counts() -> None:
-    control = {"p": [choice("a", 0.95), choice("b", 0.95, c=0.03), choice("d", 0.99), choice("e", 0.99)]}
-    candidate = {"p": [choice("a", 0.95), choice("c", 0.6), choice("q", 0.9), choice("r", 0.9)]}
-    report = fidelity(control, candidate)
-    assert report.positions == 2  # up to and including the first flip; later positions are another text
-    (d,) = report.divergences
-    assert (d.prompt, d.position, d.control_token, d.candidate_token) == ("p", 1, "b", "c")
-    assert d.confident
-    assert d.control_p == pytest.approx(0.95)
-    assert d.weight == pytest.approx(0.95 - 0.03)
-    assert report.confident_flips == 1
+def test_an_arm_that_agrees_everywhere_has_no_flips() -> None:
+    reference = {0: [choice("a", 0.95), choice("b", 0.5, c=0.3)], 1: [choice("x", 0.99)]}
+    report = teacher_forced(reference, {0: [forced("a"), forced("b")], 1: [forced("x")]})
+    assert report == ForcedFidelity(prompts=2, positions=3, unscored=0, flips=())
+    assert (report.confident_flips, report.weighted_divergence) == (0, 0.0)
 
 
-def test_weight_and_confidence_follow_the_controls_probabilities() -> None:
-    control = {
+def test_every_position_counts_not_only_the_first_difference() -> None:
+    reference = {"p": [choice("a", 0.95), choice("b", 0.95, c=0.03), choice("d", 0.99), choice("e", 0.99)]}
+    scored = {"p": [forced("a"), forced("b", "c"), forced("d", "q"), forced("e", "r")]}
+    report = teacher_forced(reference, scored)
+    assert report.positions == 4
+    assert [(f.position, f.reference_token, f.scored_token) for f in report.flips] == [
+        (1, "b", "c"), (2, "d", "q"), (3, "e", "r")]
+    assert report.confident_flips == 3  # first-divergence counting would have seen one
+    assert [round(f.weight, 10) for f in report.flips] == [0.92, 0.99, 0.99]
+
+
+def test_weight_and_confidence_follow_the_references_probabilities() -> None:
+    reference = {
         0: [choice("a", 0.5, b=0.45)],  # a near tie: not confident, weight 0.05
-        1: [choice("a", 0.95)],  # sure, and the candidate's token is not in its top: weight 0.95
+        1: [choice("a", 0.95)],  # sure, and the scored arm's top is not in its top: weight 0.95
         2: [choice("a", 0.89, b=0.1)],  # just under the confidence line
     }
-    candidate = {0: [choice("b", 0.5)], 1: [choice("z", 0.7)], 2: [choice("b", 0.6)]}
-    report = fidelity(control, candidate)
-    assert [d.confident for d in report.divergences] == [False, True, False]
-    assert [round(d.weight, 10) for d in report.divergences] == [0.05, 0.95, 0.79]
+    scored = {0: [forced("a", "b")], 1: [forced("a", "z")], 2: [forced("a", "b")]}
+    report = teacher_forced(reference, scored)
+    assert [f.confident for f in report.flips] == [False, True, False]
+    assert [round(f.weight, 10) for f in report.flips] == [0.05, 0.95, 0.79]
     assert report.confident_flips == 1
     assert report.weighted_divergence == pytest.approx(1.79)
 
 
-def test_only_shared_prompts_are_compared_and_lengths_are_noted() -> None:
-    control = {0: [choice("a", 0.9), choice("b", 0.9)], 1: [choice("a", 0.9)], 2: [choice("a", 0.9)]}
-    candidate = {0: [choice("a", 0.9)], 1: [choice("a", 0.9)], 3: [choice("a", 0.9)]}
-    report = fidelity(control, candidate)
-    assert report.prompts == 2
-    assert report.positions == 2
-    assert report.length_mismatches == 1
-    assert report.divergences == ()
+def test_scores_that_do_not_line_up_are_unscored_not_flips() -> None:
+    reference = {0: [choice("a", 0.9), choice("b", 0.9)], 1: [choice("a", 0.9)], 2: [choice("a", 0.9)]}
+    scored = {0: [forced("a")], 1: [forced("x", "x")], 3: [forced("a")]}  # 0: too short; 1: another token forced
+    report = teacher_forced(reference, scored)
+    assert (report.prompts, report.positions, report.unscored, report.flips) == (0, 0, 2, ())
 
 
-def test_fidelity_verdict_uses_the_controls_as_the_bar() -> None:
-    def report(flips: int, weights: list[float]) -> FidelityReport:
-        divs = tuple(
-            Divergence(prompt=i, position=0, control_token="a", control_p=0.95 if i < flips else 0.5,
-                       candidate_token="b", weight=w, confident=i < flips)
-            for i, w in enumerate(weights)
-        )
-        return FidelityReport(prompts=len(weights), positions=len(weights), length_mismatches=0, divergences=divs)
+def test_fidelity_verdict_uses_the_controls_as_the_bar_and_allows_no_agent_flip() -> None:
+    def report(flips: int, weights: list[float]) -> ForcedFidelity:
+        found = tuple(Flip(prompt=i, position=0, reference_token="a", reference_p=0.95 if i < flips else 0.5,
+                           scored_token="b", weight=w, confident=i < flips) for i, w in enumerate(weights))
+        return ForcedFidelity(prompts=len(weights), positions=len(weights), unscored=0, flips=found)
 
     controls = report(4, [0.8, 0.8, 0.8, 0.792])  # 4 flips, weighted 3.192
     shipped = report(4, [0.7, 0.7, 0.7, 0.684])  # 4 flips, weighted 2.784
@@ -188,5 +228,6 @@ def test_fidelity_verdict_uses_the_controls_as_the_bar() -> None:
     assert round(controls.weighted_divergence, 3) == 3.192
     assert round(shipped.weighted_divergence, 3) == 2.784
     assert fidelity_verdict(shipped, controls) is Verdict.PASS
+    assert fidelity_verdict(shipped, controls, agent_confident_flips=1) is Verdict.FAIL
     assert fidelity_verdict(eight_splits, controls) is Verdict.FAIL
     assert fidelity_verdict(report(3, [0.9, 0.9, 0.9, 0.9]), controls) is Verdict.FAIL  # 3.6 > 3.192

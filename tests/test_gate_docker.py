@@ -29,8 +29,16 @@ CANDIDATES = """
     description: fast, but changes a confident token every 5 positions
     engine:
       env: {STUB_DECODE_TOKENS_PER_S: "125", STUB_FLIP_EVERY: "5"}
+  t-late:
+    description: fast, but its prefill flips every confident token from position 24 of a text on
+    engine:
+      env: {STUB_DECODE_TOKENS_PER_S: "125", STUB_PREFILL_FLIP_FROM: "24"}
+  t-short:
+    description: a recipe that caps the context at 2048 tokens (never built; refused before it would be)
+    engine:
+      args: [/model, --served-model-name, demo-model, --max-model-len, "2048", --host, 0.0.0.0, --port, "8000"]
 """
-LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip"]
+LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late"]
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +83,25 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     code, report = gate(lanes, state, "t-fast", "--promote", "--out", str(tmp_path / "results"))
     assert code == 0 and report["verdict"] == "pass", report["reasons"]
     assert {c["verdict"] for c in report["cells"].values()} == {"pass"}
-    assert all(1.15 < c["ratio"] < 1.35 for c in report["cells"].values()), report["cells"]
-    assert report["fidelity"]["confident_flips"] == 0
+    figures = {k: (c["ratio"], c["low"], c["high"], c["arms"]) for k, c in report["cells"].items()}
+    assert all(1.15 < c["ratio"] < 1.35 for c in report["cells"].values()), figures
+    assert all(1.15 < c["low"] <= c["ratio"] <= c["high"] < 1.35 for c in report["cells"].values()), report["cells"]
+    fid = report["fidelity"]
+    assert (fid["method"], fid["confident_flips"], fid["confident_flips_bar"]) == ("teacher-forced", 0, 0)
+    assert fid["positions"] == 4 * 32 and fid["unscored"] == 0  # every position of every prompt scored
     assert report["promoted"] == "t-fast" and active(lanes, state) == "t-fast"
     run_dir = Path(report["run_dir"])
     assert (run_dir / "ratios.png").stat().st_size > 1000
     again = lanes.cli("report", str(run_dir), state=state, check=True)
     assert "verdict: PASS" in again.stdout
+    # The text shows the per-cell intervals and the teacher-forced fidelity, per class.
+    shown = again.stdout.splitlines()
+    cell = report["cells"]["code@4"]
+    assert any(row.startswith("code@4 ") and f"{cell['low']:.3f}-{cell['high']:.3f}" in row and row.endswith("pass")
+               for row in shown), shown
+    assert ("fidelity (teacher-forced on control-1's outputs, every position): pass: 0 confident flips (bar 0), "
+            "weighted divergence 0.000 (bar 0.000) over 128 positions of 4 prompts") in shown
+    assert "  code: 0 confident flips (bar 0), weighted 0.000 (bar 0.000)" in shown
     history = lanes.cli("history", "--json", state=state, check=True)
     gates = [r for r in json.loads(history.stdout)["data"]["records"] if r["kind"] == "gate"]
     assert gates and gates[-1]["verdict"] == "pass" and gates[-1]["promoted"] == "t-fast"
@@ -112,6 +132,50 @@ def test_altered_tokens_show_confident_flips_and_fail_fidelity(lanes, state):
     code, report = gate(lanes, state, "t-flip")
     assert report["fidelity"]["confident_flips"] > report["fidelity"]["confident_flips_bar"] == 0
     assert code == 1 and report["verdict"] == "fail"
+
+
+def first_divergence_passes(control: dict[str, list[str]], candidate: dict[str, list[str]]) -> bool:
+    """The rule the gate used before teacher forcing, on the arms' greedy tokens: compare each prompt's outputs
+    up to its first difference; with identical controls (a bar of 0 flips) it passes only with none."""
+    return all(next((i for i, (a, b) in enumerate(zip(tokens, candidate[key], strict=True)) if a != b), None) is None
+               for key, tokens in control.items())
+
+
+def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passed_it(lanes, state):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    code, report = gate(lanes, state, "t-late", "--order", "ABBA")
+    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate-1", "candidate-2", "control-2"]
+    greedy = {a["arm"]: a["greedy"] for a in report["arms"]}
+    assert first_divergence_passes(greedy["control-1"], greedy["candidate-1"])  # the old rule: no flip at all
+    fid = report["fidelity"]
+    assert fid["confident_flips_bar"] == 0 and fid["confident_flips"] > 4 * 4  # several per prompt, not one
+    assert code == 1 and report["verdict"] == "fail"
+    assert any(r.startswith(f"fidelity: {fid['confident_flips']} confident flips (bar 0)") for r in report["reasons"])
+    assert all(c["verdict"] == "pass" for c in report["cells"].values())  # fast, yet not promotable
+
+
+def test_calibrate_runs_the_control_against_itself(lanes, state):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "demo-h1", "--calibrate", "--workload", "gate-test", "--concurrency", "1,4",
+                       "--no-gpu", state=state, timeout=600,
+                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    [line] = [row for row in result.stdout.splitlines() if row.startswith("calibration (ABA of one lane)")]
+    rate = float(line.split("false-promotion rate ")[1].split()[0])
+    assert rate <= 0.05 and "(allowed 0.05), 0 of 4 cells passed the bar" in line
+    assert active(lanes, state) == "demo-h1"
+
+
+def test_a_context_beyond_max_model_len_is_refused_before_any_arm(lanes, state, tmp_path):
+    workload = tmp_path / "long.yaml"
+    workload.write_text((Path(__file__).parent / "data" / "gate-workload.yaml").read_text()
+                        + "context_lengths: [0, 4096]\n")
+    result = lanes.cli("gate", "t-short", "--control", "demo-h1", "--workload", str(workload), "--no-gpu",
+                       state=state)
+    assert result.returncode == 2
+    assert f"{workload}:14:22: context_lengths[1]: 4096 tokens + max_tokens 32 exceed t-short's --max-model-len 2048" \
+        in result.stderr
+    assert not (state / "journal.jsonl").exists() and active(lanes, state) is None
 
 
 def test_bench_measures_the_serving_lane(lanes, state, tmp_path):

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 import httpx
 import pytest
 
-from lanectl.bench.loadgen import ArmResult, run_arm
-from lanectl.bench.stats import CONFIDENT_P, fidelity
+from lanectl.bench.loadgen import ArmResult, make_client, run_arm, score_continuation
+from lanectl.bench.stats import CONFIDENT_P, teacher_forced
 from lanectl.bench.workload import load_workload
 from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port, metric
 from tests.test_workload import WORKLOADS
@@ -236,27 +236,32 @@ def fidelity_run(url: str, prompts: list[str]) -> dict[int, tuple]:
     return arm.choices_by_prompt()
 
 
-def test_fidelity_between_stubs(spawn: Spawn) -> None:
+def forced_run(url: str, prompts: list[str], reference: dict[int, tuple]) -> dict[int, tuple]:
+    with make_client(1) as client:
+        scored = {i: score_continuation(client, url, MODEL_NAME, prompts[i], [c.token for c in reference[i]])
+                  for i in reference}
+    assert not [s for s in scored.values() if isinstance(s, str)], scored
+    return scored
+
+
+def test_teacher_forced_fidelity_between_stubs(spawn: Spawn) -> None:
     prompts = load_workload(WORKLOADS / "coding.yaml").prompts("tool_json")
     rate = {"STUB_DECODE_TOKENS_PER_S": "1000"}
-    control = fidelity_run(spawn({**rate, "STUB_TOKEN_SEED": "0"}).url, prompts)
-    same = fidelity_run(spawn({**rate, "STUB_TOKEN_SEED": "0"}).url, prompts)
-    other_seed = fidelity_run(spawn({**rate, "STUB_TOKEN_SEED": "7"}).url, prompts)
-    flipping = fidelity_run(spawn({**rate, "STUB_FLIP_EVERY": "4"}).url, prompts)
+    control = spawn({**rate, "STUB_TOKEN_SEED": "0"})
+    reference = fidelity_run(control.url, prompts)
 
-    unchanged = fidelity(control, same)
-    assert (unchanged.prompts, unchanged.positions, unchanged.confident_flips) == (len(prompts), 16 * len(prompts), 0)
-    assert unchanged.divergences == ()
+    same = teacher_forced(reference, forced_run(spawn({**rate, "STUB_TOKEN_SEED": "0"}).url, prompts, reference))
+    assert (same.prompts, same.positions, same.unscored, same.flips) == (len(prompts), 16 * len(prompts), 0, ())
+    # The reference lane scoring its own outputs agrees with them everywhere: prefill meets what decode met.
+    assert teacher_forced(reference, forced_run(control.url, prompts, reference)).flips == ()
 
-    changed = fidelity(control, other_seed)
-    assert changed.prompts == len(prompts)
-    assert changed.confident_flips > 0
-    assert len(changed.divergences) == len(prompts)  # a new seed changes nearly every token
+    other_seed = teacher_forced(reference, forced_run(spawn({**rate, "STUB_TOKEN_SEED": "7"}).url, prompts,
+                                                      reference))
+    assert other_seed.confident_flips > len(prompts) * 8  # another model: nearly every position differs
 
-    # STUB_FLIP_EVERY=4 emits the control's runner-up at every 4th position where it is confident.
-    flips = fidelity(control, flipping)
-    assert flips.confident_flips == len(flips.divergences) > 0
-    for d in flips.divergences:
-        assert d.position % 4 == 3
-        assert d.control_p >= CONFIDENT_P
-        assert d.candidate_token in control[d.prompt][d.position].top
+    # STUB_FLIP_EVERY=4: the runner-up wins at every 4th position of the text where the model is sure.
+    flips = teacher_forced(reference, forced_run(spawn({**rate, "STUB_FLIP_EVERY": "4"}).url, prompts, reference))
+    assert flips.confident_flips == len(flips.flips) > len(prompts)
+    for f in flips.flips:
+        assert f.reference_p >= CONFIDENT_P
+        assert f.scored_token in reference[f.prompt][f.position].top

@@ -15,12 +15,14 @@ from lanectl.bench.plot import PLOT_EXTRA, plot
 
 REPORT = {
     "candidate": "h2-REF", "control": "h1-REF", "bar": 1.025, "verdict": "pass", "promoted": None,
-    "reasons": ["every cell passes the bar and the controls' noise"], "fidelity": {},
+    "order": "ABA", "reasons": ["every cell passes the bar at the low end of its interval"], "fidelity": {},
     "cells": {
-        "coding/c1": {"control_first": 100.0, "candidate": 110.0, "control_last": 101.0, "ratio": 1.095,
-                      "band": 0.01, "verdict": "pass"},
-        "coding/c8": {"control_first": 700.0, "candidate": 760.0, "control_last": 702.0, "ratio": 1.084,
-                      "band": 0.003, "verdict": "pass"},
+        "coding@1": {"class": "coding", "concurrency": 1, "context": 0, "ratio": 1.095, "low": 1.08, "high": 1.11,
+                     "arms": {"control-1": 100.0, "candidate": 110.0, "control-2": 101.0}, "verdict": "pass",
+                     "decode_ratio": 1.1, "prompt_ratio": 1.01, "ttft_ratio": 0.99},
+        "coding@8/64K": {"class": "coding", "concurrency": 8, "context": 65536, "ratio": 1.084, "low": 1.06,
+                         "high": 1.1, "arms": {"control-1": 700.0, "candidate": 760.0, "control-2": 702.0},
+                         "verdict": "pass", "decode_ratio": 1.09, "prompt_ratio": None, "ttft_ratio": 1.0},
     },
 }
 
@@ -42,15 +44,30 @@ def run_dir(tmp_path: Path) -> Path:
     return folder
 
 
-def report(run_dir: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lanectl", "report", str(run_dir)], capture_output=True, text=True,
-                          env=env, timeout=120)
+def report(run_dir: Path, env: dict[str, str] | None = None, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lanectl", "report", str(run_dir), *extra], capture_output=True,
+                          text=True, env=env, timeout=120)
 
 
 def test_report_without_matplotlib_shows_the_table_and_how_to_get_the_plot(run_dir, tmp_path):
-    result = report(run_dir, without_matplotlib(tmp_path))
+    env = without_matplotlib(tmp_path)
+    result = report(run_dir, env)
     assert result.returncode == 0, result.stderr
-    assert "verdict: PASS (bar 1.025x)" in result.stdout
+    assert "verdict: PASS (bar 1.025x, order ABA)" in result.stdout
+    # The release note's table: per class at each concurrency and context, then each cell's figures.
+    assert result.stdout.splitlines()[:5] == [
+        "candidate / control, per-request tok/s:",
+        "users  context      coding",
+        "    1        0       1.095",
+        "    8    65536       1.084",
+        "cell                     control-1   candidate   control-2  ratio  95% interval decode prompt   TTFT  verdict",
+    ]
+    assert result.stdout.splitlines()[5:7] == [
+        "coding@1                     100.0       110.0       101.0  1.095  1.080-1.110   1.100  1.010  0.990  pass",
+        "coding@8/64K                 700.0       760.0       702.0  1.084  1.060-1.100   1.090      -  1.000  pass",
+    ]
+    as_json = report(run_dir, env, "--json")
+    assert json.loads(as_json.stdout)["data"]["cells"] == REPORT["cells"]
     assert result.stderr == (f"no plot: matplotlib is not installed; `{PLOT_EXTRA}`, then `lanectl report "
                              f"{run_dir}` draws ratios.png\n")
     assert not (run_dir / "ratios.png").exists()

@@ -85,7 +85,7 @@ def test_errors_name_file_line_and_field(tmp_path: Path) -> None:
     assert problems(path) == [
         "w.yaml:3:13: max_tokens: Input should be greater than or equal to 1, got 0",
         "w.yaml:4:1: temprature: unknown key; expected one of: schema, name, description, max_tokens, "
-        "temperature, classes",
+        "temperature, classes, agent_classes, context_lengths",
         "w.yaml:6:10: classes.prose: List should have at least 1 item after validation, not 0",
         "w.yaml:7:16: classes.code[1]: String should have at least 1 character, got ''",
     ]
@@ -151,3 +151,52 @@ def test_prefixes_differ_per_arm_and_keep_the_prompt() -> None:
 def test_prefix_refuses_ids_that_would_blur_it(bad: str) -> None:
     with pytest.raises(ValueError, match="arm id"):
         prefixed("x", bad)
+
+
+def test_agent_classes_and_context_lengths_are_checked_at_their_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        schema: lanectl-workload/v1
+        name: agents
+        max_tokens: 32
+        classes:
+          prose: ["hello"]
+          tool_json: ["call a tool"]
+        agent_classes: [tool_json, tools]
+        context_lengths: [0, 1024, 1024]
+        """)
+    assert problems(path) == [
+        "w.yaml:7:28: agent_classes[1]: 'tools' is not a class of this workload; it has: prose, tool_json",
+        "w.yaml:8:28: context_lengths[2]: 1024 is listed twice",
+    ]
+
+
+def test_a_context_beyond_the_lanes_max_model_len_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        schema: lanectl-workload/v1
+        name: long
+        max_tokens: 32
+        classes:
+          prose: ["hello"]
+        context_lengths:
+          - 0
+          - 4064
+          - 65536
+        """)
+    w = load_workload(path, max_model_len=65568)  # 65536 + 32 fits exactly
+    assert w.context_lengths == [0, 4064, 65536] and load_workload(path).context_lengths == w.context_lengths
+    with pytest.raises(WorkloadInvalid) as info:
+        load_workload(path, shown="w.yaml", max_model_len=4095, lane="demo-h1")
+    assert [str(p) for p in info.value.problems] == [
+        "w.yaml:8:5: context_lengths[1]: 4064 tokens + max_tokens 32 exceed demo-h1's --max-model-len 4095",
+        "w.yaml:9:5: context_lengths[2]: 65536 tokens + max_tokens 32 exceed demo-h1's --max-model-len 4095",
+    ]
+
+
+def test_padding_reaches_the_context_length_and_keeps_the_question_last() -> None:
+    from lanectl.bench.workload import padded
+
+    question = "What is a write-ahead log for?"
+    assert padded(question, 0) == question
+    assert padded(question, 2) == question  # already longer than 2 tokens
+    long = padded(question, 1000)
+    assert len(long.encode()) == 4000 and long.endswith(question)

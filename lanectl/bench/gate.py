@@ -1,28 +1,44 @@
-"""bench and gate: measure a lane, and judge a candidate only through an A/B/A bracket with controls.
+"""bench and gate: measure a lane, and judge a candidate only through a bracket with controls.
 
 The release note's protocol (BRIEF §5): the control lane runs at the start and the end of the
-bracket, the candidate in between; a cell's verdict is the candidate's ratio to the mean of the
-controls against a bar, with the controls' own drift as the noise band; any new Xid line or fatal
-engine line in any arm fails the gate whatever the speed; fidelity at temperature 0 compares the
-tokens chosen, position by position, against the controls' own run-to-run spread.
+bracket, the candidate in between (A/B/A, or A/B/B/A); a cell's verdict is the bootstrap interval of
+the candidate/control ratio of per-request rates against a bar; any new Xid line or fatal engine line
+in any arm fails the gate whatever the speed; fidelity at temperature 0 is teacher-forced: the first
+control arm's greedy continuations are scored, every position, by every other arm, and the candidate
+may drift from them no more than the other control arm did.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lanectl.bench.loadgen import ArmResult, run_arm
-from lanectl.bench.stats import FidelityReport, TokenChoice, Verdict, cell_verdict, fidelity, fidelity_verdict
-from lanectl.bench.workload import Workload, prefixed
+from lanectl.bench.loadgen import ArmResult, make_client, run_arm, score_continuation
+from lanectl.bench.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENT_P,
+    ForcedFidelity,
+    ForcedPosition,
+    RatioInterval,
+    TokenChoice,
+    Verdict,
+    bootstrap_ratio,
+    calibrate,
+    cell_verdict,
+    fidelity_verdict,
+    teacher_forced,
+)
+from lanectl.bench.workload import Workload, padded, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.health.gate import FATAL_ENGINE_LINES
 from lanectl.health.probe import probe_base_url
@@ -30,21 +46,33 @@ from lanectl.host.xid import believed_xid
 from lanectl.lanes.switcher import LaneSwitcher
 from lanectl.recipe.catalog import Lane
 
-# Logprobs asked for in the fidelity pass: enough to find the candidate's token among the control's top.
+# Logprobs asked for in the fidelity pass: enough to find the scored arm's top token among the reference's.
 FIDELITY_TOP_LOGPROBS = 5
 REQUESTS_PER_STREAM = 3
+# Arm orders: A is the control, B the candidate.
+ORDERS = {"ABA": ("control-1", "candidate", "control-2"),
+          "ABBA": ("control-1", "candidate-1", "candidate-2", "control-2")}
+
+
+def cell_key(klass: str, streams: int, context: int) -> str:
+    """`prose@8`, or `prose@8/64K` for a prompt padded to 65536 tokens."""
+    if not context:
+        return f"{klass}@{streams}"
+    return f"{klass}@{streams}/{context // 1024}K" if context % 1024 == 0 else f"{klass}@{streams}/{context}"
 
 
 @dataclass
 class LaneBench:
-    """One arm: every (class, concurrency) cell of a lane, its fidelity pass, and what went wrong."""
+    """One arm: every (class, concurrency, context) cell of a lane, its fidelity pass, and what went wrong."""
 
     lane: str
     arm: str
     image: str
     started: str
-    cells: dict[str, ArmResult] = field(default_factory=dict)  # key "class@concurrency"
-    fidelity_choices: dict[str, tuple[TokenChoice, ...]] = field(default_factory=dict)  # "class#index"
+    cells: dict[str, ArmResult] = field(default_factory=dict)  # key: cell_key()
+    cell_axes: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # key -> (class, concurrency, context)
+    greedy: dict[str, tuple[TokenChoice, ...]] = field(default_factory=dict)  # "class#index": this arm's T=0 output
+    forced: dict[str, tuple[ForcedPosition, ...]] = field(default_factory=dict)  # the reference's, as scored here
     xid_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -53,6 +81,7 @@ class LaneBench:
         return {
             "lane": self.lane, "arm": self.arm, "image": self.image, "started": self.started,
             "cells": {key: _arm_figures(arm) for key, arm in self.cells.items()},
+            "greedy": {key: [c.token for c in choices] for key, choices in self.greedy.items()},
             "xid_lines": self.xid_lines, "fatal_lines": self.fatal_lines, "notes": self.notes,
         }
 
@@ -64,10 +93,13 @@ def _arm_figures(arm: ArmResult) -> dict[str, Any]:
 
 
 def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurrency: list[int], *, arm: str,
-               kernel_log: Any | None, progress: Callable[[str], None] = lambda text: None) -> LaneBench:
+               kernel_log: Any | None, reference: dict[str, tuple[TokenChoice, ...]] | None = None,
+               progress: Callable[[str], None] = lambda text: None) -> LaneBench:
     """Measure the serving lane. Prompts carry a prefix unique to this arm, so a prefix cache warmed by
-    an earlier arm cannot inflate this one (vllm#52884); the fidelity pass sends the bare prompts,
-    the same in every arm, one at a time, with logprobs."""
+    an earlier arm cannot inflate this one (vllm#52884), and are padded to each of the workload's
+    context lengths. The fidelity pass sends the bare prompts, the same in every arm, one at a time at
+    temperature 0 with logprobs; with `reference` (another arm's greedy continuations) it then scores
+    prompt + that continuation with prompt logprobs: teacher forcing."""
     base_url, model = probe_base_url(lane), lane.spec.health.served_model_name
     primary = engine.container(lane.container_name())
     result = LaneBench(lane=lane.name, arm=arm, image=primary.image if primary else "?",
@@ -78,20 +110,36 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
     log_since = time.time()
     arm_id = f"{arm}-{uuid.uuid4().hex[:8]}"
     for klass in workload.classes:
-        prompts = [prefixed(p, arm_id) for p in workload.prompts(klass)]
-        for streams in concurrency:
-            progress(f"{lane.name} [{arm}] {klass} at {streams} stream(s)")
-            requests = max(len(prompts), REQUESTS_PER_STREAM * streams)
-            result.cells[f"{klass}@{streams}"] = run_arm(
-                base_url, model, prompts, concurrency=streams, requests=requests,
-                max_tokens=workload.max_tokens, warmup=min(streams, 2), temperature=workload.temperature,
-                prompt_class=klass)
+        for context in workload.context_lengths:
+            prompts = [prefixed(padded(p, context), arm_id) for p in workload.prompts(klass)]
+            for streams in concurrency:
+                key = cell_key(klass, streams, context)
+                progress(f"{lane.name} [{arm}] {key}")
+                requests = max(len(prompts), REQUESTS_PER_STREAM * streams)
+                result.cells[key] = run_arm(
+                    base_url, model, prompts, concurrency=streams, requests=requests,
+                    max_tokens=workload.max_tokens, warmup=min(streams, 2), temperature=workload.temperature,
+                    prompt_class=klass)
+                result.cell_axes[key] = (klass, streams, context)
         progress(f"{lane.name} [{arm}] {klass}: fidelity pass")
-        fidelity_arm = run_arm(base_url, model, workload.prompts(klass), concurrency=1,
-                               requests=len(workload.prompts(klass)), max_tokens=workload.max_tokens, warmup=0,
-                               logprobs=FIDELITY_TOP_LOGPROBS, temperature=0.0, prompt_class=klass)
+        bare = workload.prompts(klass)
+        fidelity_arm = run_arm(base_url, model, bare, concurrency=1, requests=len(bare),
+                               max_tokens=workload.max_tokens, warmup=0, logprobs=FIDELITY_TOP_LOGPROBS,
+                               temperature=0.0, prompt_class=klass)
         for index, choices in fidelity_arm.choices_by_prompt().items():
-            result.fidelity_choices[f"{klass}#{index}"] = choices
+            result.greedy[f"{klass}#{index}"] = choices
+        if reference is not None:
+            with make_client(1) as client:
+                for index, prompt in enumerate(bare):
+                    continuation = reference.get(f"{klass}#{index}")
+                    if not continuation:
+                        continue
+                    scored = score_continuation(client, base_url, model, prompt, [c.token for c in continuation],
+                                                top=1)
+                    if isinstance(scored, str):
+                        result.notes.append(f"{klass}#{index}: {scored}")
+                    else:
+                        result.forced[f"{klass}#{index}"] = scored
     patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
     for name in (lane.container_name(role) for role in lane.roles):
         result.fatal_lines += [line for line in engine.logs(name, since=log_since).splitlines()
@@ -112,26 +160,108 @@ class GateReport:
     cells: dict[str, dict[str, Any]]
     fidelity: dict[str, Any]
     arms: list[dict[str, Any]]
+    order: str = "ABA"
     promoted: str | None = None
+    calibration: dict[str, Any] | None = None
     host: dict[str, str] = field(default_factory=lambda: {"node": platform.node(), "python": platform.python_version(),
                                                           "machine": platform.machine()})
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "control": self.control, "bar": self.bar, "verdict": self.verdict.value,
-                "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity, "arms": self.arms,
-                "promoted": self.promoted, "host": self.host}
+                "order": self.order, "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity,
+                "arms": self.arms, "promoted": self.promoted, "calibration": self.calibration, "host": self.host}
 
 
-def judge(control_first: LaneBench, candidate: LaneBench, control_last: LaneBench, bar: float) -> GateReport:
-    """Pure: the verdict from three arms.
+def _mean_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return math.fsum(known) / len(known) if len(known) == len(values) and known else None
 
-    Per cell (class@concurrency) on output tok/s: `cell_verdict`. Overall: FAIL when any arm logged a
-    new Xid or fatal engine line, any arm had failed requests, any cell FAILs, or fidelity FAILs;
-    PASS when nothing failed and at least one cell PASSes (a split-KV kernel wins where it applies
-    and must merely not lose elsewhere); INCONCLUSIVE otherwise: rerun, do not promote.
+
+def _ratio(candidate: float | None, control: float | None) -> float | None:
+    return candidate / control if candidate is not None and control else None
+
+
+def _judge_cell(key: str, controls: list[LaneBench], candidates: list[LaneBench], bar: float, *,
+                resamples: int, seed: int) -> tuple[dict[str, Any], RatioInterval]:
+    def rates(arm: LaneBench) -> list[float]:
+        return [r.tok_per_s for r in arm.cells[key].results if r.ok]
+
+    def mean(arms: list[LaneBench], figure: Callable[[ArmResult], float | None]) -> float | None:
+        return _mean_of([figure(arm.cells[key]) for arm in arms])
+
+    def prompt_rate(cell: ArmResult) -> float | None:
+        return _mean_of([r.prompt_tok_per_s for r in cell.results if r.ok] or [None])
+
+    interval = bootstrap_ratio([rates(a) or [0.0] for a in controls], [rates(a) or [0.0] for a in candidates],
+                               resamples=resamples, seed=seed)
+    judged = cell_verdict(interval.ratio, interval.low, interval.high, bar)
+    klass, streams, context = candidates[0].cell_axes.get(key, (key, 0, 0))
+    ttft_control, ttft_candidate = (mean(arms, lambda c: c.ttft_p50_ms) for arms in (controls, candidates))
+    cell = {
+        "class": klass, "concurrency": streams, "context": context,
+        "arms": {arm.arm: arm.cells[key].output_tok_per_s for arm in (*controls, *candidates)},
+        "ratio": judged.ratio, "low": judged.low, "high": judged.high, "verdict": judged.verdict.value,
+        # Beside the verdict's figure: > 1 always means the candidate did better.
+        "decode_ratio": _ratio(mean(candidates, lambda c: c.decode_tok_per_s),
+                               mean(controls, lambda c: c.decode_tok_per_s)),
+        "prompt_ratio": _ratio(mean(candidates, prompt_rate), mean(controls, prompt_rate)),
+        "ttft_ratio": _ratio(ttft_control, ttft_candidate),
+    }
+    return cell, interval
+
+
+def _fidelity(controls: list[LaneBench], candidates: list[LaneBench], agent_classes: Sequence[str]) -> dict[str, Any]:
+    reference = controls[0]
+
+    def scored(arm: LaneBench, classes: Sequence[str] | None = None) -> ForcedFidelity[str]:
+        keep = {k: v for k, v in reference.greedy.items() if classes is None or k.split("#")[0] in classes}
+        return teacher_forced(keep, arm.forced)
+
+    def worst(arms: list[LaneBench], classes: Sequence[str] | None = None) -> ForcedFidelity[str]:
+        return max((scored(arm, classes) for arm in arms),
+                   key=lambda f: (f.confident_flips, f.weighted_divergence))
+
+    def figures(candidate: ForcedFidelity[str], bar: ForcedFidelity[str] | None) -> dict[str, Any]:
+        return {"confident_flips": candidate.confident_flips, "weighted_divergence": candidate.weighted_divergence,
+                "confident_flips_bar": bar.confident_flips if bar else None,
+                "weighted_divergence_bar": bar.weighted_divergence if bar else None,
+                "prompts": candidate.prompts, "positions": candidate.positions}
+
+    others = controls[1:]
+    candidate_drift, control_drift = worst(candidates), worst(others) if others else None
+    agent = worst(candidates, agent_classes)
+    if control_drift is None:  # one control arm: nothing to measure its own spread by
+        control_drift = ForcedFidelity(prompts=0, positions=0, unscored=0, flips=())
+    verdict = fidelity_verdict(candidate_drift, control_drift, agent.confident_flips)
+    classes = dict.fromkeys(k.split("#")[0] for k in reference.greedy)
+    return {
+        "verdict": verdict.value, "method": "teacher-forced", "reference": reference.arm,
+        "confident_p": CONFIDENT_P, **figures(candidate_drift, control_drift),
+        "unscored": candidate_drift.unscored,
+        "classes": {k: figures(worst(candidates, [k]), worst(others, [k]) if others else None) for k in classes},
+        "agent": {"classes": list(agent_classes), **figures(agent, None)},
+    }
+
+
+def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str] = (),
+          resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+          max_false_promotion: float | None = None) -> GateReport:
+    """Pure: the verdict from the arms of a bracket (named as in ORDERS: control-1 first, then the
+    candidate arms, control-2 last).
+
+    Per cell (class@concurrency[/context]): `cell_verdict` on the bootstrap interval of the
+    candidate/control ratio of per-request rates. Overall: FAIL when any arm logged a new Xid or fatal
+    engine line, any arm had failed requests, any cell FAILs, or teacher-forced fidelity FAILs; PASS
+    when nothing failed and at least one cell PASSes (a split-KV kernel wins where it applies and must
+    merely not lose elsewhere); INCONCLUSIVE otherwise: rerun, do not promote.
+
+    With `max_false_promotion` the bracket is a calibration (every arm ran the control): the verdict is
+    PASS when its false-promotion rate is at most that and no cell PASSed, FAIL otherwise.
     """
+    controls = [a for a in arms if a.arm.startswith("control")]
+    candidates = [a for a in arms if a.arm.startswith("candidate")]
     reasons: list[str] = []
-    for arm in (control_first, candidate, control_last):
+    for arm in arms:
         if arm.xid_lines:
             reasons.append(f"{arm.arm} ({arm.lane}) logged {len(arm.xid_lines)} Xid line(s): {arm.xid_lines[0]}")
         if arm.fatal_lines:
@@ -140,51 +270,62 @@ def judge(control_first: LaneBench, candidate: LaneBench, control_last: LaneBenc
         if failed:
             reasons.append(f"{arm.arm} ({arm.lane}) had {failed} failed request(s)")
     cells: dict[str, dict[str, Any]] = {}
-    for key in candidate.cells:
-        a1, b, a2 = (arm.cells[key].output_tok_per_s for arm in (control_first, candidate, control_last))
-        judged = cell_verdict(a1, a2, b, bar)
-        cells[key] = {"control_first": a1, "candidate": b, "control_last": a2, "ratio": judged.ratio,
-                      "band": judged.band, "verdict": judged.verdict.value}
-        if judged.verdict == Verdict.FAIL:
-            reasons.append(f"{key}: {judged}")
-    candidate_drift: FidelityReport[str] = fidelity(control_first.fidelity_choices, candidate.fidelity_choices)
-    control_drift: FidelityReport[str] = fidelity(control_first.fidelity_choices, control_last.fidelity_choices)
-    fidelity_result = fidelity_verdict(candidate_drift, control_drift)
-    if fidelity_result == Verdict.FAIL:
-        reasons.append(f"fidelity: {candidate_drift.confident_flips} confident flips (bar "
-                       f"{control_drift.confident_flips}), weighted divergence "
-                       f"{candidate_drift.weighted_divergence:.3f} (bar {control_drift.weighted_divergence:.3f})")
-    if reasons:
+    intervals: list[RatioInterval] = []
+    for key in candidates[0].cells:
+        cells[key], interval = _judge_cell(key, controls, candidates, bar, resamples=resamples, seed=seed)
+        intervals.append(interval)
+        if cells[key]["verdict"] == Verdict.FAIL.value:
+            reasons.append(f"{key}: fail: {cells[key]['ratio']:.3f}x against a bar of {bar:.3f}x "
+                           f"(95% interval {cells[key]['low']:.3f}-{cells[key]['high']:.3f})")
+    fid = _fidelity(controls, candidates, agent_classes)
+    if fid["verdict"] == Verdict.FAIL.value:
+        reasons.append(f"fidelity: {fid['confident_flips']} confident flips (bar {fid['confident_flips_bar']}), "
+                       f"weighted divergence {fid['weighted_divergence']:.3f} (bar "
+                       f"{fid['weighted_divergence_bar']:.3f}), {fid['agent']['confident_flips']} confident "
+                       f"flips on agent/tool prompts (allowed 0)")
+    calibration = None
+    if max_false_promotion is not None:
+        found = calibrate(intervals, bar)
+        calibration = {"max_false_promotion": max_false_promotion, "false_promotion_rate": found.false_promotion_rate,
+                       "cells": found.cells, "cells_passed": found.cells_passed,
+                       "replicates_per_cell": resamples, "detectable_ratio": found.detectable_ratio,
+                       "detectable_gain": found.detectable_gain}
+        line = (f"false-promotion rate {found.false_promotion_rate:.4f} (allowed {max_false_promotion:g}) over "
+                f"{found.cells} cells x {resamples} replicates, {found.cells_passed} cell(s) passed the bar; "
+                f"smallest detectable: {found.detectable_ratio:.3f}x to pass the bar, "
+                f"+{found.detectable_gain:.1%} to tell from no change")
+        verdict = Verdict.PASS if found.within(max_false_promotion) else Verdict.FAIL
+        reasons = [line, *reasons] if verdict == Verdict.PASS else [*reasons, line]
+    elif reasons:
         verdict = Verdict.FAIL
     elif any(cell["verdict"] == Verdict.PASS.value for cell in cells.values()):
         verdict = Verdict.PASS
         reasons.append("no cell failed, and " + ", ".join(k for k, c in cells.items() if c["verdict"] == "pass")
-                       + f" beat the {bar:.3f}x bar beyond the controls' noise")
+                       + f" beat the {bar:.3f}x bar at the low end of the 95% interval")
     else:
         verdict = Verdict.INCONCLUSIVE
-        reasons.append(f"no cell beat the {bar:.3f}x bar beyond the controls' noise, and none fell below it")
+        reasons.append(f"no cell's 95% interval cleared the {bar:.3f}x bar, and none fell below it")
+    order = "".join("A" if a.arm.startswith("control") else "B" for a in arms)
     return GateReport(
-        candidate=candidate.lane, control=control_first.lane, bar=bar, verdict=verdict, reasons=reasons,
-        cells=cells,
-        fidelity={"verdict": fidelity_result.value, "confident_flips": candidate_drift.confident_flips,
-                  "confident_flips_bar": control_drift.confident_flips,
-                  "weighted_divergence": candidate_drift.weighted_divergence,
-                  "weighted_divergence_bar": control_drift.weighted_divergence,
-                  "prompts": candidate_drift.prompts, "positions": candidate_drift.positions},
-        arms=[arm.summary() for arm in (control_first, candidate, control_last)],
-    )
+        candidate=candidates[0].lane, control=controls[0].lane, bar=bar, verdict=verdict, reasons=reasons,
+        cells=cells, fidelity=fid, arms=[arm.summary() for arm in arms], order=order, calibration=calibration)
 
 
 def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: Workload, concurrency: list[int], *,
-             bar: float, promote: bool, kernel_log: Any | None,
+             bar: float, promote: bool, kernel_log: Any | None, order: str = "ABA",
+             max_false_promotion: float | None = None,
              progress: Callable[[str], None] = lambda text: None) -> GateReport:
-    """The bracket: control, candidate, control; each switch through the lanes code path and its gate.
+    """The bracket in `order` (ABA: control, candidate, control; ABBA: control, candidate twice, control);
+    each switch through the lanes code path and its gate. The first control arm's greedy outputs are the
+    continuations every later arm scores.
 
     The caller holds the host lock for the whole bracket. The control is serving at the end, unless
-    `promote` and the verdict is PASS: then the candidate is.
+    `promote` and the verdict is PASS: then the candidate is. A calibration (`max_false_promotion`
+    set, candidate = control) never promotes.
     """
     arms: list[LaneBench] = []
-    for arm, lane in (("control-1", control), ("candidate", candidate), ("control-2", control)):
+    for arm in ORDERS[order]:
+        lane = control if arm.startswith("control") else candidate
         progress(f"{arm}: switching to {lane.name}")
         outcome = switcher.up(lane)
         if outcome.result not in ("ok", "noop"):
@@ -194,22 +335,24 @@ def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: W
             if outcome.lane != control.name:
                 switcher.up(control)
             return GateReport(candidate=candidate.name, control=control.name, bar=bar, verdict=Verdict.FAIL,
-                              reasons=[raise_message], cells={}, fidelity={},
+                              reasons=[raise_message], cells={}, fidelity={}, order=order,
                               arms=[a.summary() for a in arms])
         arms.append(bench_lane(switcher.engine, lane, workload, concurrency, arm=arm, kernel_log=kernel_log,
-                               progress=progress))
-    report = judge(arms[0], arms[1], arms[2], bar)
-    if promote and report.verdict == Verdict.PASS:
+                               reference=arms[0].greedy if arms else None, progress=progress))
+    report = judge(arms, bar, agent_classes=workload.agent_classes, max_false_promotion=max_false_promotion)
+    if promote and report.verdict == Verdict.PASS and max_false_promotion is None:
         progress(f"PASS: promoting {candidate.name}")
         outcome = switcher.up(candidate, why=f"gate PASS against {control.name}")
         report.promoted = candidate.name if outcome.result in ("ok", "noop") else None
         if report.promoted is None:
             report.reasons.append(f"promotion failed: {outcome.message}")
     switcher.journal.append("gate", candidate=candidate.name, control=control.name, verdict=report.verdict.value,
-                            bar=bar, reasons=report.reasons, promoted=report.promoted,
-                            cells={k: {"ratio": round(c["ratio"], 4), "verdict": c["verdict"]}
+                            bar=bar, order=order, reasons=report.reasons, promoted=report.promoted,
+                            cells={k: {"ratio": round(c["ratio"], 4), "low": round(c["low"], 4),
+                                       "high": round(c["high"], 4), "verdict": c["verdict"]}
                                    for k, c in report.cells.items()},
-                            fidelity=report.fidelity)
+                            fidelity={k: v for k, v in report.fidelity.items() if k != "classes"},
+                            calibration=report.calibration)
     return report
 
 

@@ -1,4 +1,4 @@
-"""The gate's picture: ratio per cell with the bar and each cell's noise band.
+"""The gate's picture: ratio per cell with the bar and each cell's 95% bootstrap interval.
 
 matplotlib is an optional extra (`lanectl[plot]`), imported only when a plot is drawn: it takes most of
 a second to load, for one picture.
@@ -13,7 +13,7 @@ PLOT_EXTRA = "pip install 'lanectl[plot]'"
 
 
 def plot(report: dict[str, Any], path: Path) -> str | None:
-    """Ratio per cell with the bar and each cell's noise band: the picture a reviewer looks at first.
+    """Ratio per cell with the bar and each cell's 95% interval: the picture a reviewer looks at first.
 
     Without matplotlib nothing is drawn, and the returned line says how to get the plot; None when it was
     drawn (or there is nothing to draw).
@@ -32,16 +32,16 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
         return None
     keys = list(cells)
     ratios = [cells[k]["ratio"] for k in keys]
-    bands = [cells[k]["band"] for k in keys]
+    errors = [[cells[k]["ratio"] - cells[k]["low"] for k in keys], [cells[k]["high"] - cells[k]["ratio"] for k in keys]]
     colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:gray"}
     figure, axes = plt.subplots(figsize=(max(6.0, 0.6 * len(keys) + 2), 4))
-    axes.bar(keys, ratios, yerr=bands, capsize=3, color=[colours[cells[k]["verdict"]] for k in keys])
+    axes.bar(keys, ratios, yerr=errors, capsize=3, color=[colours[cells[k]["verdict"]] for k in keys])
     axes.axhline(report["bar"], color="tab:blue", linestyle="--", label=f"bar {report['bar']:.3f}x")
     axes.axhline(1.0, color="black", linewidth=0.8)
-    low = min(min(r - b for r, b in zip(ratios, bands, strict=True)), 1.0)
-    high = max(max(r + b for r, b in zip(ratios, bands, strict=True)), report["bar"])
+    low = min(min(cells[k]["low"] for k in keys), 1.0)
+    high = max(max(cells[k]["high"] for k in keys), report["bar"])
     axes.set_ylim(low - 0.02, high + 0.02)
-    axes.set_ylabel(f"{report['candidate']} / mean({report['control']} controls), output tok/s")
+    axes.set_ylabel(f"{report['candidate']} / {report['control']} controls, per-request tok/s")
     axes.set_title(f"gate {report['candidate']} vs {report['control']}: {report['verdict'].upper()}")
     axes.legend()
     plt.setp(axes.get_xticklabels(), rotation=45, ha="right")

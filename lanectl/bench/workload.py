@@ -11,6 +11,9 @@ A workload file lives under `recipes/workloads/` but declares its own schema, so
     classes:
       prose: ["prompt", ...]
       code: ["prompt", ...]
+      tool_json: ["prompt", ...]
+    agent_classes: [tool_json]    # reported on their own line; no confident flip allowed there
+    context_lengths: [0, 65536]   # optional: each cell again with the prompt padded to N tokens
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ class Workload(BaseModel):
         min_length=1, description="Prompt class -> its prompts; the gate judges each class on its own."
     )
 
+    agent_classes: list[str] = Field(
+        default_factory=list, description="Classes of agent/tool prompts: reported apart, and the gate allows "
+        "no confident flip on them.")
+    context_lengths: list[Annotated[int, Field(ge=0, le=10_000_000)]] = Field(
+        default_factory=lambda: [0], min_length=1,
+        description="Context lengths (tokens) to measure each cell at: the prompt is padded to that length; "
+                    "0 sends it as written.")
+
     def prompts(self, class_name: str) -> list[str]:
         try:
             return list(self.classes[class_name])
@@ -57,6 +68,22 @@ class WorkloadInvalid(BadInput):
     def __init__(self, problems: list[Problem]):
         self.problems = sorted(set(problems))
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+# What a prompt is padded with to reach a context length: plain text a model reads past, about four
+# bytes per token on a BPE tokenizer (the stub counts exactly four).
+PAD_SENTENCE = "This line is background material for the question that follows. "
+BYTES_PER_TOKEN = 4
+
+
+def padded(prompt: str, context_tokens: int) -> str:
+    """The prompt with filler in front, to about `context_tokens` tokens in all (4 bytes a token); as written
+    for 0 or a prompt already that long. The question stays last, as in a long-context request."""
+    missing = context_tokens * BYTES_PER_TOKEN - len(prompt.encode("utf-8"))
+    if context_tokens == 0 or missing <= 0:
+        return prompt
+    filler = (PAD_SENTENCE * (missing // len(PAD_SENTENCE) + 1))[:missing]
+    return filler + prompt
 
 
 def prefixed(prompt: str, arm_id: str) -> str:
@@ -92,8 +119,13 @@ def workload_file(recipes_dir: Path, name_or_path: str) -> Path:
     raise BadInput(f"no workload {name_or_path!r}{hint}")
 
 
-def load_workload(path: Path, shown: str | None = None) -> Workload:
-    """Read and validate one workload file; raise `WorkloadInvalid` naming file, line and field of each problem."""
+def load_workload(path: Path, shown: str | None = None, *, max_model_len: int | None = None,
+                  lane: str = "") -> Workload:
+    """Read and validate one workload file; raise `WorkloadInvalid` naming file, line and field of each problem.
+
+    With `max_model_len` (the lane's --max-model-len), a context length that leaves no room for the
+    workload's max_tokens within it is refused too, at its line: the engine would refuse every request.
+    """
     shown = shown or str(path)
     try:
         doc = read_yaml_file(path, shown)
@@ -103,6 +135,20 @@ def load_workload(path: Path, shown: str | None = None) -> Workload:
         raise WorkloadInvalid([Problem(shown, 1, 1, "", "a workload is a YAML mapping with schema, name, "
                                                          "max_tokens and classes")])
     try:
-        return Workload.model_validate(doc.data)
+        workload = Workload.model_validate(doc.data)
     except ValidationError as exc:
         raise WorkloadInvalid(problems_from_validation(exc, doc, Workload)) from None
+    problems = [doc.problem(("agent_classes", i), f"{name!r} is not a class of this workload; it has: "
+                            + ", ".join(workload.classes))
+                for i, name in enumerate(workload.agent_classes) if name not in workload.classes]
+    problems += [doc.problem(("context_lengths", i), f"{tokens} is listed twice")
+                 for i, tokens in enumerate(workload.context_lengths) if tokens in workload.context_lengths[:i]]
+    if max_model_len is not None:
+        problems += [doc.problem(("context_lengths", i),
+                                 f"{tokens} tokens + max_tokens {workload.max_tokens} exceed {lane or 'the lane'}'s "
+                                 f"--max-model-len {max_model_len}")
+                     for i, tokens in enumerate(workload.context_lengths)
+                     if tokens + workload.max_tokens > max_model_len]
+    if problems:
+        raise WorkloadInvalid(problems)
+    return workload

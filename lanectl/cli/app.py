@@ -415,27 +415,36 @@ def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (def
 @app.command()
 def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g. h2-REF.",
                                                                    autocompletion=complete_lane)],
-         control: Annotated[str, typer.Option("--control", help="The control lane, e.g. h1-REF.",
-                                                             autocompletion=complete_lane)],
+         control: Annotated[str | None, typer.Option("--control", help="The control lane, e.g. h1-REF.",
+                                                             autocompletion=complete_lane)] = None,
          bar: Annotated[float, typer.Option("--bar", help="Required candidate/control ratio, e.g. 1.025.")] = 1.025,
          promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving.")] = False,
+         order: Annotated[str, typer.Option("--order", help="Arm order: ABA (control, candidate, control) or "
+                                                            "ABBA.")] = "ABA",
+         calibrate: Annotated[bool, typer.Option("--calibrate", help="Run CANDIDATE against itself (A/A) and "
+                                                 "report the false-promotion rate and the smallest detectable "
+                                                 "effect.")] = False,
+         max_false_promotion: Annotated[float, typer.Option("--max-false-promotion", help="With --calibrate: "
+                                                            "the highest false-promotion rate that exits 0.")] = 0.05,
          workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
          lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
-    """A/B/A bracket: control, candidate, control; PASS only above the bar and the controls' noise.
-    Exit 0 on PASS, 1 on FAIL or INCONCLUSIVE."""
+    """A bracket (A/B/A by default): control, candidate, control; PASS only when a cell's 95% interval clears
+    the bar and teacher-forced fidelity holds. Exit 0 on PASS, 1 on FAIL or INCONCLUSIVE."""
     from lanectl.cli.progress import say
     from lanectl.commands.gate import gate as run_gate
 
     show(run_gate(catalog(), candidate, control, workload, _levels(concurrency), bar, promote, out_dir,
-                  _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err)), as_json)
+                  _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err),
+                  order=order.upper(), calibrate=calibrate, max_false_promotion=max_false_promotion), as_json)
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `lanectl gate --out`.")]) -> None:
-    """The table of a gate run again, and its plot redrawn (ratios.png)."""
+def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `lanectl gate --out`.")],
+           as_json: JsonOption = False) -> None:
+    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png)."""
     from lanectl.commands.gate import report as gate_report
 
-    show(gate_report(run_dir))
+    show(gate_report(run_dir), as_json)
 
 
 @app.command()

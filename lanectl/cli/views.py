@@ -272,19 +272,59 @@ def bench(result: Result) -> list[Line]:
     return lines + [line(note, err=True) for note in bench_data["notes"]]
 
 
+def _ratio_text(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
 def gate(result: Result) -> list[Line]:
-    """The table of a gate run: per cell the three arms, the ratio, the noise band and the verdict."""
+    """A gate run as the release note tabled it: the verdict's ratio per class at each concurrency and
+    context, then per cell the arms, the 95% interval, decode, prompt-processing and first-token ratios
+    and the verdict; teacher-forced fidelity per class with agent/tool prompts apart; the calibration."""
     report = result.data
-    lines = [f"{'cell':<22} {'control-1':>10} {'candidate':>10} {'control-2':>10} {'ratio':>7} {'band':>6}  verdict"]
-    for key, cell in report["cells"].items():
-        lines.append(f"{key:<22} {cell['control_first']:>10.1f} {cell['candidate']:>10.1f} "
-                     f"{cell['control_last']:>10.1f} {cell['ratio']:>7.3f} {cell['band']:>6.3f}  {cell['verdict']}")
+    cells = report["cells"]
+    lines: list[str] = []
+    classes = list(dict.fromkeys(c["class"] for c in cells.values()))
+    rows = list(dict.fromkeys((c["concurrency"], c["context"]) for c in cells.values()))
+    if cells:
+        lines.append("candidate / control, per-request tok/s:")
+        lines.append(f"{'users':>5} {'context':>8}  " + " ".join(f"{k:>10}" for k in classes))
+        by_axes = {(c["class"], c["concurrency"], c["context"]): c for c in cells.values()}
+        for streams, context in rows:
+            figures = [by_axes.get((k, streams, context)) for k in classes]
+            lines.append(f"{streams:>5} {context:>8}  "
+                         + " ".join(f"{_ratio_text(c['ratio'] if c else None):>10}" for c in figures))
+        arms = list(next(iter(cells.values()))["arms"])
+        lines.append(f"{'cell':<22} " + " ".join(f"{a:>11}" for a in arms)
+                     + f" {'ratio':>6} {'95% interval':>13} {'decode':>6} {'prompt':>6} {'TTFT':>6}  verdict")
+        for key, cell in cells.items():
+            lines.append(f"{key:<22} " + " ".join(f"{cell['arms'][a]:>11.1f}" for a in arms)
+                         + f" {cell['ratio']:>6.3f} {cell['low']:>6.3f}-{cell['high']:<6.3f} "
+                         f"{_ratio_text(cell['decode_ratio']):>6} {_ratio_text(cell['prompt_ratio']):>6} "
+                         f"{_ratio_text(cell['ttft_ratio']):>6}  {cell['verdict']}")
     fid = report.get("fidelity") or {}
     if fid:
-        lines.append(f"fidelity: {fid['verdict']}: {fid['confident_flips']} confident flips (bar "
-                     f"{fid['confident_flips_bar']}), weighted divergence {fid['weighted_divergence']:.3f} "
-                     f"(bar {fid['weighted_divergence_bar']:.3f}) over {fid['prompts']} prompts")
-    lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x)"
+        lines.append(f"fidelity (teacher-forced on {fid['reference']}'s outputs, every position): {fid['verdict']}: "
+                     f"{fid['confident_flips']} confident flips (bar {fid['confident_flips_bar']}), weighted "
+                     f"divergence {fid['weighted_divergence']:.3f} (bar {fid['weighted_divergence_bar']:.3f}) over "
+                     f"{fid['positions']} positions of {fid['prompts']} prompts")
+        for name, figures in fid["classes"].items():
+            bar_flips = figures["confident_flips_bar"]
+            bar_weight = figures["weighted_divergence_bar"]
+            lines.append(f"  {name}: {figures['confident_flips']} confident flips (bar {bar_flips}), weighted "
+                         f"{figures['weighted_divergence']:.3f}"
+                         + (f" (bar {bar_weight:.3f})" if bar_weight is not None else ""))
+        agent = fid["agent"]
+        if agent["classes"]:
+            lines.append(f"  agent/tool prompts ({', '.join(agent['classes'])}): {agent['confident_flips']} "
+                         f"confident flips (allowed 0)")
+    calibration = report.get("calibration")
+    if calibration:
+        lines.append(f"calibration ({report['order']} of one lane): false-promotion rate "
+                     f"{calibration['false_promotion_rate']:.4f} (allowed {calibration['max_false_promotion']:g}), "
+                     f"{calibration['cells_passed']} of {calibration['cells']} cells passed the bar; smallest "
+                     f"detectable effect {calibration['detectable_ratio']:.3f}x to pass, "
+                     f"+{calibration['detectable_gain']:.1%} to tell from no change")
+    lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x, order {report.get('order', 'ABA')})"
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
     return [line(text) for text in lines]

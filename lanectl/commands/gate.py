@@ -13,7 +13,7 @@ from lanectl.bench.workload import load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.lanes.switcher import Reporter
 from lanectl.output import Message, Result, info
-from lanectl.recipe.catalog import Catalog
+from lanectl.recipe.catalog import Catalog, Lane
 
 
 def _kernel_log() -> Any | None:
@@ -44,7 +44,9 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
     if target.name != active:
         raise BadInput(f"{target.name} is not the serving lane ({active or 'none'}); bench measures what serves. "
                        f"`lanectl up {target.name}` first, or use `lanectl gate`")
-    workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name))
+    limit = _max_model_len([target])
+    workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name),
+                             max_model_len=limit[0] if limit else None, lane=target.name)
     result = bench_lane(ContainerEngine(), target, workload, concurrency, arm="bench", kernel_log=_kernel_log(),
                         progress=progress)
     data = {"bench": result.summary(), "workload": workload.name, "concurrency": concurrency}
@@ -55,25 +57,58 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
     return Result("bench", data, messages)
 
 
-def gate(catalog: Catalog, candidate: str, control: str, workload_name: str, concurrency: list[int], bar: float,
-         promote: bool, out: Path | None, lock_wait: float, no_gpu: bool, reporter: Reporter,
-         progress: Callable[[str], None]) -> Result:
-    """Control, candidate, control; exit 0 on PASS, 1 on FAIL or INCONCLUSIVE. With `out`, the results and
-    their plot are written to a new folder under it."""
+def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
+    """The smallest --max-model-len the lanes' recipes set (and which lane sets it); None when none sets one."""
+    from lanectl.recipe.model import flag_value
+
+    found = []
+    for lane in lanes:
+        raw = flag_value(lane.spec.engine.args, "--max-model-len")
+        if raw is not None and raw.isdigit():
+            found.append((int(raw), lane.name))
+    return min(found) if found else None
+
+
+def gate(catalog: Catalog, candidate: str, control: str | None, workload_name: str, concurrency: list[int],
+         bar: float, promote: bool, out: Path | None, lock_wait: float, no_gpu: bool, reporter: Reporter,
+         progress: Callable[[str], None], order: str = "ABA", calibrate: bool = False,
+         max_false_promotion: float = 0.05) -> Result:
+    """The bracket in `order` (control, candidate, control by default); exit 0 on PASS, 1 on FAIL or
+    INCONCLUSIVE. With `calibrate`, CANDIDATE runs against itself in the same order and the exit is 0 when
+    its false-promotion rate is at most `max_false_promotion`. With `out`, the results and their plot are
+    written to a new folder under it. The workload is checked (against the lanes' --max-model-len too)
+    before anything switches."""
+    from lanectl.bench.gate import ORDERS
     from lanectl.bench.plot import plot
     from lanectl.commands.switch import switcher
+    from lanectl.errors import BadInput
 
+    if order not in ORDERS:
+        raise BadInput(f"--order {order!r}: expected one of {', '.join(ORDERS)}")
+    if not 0 <= max_false_promotion <= 1:
+        raise BadInput(f"--max-false-promotion {max_false_promotion}: expected a rate in [0, 1]")
+    if calibrate:
+        if control not in (None, candidate):
+            raise BadInput("--calibrate runs one lane against itself: give it as CANDIDATE, without --control "
+                           "(or with --control naming the same lane)")
+        control = candidate
+    elif control is None:
+        raise BadInput("--control is required (or --calibrate, to run CANDIDATE against itself)")
     candidate_lane, control_lane = catalog.lane(candidate), catalog.lane(control)
-    workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name))
-    command = f"lanectl gate {candidate} --control {control}"
+    limit = _max_model_len([control_lane, candidate_lane])
+    workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name),
+                             max_model_len=limit[0] if limit else None, lane=limit[1] if limit else "")
+    command = f"lanectl gate {candidate} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
-        report = run_gate(lanes, candidate_lane, control_lane, workload, concurrency, bar=bar, promote=promote,
-                          kernel_log=_kernel_log(), progress=progress)
+        report = run_gate(lanes, candidate_lane, control_lane, workload, concurrency, bar=bar,
+                          promote=promote and not calibrate, kernel_log=_kernel_log(), order=order,
+                          max_false_promotion=max_false_promotion if calibrate else None, progress=progress)
     run_dir = None
     messages: tuple[Message, ...] = ()
     if out is not None:
-        run_dir = write_results(out, f"gate-{candidate}", {"gate": report.as_dict(), "workload": workload.name,
-                                                            "concurrency": concurrency})
+        name = f"calibrate-{candidate}" if calibrate else f"gate-{candidate}"
+        run_dir = write_results(out, name, {"gate": report.as_dict(), "workload": workload.name,
+                                            "concurrency": concurrency})
         not_drawn = plot(report.as_dict(), run_dir / "ratios.png")
         messages = (info(not_drawn),) if not_drawn else ()
         messages += (info(f"results{'' if not_drawn else ' and plot'} in {run_dir}"),)

@@ -217,20 +217,65 @@ def test_tokens_are_deterministic_across_servers_and_change_with_seed(spawn) -> 
     assert _text(a.url, "alpha")["text"] != _text(a.url, "beta")["text"]
 
 
+def _scored(url: str, text: str, k: int = 2) -> list[dict]:
+    """vLLM's prompt logprobs of `text`, per piece: (forced piece, its logprob, the model's top piece)."""
+    body = {"prompt": text, "max_tokens": 1, "temperature": 0, "prompt_logprobs": k}
+    entries = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(decoding.tokenize(text))
+    out = []
+    for entry in entries[1:]:
+        forced = next(iter(entry.values()))  # vLLM lists the prompt's own token first
+        (top,) = [v for v in entry.values() if v["rank"] == 1]
+        out.append({"forced": forced["decoded_token"], "logprob": forced["logprob"], "top": top["decoded_token"]})
+    return out
+
+
+def test_prompt_logprobs_score_a_continuation_as_generation_produced_it(spawn) -> None:
+    stub = spawn()
+    prompt = "Say what a write-ahead log is for."
+    generated = _text(stub.url, prompt, 24, logprobs=1)["logprobs"]
+    scored = _scored(stub.url, prompt + "".join(generated["tokens"]))[-24:]
+    assert [s["forced"] for s in scored] == [s["top"] for s in scored] == generated["tokens"]
+    assert [s["logprob"] for s in scored] == pytest.approx(generated["token_logprobs"])
+    chat = httpx.post(stub.url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "prompt_logprobs"
+
+
 def test_flip_every_flips_confident_positions_only(spawn) -> None:
     control = spawn()
     candidate = spawn(env={"STUB_FLIP_EVERY": "4"})
     n = 64
-    prompt = "flip me"
+    prompt = "flip me"  # two pieces: generated position i is position i + 2 of the text
     ref = _text(control.url, prompt, n, logprobs=2)["logprobs"]
-    got = _text(candidate.url, prompt, n, logprobs=2)["logprobs"]
     stream = decoding.TokenStream(prompt)
-    expected = {i for i in range(n) if (i + 1) % 4 == 0 and stream.is_confident(i)}
-    differing = {i for i in range(n) if ref["tokens"][i] != got["tokens"][i]}
-    assert differing == expected and len(expected) >= 10
+    expected = {i for i in range(n) if (i + 2 + 1) % 4 == 0 and stream.is_confident(i)}
+    assert len(expected) >= 10
+    # Scored on the control's own continuation (teacher forcing), the candidate prefers its runner-up
+    # at exactly those positions, and nowhere else.
+    scored = _scored(candidate.url, prompt + "".join(ref["tokens"]))[-n:]
+    assert {i for i, s in enumerate(scored) if s["top"] != s["forced"]} == expected
     for i in expected:  # the control was sure of the token the candidate dropped
         assert math.exp(ref["token_logprobs"][i]) >= 0.93
-        assert ref["tokens"][i] in got["top_logprobs"][i]
+    # Generating, the candidate continues its own text after its first flip: the two agree only before it.
+    got = _text(candidate.url, prompt, n, logprobs=2)["logprobs"]
+    first = min(expected)
+    assert got["tokens"][:first] == ref["tokens"][:first] and got["tokens"][first] != ref["tokens"][first]
+    assert ref["tokens"][first] in got["top_logprobs"][first]
+
+
+def test_a_late_prefill_fault_shows_only_under_teacher_forcing(spawn) -> None:
+    control = spawn()
+    candidate = spawn(env={"STUB_PREFILL_FLIP_FROM": "20"})
+    prompt = "Say what a write-ahead log is for."  # 7 pieces, so decoding starts at position 7
+    assert len(decoding.tokenize(prompt)) == 7
+    ref = _text(control.url, prompt, 32, logprobs=1)["logprobs"]
+    assert _text(candidate.url, prompt, 32, logprobs=1)["logprobs"] == ref
+    scored = _scored(candidate.url, prompt + "".join(ref["tokens"]))[-32:]
+    stream = decoding.TokenStream(prompt)
+    flipped = {i for i, s in enumerate(scored) if s["top"] != s["forced"]}
+    assert flipped == {i for i in range(32) if i + 7 >= 20 and stream.is_confident(i)}
+    assert len(flipped) >= 10
 
 
 def test_metrics_names_labels_and_counts(stub) -> None:

@@ -49,6 +49,7 @@ class Config:
     autotune_stall: bool = False
     token_seed: int = 0
     flip_every: int = 0
+    prefill_flip_from: int = 0
     fault: str | None = None
     fault_after_s: float = 0.0
     admin: bool = False
@@ -194,6 +195,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.autotune_stall = _flag(env, "STUB_AUTOTUNE_STALL")
     cfg.token_seed = _int(env, "STUB_TOKEN_SEED", 0, minimum=-(2**63))
     cfg.flip_every = _int(env, "STUB_FLIP_EVERY", 0)
+    cfg.prefill_flip_from = _int(env, "STUB_PREFILL_FLIP_FROM", 0)
     cfg.fault_after_s = _num(env, "STUB_FAULT_AFTER_S", 0.0)
     cfg.admin = _flag(env, "STUB_ADMIN")
     cfg.oob_log_every = _int(env, "STUB_OOB_LOG_EVERY", 100, minimum=1)

@@ -1,14 +1,23 @@
 """Deterministic "model": which token comes at which position, and with what probability.
 
-Tokens are a pure function of (STUB_TOKEN_SEED, prompt text, position), hashed with BLAKE2 rather than
-Python's salted hash(), so every process and every lane with the same seed produces the same text and
-the same logprobs. That is what lets a fidelity gate compare a candidate lane against its controls.
+The model is autoregressive over text: the distribution at a position is a pure function of
+(STUB_TOKEN_SEED, every byte of text before it), hashed with BLAKE2 rather than Python's salted hash(),
+so every process and every lane with the same seed produces the same text and the same logprobs. That
+is what lets a fidelity gate compare a candidate lane against its controls, and what makes teacher
+forcing work: scoring prompt + continuation (prompt logprobs) sees, at each continuation position,
+exactly the distribution generation saw there, because both hash the same prefix text.
+
+Text is split into pieces by `tokenize` (a space and a run of non-space characters, or one other
+whitespace character), so a generated token (" word") is one piece wherever it occurs. Positions
+count pieces from the start of the text (prompt included); usage and context limits still count
+about four bytes per token (`prompt_tokens`), as a BPE tokenizer does on English.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 import threading
 from dataclasses import dataclass
 
@@ -50,6 +59,42 @@ class Choice:
     alternatives: tuple[int, ...]  # ranked runners-up, best first
     alt_probs: tuple[float, ...]
 
+    def ranked(self) -> list[tuple[int, float]]:
+        return [(self.token_id, self.prob), *zip(self.alternatives, self.alt_probs, strict=True)]
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Numerics faults of a candidate lane, applied wherever the model computes a distribution.
+
+    flip_every:        at every absolute position p with (p + 1) % flip_every == 0 where the model is
+                       confident, its runner-up wins (STUB_FLIP_EVERY): a kernel that changes tokens in
+                       both prefill and decode.
+    prefill_flip_from: from absolute position N on, every confident position computed by PREFILL (a
+                       prompt's positions, and the first generated token, which prefill produces) has its
+                       runner-up win (STUB_PREFILL_FLIP_FROM): a prefill kernel that goes wrong late in
+                       long sequences, e.g. past its first chunk. Decoding from short prompts never meets
+                       it, so comparing greedy outputs passes it; scoring prompt + continuation (teacher
+                       forcing, and every multi-turn conversation that sends earlier answers back) does not.
+    """
+
+    flip_every: int = 0
+    prefill_flip_from: int = 0
+
+    def flips(self, position: int, *, prefill: bool) -> bool:
+        if self.flip_every > 0 and (position + 1) % self.flip_every == 0:
+            return True
+        return prefill and 0 < self.prefill_flip_from <= position
+
+
+PIECE = re.compile(r" ?\S+|\s")
+
+
+def tokenize(text: str) -> list[str]:
+    """The pieces the stub scores: ' word' (a space and a run of non-space characters), a run with no
+    space before it, or one other whitespace character. Concatenated they give back the text."""
+    return PIECE.findall(text)
+
 
 def prompt_tokens(text: str) -> int:
     # About four bytes per token, like a BPE tokenizer on English text; only used for usage and limits.
@@ -60,50 +105,73 @@ def token_text(token_id: int) -> str:
     return " " + VOCAB[token_id]
 
 
+_VOCAB_IDS = {token_text(i): i for i in range(V)}
+
+
+def piece_id(piece: str) -> int:
+    """A vocabulary token's index; other pieces get a stable id above the vocabulary (prompt logprobs key by id)."""
+    known = _VOCAB_IDS.get(piece)
+    if known is not None:
+        return known
+    return V + int.from_bytes(hashlib.blake2b(piece.encode("utf-8"), digest_size=4).digest(), "little")
+
+
+def _hasher(seed: int) -> hashlib._Hash:  # type: ignore[name-defined]
+    return hashlib.blake2b(digest_size=16, person=b"stubengine", salt=str(seed).encode()[-16:])
+
+
+def distribution(h: bytes, position: int, faults: Faults, *, prefill: bool) -> Choice:
+    """The model's distribution at absolute `position`, from the digest `h` of the text before it."""
+    base = int.from_bytes(h[0:2], "little") % V
+    stride = 1 + h[4] % (V - 1)
+    if h[2] >= 16:
+        p = CONFIDENT_P_MIN + (h[3] / 255.0) * 0.06
+    else:
+        # One position in sixteen is genuinely uncertain, so logprobs are not all alike.
+        p = 0.45 + (h[3] / 255.0) * 0.35
+    ranked = [base] + [(base + j * stride) % V for j in range(1, TOP_N)]
+    rest = 1.0 - p
+    probs = [p] + [rest * 0.5**j for j in range(1, TOP_N)]
+    if h[2] >= 16 and faults.flips(position, prefill=prefill):
+        ranked[0], ranked[1] = ranked[1], ranked[0]
+        rest = 1.0 - FLIP_P
+        probs = [FLIP_P, rest * 0.8] + [rest * 0.2 * 0.5**j for j in range(1, TOP_N - 1)]
+    return Choice(ranked[0], probs[0], tuple(ranked[1:]), tuple(probs[1:]))
+
+
 class TokenStream:
     """The tokens one prompt decodes to. Thread-safe: the engine thread looks ahead for the speculative
     sampler while the HTTP thread renders the same positions."""
 
-    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0) -> None:
-        self._digest = hashlib.blake2b(
-            prompt.encode("utf-8"), digest_size=16, person=b"stubengine", salt=str(seed).encode()[-16:]
-        ).digest()
-        self._flip_every = flip_every
+    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0, prefill_flip_from: int = 0) -> None:
+        self.prompt = prompt
+        self.seed = seed
+        self.faults = Faults(flip_every, prefill_flip_from)
+        self.prompt_pieces = len(tokenize(prompt))
+        self._hasher = _hasher(seed)
+        self._hasher.update(prompt.encode("utf-8"))
         self._choices: list[Choice] = []
+        self._digests: list[bytes] = []
         self._lock = threading.Lock()
 
-    def _position(self, i: int) -> bytes:
-        return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16, key=self._digest).digest()
-
     def is_confident(self, i: int) -> bool:
-        """Whether the unflipped model is confident (p >= CONFIDENT_P_MIN) at position i."""
-        return self._position(i)[2] >= 16
-
-    def _compute(self, i: int) -> Choice:
-        h = self._position(i)
-        base = int.from_bytes(h[0:2], "little") % V
-        stride = 1 + h[4] % (V - 1)
-        if h[2] >= 16:
-            p = CONFIDENT_P_MIN + (h[3] / 255.0) * 0.06
-        else:
-            # One position in sixteen is genuinely uncertain, so logprobs are not all alike.
-            p = 0.45 + (h[3] / 255.0) * 0.35
-        ranked = [base] + [(base + j * stride) % V for j in range(1, TOP_N)]
-        rest = 1.0 - p
-        probs = [p] + [rest * 0.5**j for j in range(1, TOP_N)]
-        if self._flip_every > 0 and (i + 1) % self._flip_every == 0 and h[2] >= 16:
-            ranked[0], ranked[1] = ranked[1], ranked[0]
-            rest = 1.0 - FLIP_P
-            probs = [FLIP_P, rest * 0.8] + [rest * 0.2 * 0.5**j for j in range(1, TOP_N - 1)]
-        return Choice(ranked[0], probs[0], tuple(ranked[1:]), tuple(probs[1:]))
+        """Whether the model, unflipped, is confident (p >= CONFIDENT_P_MIN) at generated position i."""
+        self.choice(i)
+        return self._digests[i][2] >= 16
 
     def choice(self, i: int) -> Choice:
+        """Generated position i (absolute position prompt pieces + i); the first comes from prefill."""
         choices = self._choices
         if i < len(choices):
             return choices[i]
         with self._lock:
             while len(choices) <= i:
-                choices.append(self._compute(len(choices)))
+                n = len(choices)
+                digest = self._hasher.copy().digest()
+                c = distribution(digest, self.prompt_pieces + n, self.faults, prefill=n == 0)
+                self._digests.append(digest)
+                choices.append(c)
+                self._hasher.update(token_text(c.token_id).encode("utf-8"))
             return choices[i]
 
     def token(self, i: int) -> int:
@@ -111,6 +179,32 @@ class TokenStream:
 
     def top_logprobs(self, i: int, k: int) -> list[tuple[int, float]]:
         """The k most likely tokens at position i (at most TOP_N), best first, with natural-log probs."""
-        c = self.choice(i)
-        ranked = [(c.token_id, c.prob)] + list(zip(c.alternatives, c.alt_probs, strict=True))
-        return [(tok, math.log(p)) for tok, p in ranked[: max(0, k)]]
+        return [(tok, math.log(p)) for tok, p in self.choice(i).ranked()[: max(0, k)]]
+
+    def prompt_logprobs(self, k: int) -> list[dict[str, dict[str, object]] | None]:
+        """vLLM's `prompt_logprobs` for this prompt: None for the first piece, then per piece a mapping
+        token id -> {logprob, rank, decoded_token}: the prompt's own piece first (with its rank in the
+        vocabulary), then the k most likely tokens, best first, as vLLM's completions API returns them.
+        Every distribution here is computed by prefill."""
+        pieces = tokenize(self.prompt)
+        hasher = _hasher(self.seed)
+        out: list[dict[str, dict[str, object]] | None] = []
+        for position, piece in enumerate(pieces):
+            if position == 0:
+                out.append(None)
+            else:
+                ranked = distribution(hasher.copy().digest(), position, self.faults, prefill=True).ranked()
+                ids = [tok for tok, _ in ranked]
+                own = piece_id(piece)
+                if own in ids:
+                    rank = ids.index(own) + 1
+                    own_lp = math.log(ranked[rank - 1][1])
+                else:
+                    # Outside the ranked top: the tail's probability, below every listed one.
+                    rank, own_lp = TOP_N + 1 + own % 1000, math.log(ranked[-1][1] * 0.5)
+                entry = {str(own): {"logprob": own_lp, "rank": rank, "decoded_token": piece}}
+                for j, (tok, p) in enumerate(ranked[: max(0, k)]):
+                    entry.setdefault(str(tok), {"logprob": math.log(p), "rank": j + 1, "decoded_token": token_text(tok)})
+                out.append(entry)
+            hasher.update(piece.encode("utf-8"))
+        return out

@@ -35,6 +35,7 @@ class Generation:
     stream: bool
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs requested
+    prompt_logprobs: int | None = None  # vLLM's extension (completions): logprobs of every prompt token
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -94,6 +95,9 @@ def parse(body: Any, *, chat: bool, served_names: list[str], max_model_len: int)
             top = _int_field(body, "top_logprobs", 0, 0, decoding.TOP_N)
     else:
         top = _int_field(body, "logprobs", None, 0, decoding.TOP_N)
+    prompt_top = _int_field(body, "prompt_logprobs", None, 0, decoding.TOP_N)
+    if prompt_top is not None and chat:
+        raise ApiError(400, "the stub answers prompt_logprobs on /v1/completions only", param="prompt_logprobs")
     options = body.get("stream_options") or {}
     return Generation(
         chat=chat,
@@ -104,6 +108,7 @@ def parse(body: Any, *, chat: bool, served_names: list[str], max_model_len: int)
         stream=bool(body.get("stream", False)),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         top_logprobs=top,
+        prompt_logprobs=prompt_top,
     )
 
 
@@ -207,5 +212,8 @@ class Renderer:
         choice["logprobs"] = self._logprobs(positions)
         choice["finish_reason"] = finish_reason
         choice["stop_reason"] = None
+        if self.gen.prompt_logprobs is not None:
+            # As vLLM's non-streaming completion: None for the first prompt token, then one mapping per token.
+            choice["prompt_logprobs"] = self.tokens.prompt_logprobs(self.gen.prompt_logprobs)
         obj = "chat.completion" if self.gen.chat else "text_completion"
         return {**self._head(obj), "choices": [choice], "usage": self.usage(completion_tokens)}

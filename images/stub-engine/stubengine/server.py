@@ -177,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
             self._body(), chat=chat, served_names=srv.cfg.served_model_names, max_model_len=srv.cfg.max_model_len
         )
         seed = srv.cfg.token_seed + srv.sleeper.seed_offset
-        tokens = decoding.TokenStream(gen.prompt, seed, srv.cfg.flip_every)
+        tokens = decoding.TokenStream(gen.prompt, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from)
         request_id = srv.engine.next_id("chatcmpl" if chat else "cmpl")
         req = Request(request_id, gen.prompt_tokens, gen.max_tokens, tokens)
         try:
