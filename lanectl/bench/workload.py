@@ -11,6 +11,9 @@ A workload file lives under `recipes/workloads/` but declares its own schema, so
     classes:
       prose: ["prompt", ...]
       code: ["prompt", ...]
+    probes: [gauntlet, thinking, soak, needle-4k]   # optional: probes/<name>.yaml beside this file
+
+`gate` runs each named probe (`lanectl/bench/probes.py`) in every arm; any failure fails the gate.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from lanectl.bench.probes import known_probes, probe_file
 from lanectl.errors import BadInput, Problem
 from lanectl.recipe.validation import problems_from_validation
 from lanectl.recipe.yaml_source import YamlSyntaxError, read_yaml_file
@@ -41,6 +45,9 @@ class Workload(BaseModel):
     classes: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")],
                   Annotated[list[Prompt], Field(min_length=1)]] = Field(
         min_length=1, description="Prompt class -> its prompts; the gate judges each class on its own."
+    )
+    probes: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]] | None = Field(
+        None, min_length=1, description="Correctness probes `gate` runs in every arm: probes/<name>.yaml."
     )
 
     def prompts(self, class_name: str) -> list[str]:
@@ -103,6 +110,14 @@ def load_workload(path: Path, shown: str | None = None) -> Workload:
         raise WorkloadInvalid([Problem(shown, 1, 1, "", "a workload is a YAML mapping with schema, name, "
                                                          "max_tokens and classes")])
     try:
-        return Workload.model_validate(doc.data)
+        workload = Workload.model_validate(doc.data)
     except ValidationError as exc:
         raise WorkloadInvalid(problems_from_validation(exc, doc, Workload)) from None
+    missing = [doc.problem(("probes", i), f"no probe {name!r} ({probe_file(path, name)} does not exist); known: "
+                                          f"{', '.join(known_probes(path)) or 'none'}")
+               for i, name in enumerate(workload.probes or []) if not probe_file(path, name).is_file()]
+    missing += [doc.problem(("probes", i), f"probe {name!r} is named twice")
+                for i, name in enumerate(workload.probes or []) if name in (workload.probes or [])[:i]]
+    if missing:
+        raise WorkloadInvalid(missing)
+    return workload

@@ -41,6 +41,10 @@ CONFIDENT_P_MIN = 0.93
 TOP_N = 20
 # Where a candidate flips a token it is still fairly sure of itself; the control's token stays second.
 FLIP_P = 0.62
+# The loop fault: after LOOP_AFTER tokens the last LOOP_PERIOD of them repeat for ever (a degenerate
+# decode, as a broken kernel or a bad sampler produces).
+LOOP_AFTER = 32
+LOOP_PERIOD = 6
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,12 @@ class TokenStream:
     """The tokens one prompt decodes to. Thread-safe: the engine thread looks ahead for the speculative
     sampler while the HTTP thread renders the same positions."""
 
-    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0) -> None:
+    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0, loop: bool = False) -> None:
         self._digest = hashlib.blake2b(
             prompt.encode("utf-8"), digest_size=16, person=b"stubengine", salt=str(seed).encode()[-16:]
         ).digest()
         self._flip_every = flip_every
+        self._loop = loop
         self._choices: list[Choice] = []
         self._lock = threading.Lock()
 
@@ -80,6 +85,9 @@ class TokenStream:
         return self._position(i)[2] >= 16
 
     def _compute(self, i: int) -> Choice:
+        if self._loop and i >= LOOP_AFTER:
+            # Positions are computed in order under the lock, so the one repeated is already there.
+            return self._choices[LOOP_AFTER - LOOP_PERIOD + (i - LOOP_AFTER) % LOOP_PERIOD]
         h = self._position(i)
         base = int.from_bytes(h[0:2], "little") % V
         stride = 1 + h[4] % (V - 1)
