@@ -14,13 +14,14 @@ import platform
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from lanectl.bench.loadgen import ArmResult, run_arm
+from lanectl.bench.probes import Probe, run_probe
 from lanectl.bench.stats import FidelityReport, TokenChoice, Verdict, cell_verdict, fidelity, fidelity_verdict
 from lanectl.bench.workload import Workload, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
@@ -48,12 +49,14 @@ class LaneBench:
     xid_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> ProbeReport.summary()
 
     def summary(self) -> dict[str, Any]:
         return {
             "lane": self.lane, "arm": self.arm, "image": self.image, "started": self.started,
             "cells": {key: _arm_figures(arm) for key, arm in self.cells.items()},
             "xid_lines": self.xid_lines, "fatal_lines": self.fatal_lines, "notes": self.notes,
+            "probes": self.probes,
         }
 
 
@@ -64,10 +67,12 @@ def _arm_figures(arm: ArmResult) -> dict[str, Any]:
 
 
 def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurrency: list[int], *, arm: str,
-               kernel_log: Any | None, progress: Callable[[str], None] = lambda text: None) -> LaneBench:
+               kernel_log: Any | None, progress: Callable[[str], None] = lambda text: None,
+               probes: Sequence[Probe] = ()) -> LaneBench:
     """Measure the serving lane. Prompts carry a prefix unique to this arm, so a prefix cache warmed by
     an earlier arm cannot inflate this one (vllm#52884); the fidelity pass sends the bare prompts,
-    the same in every arm, one at a time, with logprobs."""
+    the same in every arm, one at a time, with logprobs. Then each correctness probe, inside the arm's
+    log and Xid window."""
     base_url, model = probe_base_url(lane), lane.spec.health.served_model_name
     primary = engine.container(lane.container_name())
     result = LaneBench(lane=lane.name, arm=arm, image=primary.image if primary else "?",
@@ -92,6 +97,9 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
                                logprobs=FIDELITY_TOP_LOGPROBS, temperature=0.0, prompt_class=klass)
         for index, choices in fidelity_arm.choices_by_prompt().items():
             result.fidelity_choices[f"{klass}#{index}"] = choices
+    for probe in probes:
+        progress(f"{lane.name} [{arm}] probe {probe.name}")
+        result.probes[probe.name] = run_probe(base_url, model, probe).summary()
     patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
     for name in (lane.container_name(role) for role in lane.roles):
         result.fatal_lines += [line for line in engine.logs(name, since=log_since).splitlines()
@@ -113,22 +121,23 @@ class GateReport:
     fidelity: dict[str, Any]
     arms: list[dict[str, Any]]
     promoted: str | None = None
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe -> arm -> its summary
     host: dict[str, str] = field(default_factory=lambda: {"node": platform.node(), "python": platform.python_version(),
                                                           "machine": platform.machine()})
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "control": self.control, "bar": self.bar, "verdict": self.verdict.value,
                 "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity, "arms": self.arms,
-                "promoted": self.promoted, "host": self.host}
+                "promoted": self.promoted, "probes": self.probes, "host": self.host}
 
 
 def judge(control_first: LaneBench, candidate: LaneBench, control_last: LaneBench, bar: float) -> GateReport:
     """Pure: the verdict from three arms.
 
     Per cell (class@concurrency) on output tok/s: `cell_verdict`. Overall: FAIL when any arm logged a
-    new Xid or fatal engine line, any arm had failed requests, any cell FAILs, or fidelity FAILs;
-    PASS when nothing failed and at least one cell PASSes (a split-KV kernel wins where it applies
-    and must merely not lose elsewhere); INCONCLUSIVE otherwise: rerun, do not promote.
+    new Xid or fatal engine line, any arm had failed requests or failed a correctness probe, any cell
+    FAILs, or fidelity FAILs; PASS when nothing failed and at least one cell PASSes (a split-KV kernel
+    wins where it applies and must merely not lose elsewhere); INCONCLUSIVE otherwise: rerun, do not promote.
     """
     reasons: list[str] = []
     for arm in (control_first, candidate, control_last):
@@ -139,6 +148,7 @@ def judge(control_first: LaneBench, candidate: LaneBench, control_last: LaneBenc
         failed = sum(cell.failed for cell in arm.cells.values())
         if failed:
             reasons.append(f"{arm.arm} ({arm.lane}) had {failed} failed request(s)")
+    reasons += probe_reasons((control_first, candidate, control_last))
     cells: dict[str, dict[str, Any]] = {}
     for key in candidate.cells:
         a1, b, a2 = (arm.cells[key].output_tok_per_s for arm in (control_first, candidate, control_last))
@@ -172,12 +182,29 @@ def judge(control_first: LaneBench, candidate: LaneBench, control_last: LaneBenc
                   "weighted_divergence_bar": control_drift.weighted_divergence,
                   "prompts": candidate_drift.prompts, "positions": candidate_drift.positions},
         arms=[arm.summary() for arm in (control_first, candidate, control_last)],
+        probes=probe_table((control_first, candidate, control_last)),
     )
+
+
+def probe_reasons(arms: Sequence[LaneBench]) -> list[str]:
+    """A reason for each probe that failed in any arm: a control that fails one cannot vouch for the bracket."""
+    reasons = []
+    for arm in arms:
+        for name, probe in arm.probes.items():
+            if not probe["ok"]:
+                reasons.append(f"{arm.arm} ({arm.lane}) failed probe {name}: {probe['passed']}/{probe['total']} "
+                               f"passed; {probe['failures'][0]}")
+    return reasons
+
+
+def probe_table(arms: Sequence[LaneBench]) -> dict[str, dict[str, Any]]:
+    return {name: {arm.arm: arm.probes[name] for arm in arms if name in arm.probes}
+            for name in dict.fromkeys(name for arm in arms for name in arm.probes)}
 
 
 def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: Workload, concurrency: list[int], *,
              bar: float, promote: bool, kernel_log: Any | None,
-             progress: Callable[[str], None] = lambda text: None) -> GateReport:
+             progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> GateReport:
     """The bracket: control, candidate, control; each switch through the lanes code path and its gate.
 
     The caller holds the host lock for the whole bracket. The control is serving at the end, unless
@@ -197,7 +224,7 @@ def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: W
                               reasons=[raise_message], cells={}, fidelity={},
                               arms=[a.summary() for a in arms])
         arms.append(bench_lane(switcher.engine, lane, workload, concurrency, arm=arm, kernel_log=kernel_log,
-                               progress=progress))
+                               progress=progress, probes=probes))
     report = judge(arms[0], arms[1], arms[2], bar)
     if promote and report.verdict == Verdict.PASS:
         progress(f"PASS: promoting {candidate.name}")

@@ -40,6 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from lanectl.errors import BadInput, Problem
+from lanectl.recipe.model import flag_value
 from lanectl.recipe.validation import problems_from_validation
 from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, read_yaml_file
 
@@ -304,6 +305,21 @@ def _item_problems(item: GauntletItem, at: PathKey) -> list[tuple[PathKey, str]]
     return found
 
 
+def load_probes(workload_path: Path, names: Sequence[str], lanes: Sequence[tuple[str, int | None]]) -> list[Probe]:
+    """The probes a workload names, each valid and fitting every lane (name, --max-model-len); raise
+    `ProbeInvalid` with every problem of every file."""
+    loaded, problems = [], []
+    for name in names:
+        try:
+            loaded.append(load_probe(probe_file(workload_path, name)))
+        except ProbeInvalid as exc:
+            problems += exc.problems
+    problems += context_problems(loaded, lanes)
+    if problems:
+        raise ProbeInvalid(problems)
+    return [each.probe for each in loaded]
+
+
 def context_problems(probes: Sequence[ProbeFile], lanes: Sequence[tuple[str, int | None]]) -> list[Problem]:
     """A needle whose prompt and answer would not fit a lane's --max-model-len; lanes without the flag are
     not checked (the engine then takes the model's own length, which lanectl cannot know)."""
@@ -322,22 +338,15 @@ def context_problems(probes: Sequence[ProbeFile], lanes: Sequence[tuple[str, int
     return found
 
 
-def max_model_len(args: Sequence[str]) -> int | None:
-    """`--max-model-len N` (or `=N`, or vLLM's 64k / 1M forms: lower case x1000, upper case x1024) from serve flags."""
-    for i, arg in enumerate(args):
-        value = None
-        if arg == "--max-model-len" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--max-model-len="):
-            value = arg.partition("=")[2]
-        if value is None:
-            continue
-        match = re.fullmatch(r"(\d+)([kKmMgG]?)", value.strip())
-        if not match:
-            return None
-        scale = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
-        return int(match[1]) * scale[match[2]]
-    return None
+def max_model_len(args: list[str]) -> int | None:
+    """The serve flags' `--max-model-len`: an integer, or vLLM's 64k / 1M forms (lower case x1000, upper
+    case x1024); None when absent or in a form not read here (the check is then left to the engine)."""
+    value = flag_value(args, "--max-model-len")
+    match = re.fullmatch(r"(\d+)([kKmMgG]?)", (value or "").strip())
+    if not match:
+        return None
+    scale = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+    return int(match[1]) * scale[match[2]]
 
 
 # -- pass rules (pure) ---------------------------------------------------------------------------------

@@ -284,10 +284,18 @@ def gate(result: Result) -> list[Line]:
         lines.append(f"fidelity: {fid['verdict']}: {fid['confident_flips']} confident flips (bar "
                      f"{fid['confident_flips_bar']}), weighted divergence {fid['weighted_divergence']:.3f} "
                      f"(bar {fid['weighted_divergence_bar']:.3f}) over {fid['prompts']} prompts")
+    for name, arms in (report.get("probes") or {}).items():
+        lines.append(f"probe {name:<16} " + "  ".join(_probe_cell(arm, probe) for arm, probe in arms.items()))
     lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x)"
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
     return [line(text) for text in lines]
+
+
+def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
+    """`candidate 12/12`, a needle's time after it: `control-1 1/1 in 31.2 s`."""
+    timed = f" in {max(probe['seconds'].values()):.1f} s" if probe["kind"] == "needle" and probe["seconds"] else ""
+    return f"{arm} {probe['passed']}/{probe['total']}{timed}{'' if probe['ok'] else ' FAIL'}"
 
 
 def init(result: Result) -> list[Line]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lanectl.bench.gate import bench_lane, run_gate, write_results
+from lanectl.bench.probes import load_probes, max_model_len
 from lanectl.bench.stats import Verdict
 from lanectl.bench.workload import load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
@@ -64,11 +65,15 @@ def gate(catalog: Catalog, candidate: str, control: str, workload_name: str, con
     from lanectl.commands.switch import switcher
 
     candidate_lane, control_lane = catalog.lane(candidate), catalog.lane(control)
-    workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name))
+    workload_path = workload_file(catalog.project.recipes_dir, workload_name)
+    workload = load_workload(workload_path)
+    # Every probe file read, and every needle held against each lane's context length, before any switch.
+    probes = load_probes(workload_path, workload.probes or [],
+                         [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane, candidate_lane)])
     command = f"lanectl gate {candidate} --control {control}"
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         report = run_gate(lanes, candidate_lane, control_lane, workload, concurrency, bar=bar, promote=promote,
-                          kernel_log=_kernel_log(), progress=progress)
+                          kernel_log=_kernel_log(), progress=progress, probes=probes)
     run_dir = None
     messages: tuple[Message, ...] = ()
     if out is not None:
