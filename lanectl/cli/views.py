@@ -284,8 +284,9 @@ def gate(result: Result) -> list[Line]:
         lines.append(f"fidelity: {fid['verdict']}: {fid['confident_flips']} confident flips (bar "
                      f"{fid['confident_flips_bar']}), weighted divergence {fid['weighted_divergence']:.3f} "
                      f"(bar {fid['weighted_divergence_bar']:.3f}) over {fid['prompts']} prompts")
+    order = [arm["arm"] for arm in report.get("arms", [])]  # the bracket's order (results.json sorts keys)
     for name, arms in (report.get("probes") or {}).items():
-        lines.append(f"probe {name:<16} " + "  ".join(_probe_cell(arm, probe) for arm, probe in arms.items()))
+        lines.append(f"probe {name:<16} " + "  ".join(_probe_cell(arm, arms[arm]) for arm in order if arm in arms))
     lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x)"
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
