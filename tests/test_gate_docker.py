@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import docker
+import httpx
 import pytest
 
+from lanectl.bench.probes import load_probe, run_probe
+from tests.conftest import REPO
 from tests.lane_fixtures import LaneProject, make_lane_project, remove_containers, remove_everything
 from tests.test_plot_extra import without_matplotlib
 
@@ -33,12 +38,20 @@ CANDIDATES = """
     description: fast, but its prefill flips every confident token from position 24 of a text on
     engine:
       env: {STUB_DECODE_TOKENS_PER_S: "125", STUB_PREFILL_FLIP_FROM: "24"}
+  t-leak:
+    description: fast, but returns its reasoning inside the answer
+    engine:
+      env: {STUB_DECODE_TOKENS_PER_S: "125", STUB_FAULT: leak_reasoning}
   t-short:
-    description: a recipe that caps the context at 2048 tokens (never built; refused before it would be)
+    description: caps the context at 2048 tokens, too short for the demo needle (never built, refused first)
     engine:
       args: [/model, --served-model-name, demo-model, --max-model-len, "2048", --host, 0.0.0.0, --port, "8000"]
 """
-LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late"]
+LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late", "t-leak"]
+# The demo's probes, and the output fault of the stub that fails each.
+DEMO_PROBES = ["gauntlet", "thinking", "soak-demo", "needle-4k"]
+FAULT_FAILS = {"broken_tool_json": "gauntlet", "leak_reasoning": "thinking", "loop": "soak-demo",
+               "miss_needle": "needle-4k"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +62,10 @@ def lanes(tmp_path_factory: pytest.TempPathFactory):
     workloads = project.root / "recipes" / "workloads"
     workloads.mkdir()
     (workloads / "gate-test.yaml").write_text((Path(__file__).parent / "data" / "gate-workload.yaml").read_text())
+    shutil.copytree(REPO / "recipes" / "workloads" / "probes", workloads / "probes")
+    (workloads / "gate-probes.yaml").write_text(
+        (workloads / "gate-test.yaml").read_text().replace("name: gate-test", "name: gate-probes")
+        + "probes: [thinking, needle-4k]\n")
     project.cli("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
     yield project
     remove_everything(project)
@@ -205,3 +222,52 @@ def test_bench_measures_the_serving_lane(lanes, state, tmp_path):
     assert text.stderr.splitlines()[-1 - len(measured["notes"]):] == [*measured["notes"], f"results in {run_dir}"]
     other = lanes.cli("bench", "t-fast", "--workload", "gate-test", state=state)
     assert other.returncode == 2 and "is not the serving lane" in other.stderr
+
+
+def host_url(lanes: LaneProject, lane: str) -> str:
+    ports = docker.from_env().containers.get(lanes.container(lane)).ports["8000/tcp"]
+    return f"http://127.0.0.1:{ports[0]['HostPort']}"
+
+
+def test_every_probe_passes_on_the_healthy_stub_lane_and_fails_on_its_fault(lanes, state):
+    """The demo probes straight against one running lane; each fault switched on through the stub's admin route."""
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    url = host_url(lanes, "demo-h1")
+    probes = {name: load_probe(REPO / "recipes" / "workloads" / "probes" / f"{name}.yaml").probe
+              for name in DEMO_PROBES}
+
+    assert [name for name, probe in probes.items() if not run_probe(url, "demo-model", probe).passed] == []
+    # Only the faulted probe is run again here (CI time); that a fault fails no other probe is shown on the
+    # stub process (tests/stub_engine/test_stub_probes.py).
+    for fault, name in FAULT_FAILS.items():
+        httpx.post(f"{url}/admin/fault", json={"fault": fault}).raise_for_status()
+        report = run_probe(url, "demo-model", probes[name])
+        assert not report.passed, (fault, report.summary())
+        httpx.post(f"{url}/admin/fault", json={"fault": "clear"}).raise_for_status()
+
+
+def test_a_candidate_failing_one_probe_fails_the_gate_naming_it(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    code, report = gate(lanes, state, "t-leak", "--workload", "gate-probes", "--concurrency", "1",
+                        "--out", str(tmp_path / "results"))
+    assert code == 1 and report["verdict"] == "fail"
+    probe_reasons = [r for r in report["reasons"] if "probe" in r]
+    assert probe_reasons == ["candidate (t-leak) failed probe thinking: 0/16 passed; prompt-1: reasoning leaked "
+                             "into the answer (<think>, </think> in content)"], report["reasons"]
+    thinking, needle = report["probes"]["thinking"], report["probes"]["needle-4k"]
+    assert {arm: p["ok"] for arm, p in thinking.items()} == {"control-1": True, "candidate": False,
+                                                             "control-2": True}
+    assert all(p["ok"] and 0 < p["seconds"]["needle"] < 30 for p in needle.values()), needle
+    text = lanes.cli("report", report["run_dir"], state=state, check=True).stdout
+    assert "probe thinking         control-1 16/16  candidate 0/16 FAIL  control-2 16/16" in text, text
+    assert "probe needle-4k        control-1 1/1 in " in text
+
+
+def test_a_needle_beyond_the_lanes_context_is_refused_before_any_arm(lanes, state):
+    result = lanes.cli("gate", "t-short", "--control", "demo-h1", "--workload", "gate-probes", "--no-gpu",
+                       state=state)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        "recipes/workloads/probes/needle-4k.yaml:10:18: haystack_tokens: the needle prompt (4020 tokens at 4 "
+        "characters a token) plus 64 output tokens exceeds lane t-short's --max-model-len 2048"), result.stderr
+    assert docker.from_env().containers.list(all=True, filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"}) == []

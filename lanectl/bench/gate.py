@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lanectl.bench.loadgen import ArmResult, make_client, run_arm, score_continuation
+from lanectl.bench.probes import Probe, run_probe
 from lanectl.bench.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -76,6 +77,7 @@ class LaneBench:
     xid_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> ProbeReport.summary()
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class LaneBench:
             "cells": {key: _arm_figures(arm) for key, arm in self.cells.items()},
             "greedy": {key: [c.token for c in choices] for key, choices in self.greedy.items()},
             "xid_lines": self.xid_lines, "fatal_lines": self.fatal_lines, "notes": self.notes,
+            "probes": self.probes,
         }
 
 
@@ -94,12 +97,13 @@ def _arm_figures(arm: ArmResult) -> dict[str, Any]:
 
 def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurrency: list[int], *, arm: str,
                kernel_log: Any | None, reference: dict[str, tuple[TokenChoice, ...]] | None = None,
-               progress: Callable[[str], None] = lambda text: None) -> LaneBench:
+               progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> LaneBench:
     """Measure the serving lane. Prompts carry a prefix unique to this arm, so a prefix cache warmed by
     an earlier arm cannot inflate this one (vllm#52884), and are padded to each of the workload's
     context lengths. The fidelity pass sends the bare prompts, the same in every arm, one at a time at
     temperature 0 with logprobs; with `reference` (another arm's greedy continuations) it then scores
-    prompt + that continuation with prompt logprobs: teacher forcing."""
+    prompt + that continuation with prompt logprobs: teacher forcing. Then each correctness probe,
+    inside the arm's log and Xid window."""
     base_url, model = probe_base_url(lane), lane.spec.health.served_model_name
     primary = engine.container(lane.container_name())
     result = LaneBench(lane=lane.name, arm=arm, image=primary.image if primary else "?",
@@ -140,6 +144,9 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
                         result.notes.append(f"{klass}#{index}: {scored}")
                     else:
                         result.forced[f"{klass}#{index}"] = scored
+    for probe in probes:
+        progress(f"{lane.name} [{arm}] probe {probe.name}")
+        result.probes[probe.name] = run_probe(base_url, model, probe).summary()
     patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
     for name in (lane.container_name(role) for role in lane.roles):
         result.fatal_lines += [line for line in engine.logs(name, since=log_since).splitlines()
@@ -163,13 +170,15 @@ class GateReport:
     order: str = "ABA"
     promoted: str | None = None
     calibration: dict[str, Any] | None = None
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe -> arm -> its summary
     host: dict[str, str] = field(default_factory=lambda: {"node": platform.node(), "python": platform.python_version(),
                                                           "machine": platform.machine()})
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "control": self.control, "bar": self.bar, "verdict": self.verdict.value,
                 "order": self.order, "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity,
-                "arms": self.arms, "promoted": self.promoted, "calibration": self.calibration, "host": self.host}
+                "arms": self.arms, "promoted": self.promoted, "calibration": self.calibration, "probes": self.probes,
+                "host": self.host}
 
 
 def _mean_of(values: Sequence[float | None]) -> float | None:
@@ -251,7 +260,8 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
 
     Per cell (class@concurrency[/context]): `cell_verdict` on the bootstrap interval of the
     candidate/control ratio of per-request rates. Overall: FAIL when any arm logged a new Xid or fatal
-    engine line, any arm had failed requests, any cell FAILs, or teacher-forced fidelity FAILs; PASS
+    engine line, any arm had failed requests or failed a correctness probe, any cell FAILs, or
+    teacher-forced fidelity FAILs; PASS
     when nothing failed and at least one cell PASSes (a split-KV kernel wins where it applies and must
     merely not lose elsewhere); INCONCLUSIVE otherwise: rerun, do not promote.
 
@@ -269,6 +279,7 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
         failed = sum(cell.failed for cell in arm.cells.values())
         if failed:
             reasons.append(f"{arm.arm} ({arm.lane}) had {failed} failed request(s)")
+    reasons += probe_reasons(arms)
     cells: dict[str, dict[str, Any]] = {}
     intervals: list[RatioInterval] = []
     for key in candidates[0].cells:
@@ -294,7 +305,8 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
                 f"{found.cells} cells x {resamples} replicates, {found.cells_passed} cell(s) passed the bar; "
                 f"smallest detectable: {found.detectable_ratio:.3f}x to pass the bar, "
                 f"+{found.detectable_gain:.1%} to tell from no change")
-        verdict = Verdict.PASS if found.within(max_false_promotion) else Verdict.FAIL
+        # Anything else that went wrong (a failed request or probe, a FAIL cell) is noise the setup must not have.
+        verdict = Verdict.PASS if found.within(max_false_promotion) and not reasons else Verdict.FAIL
         reasons = [line, *reasons] if verdict == Verdict.PASS else [*reasons, line]
     elif reasons:
         verdict = Verdict.FAIL
@@ -308,13 +320,30 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
     order = "".join("A" if a.arm.startswith("control") else "B" for a in arms)
     return GateReport(
         candidate=candidates[0].lane, control=controls[0].lane, bar=bar, verdict=verdict, reasons=reasons,
-        cells=cells, fidelity=fid, arms=[arm.summary() for arm in arms], order=order, calibration=calibration)
+        cells=cells, fidelity=fid, arms=[arm.summary() for arm in arms], order=order, calibration=calibration,
+        probes=probe_table(arms))
+
+
+def probe_reasons(arms: Sequence[LaneBench]) -> list[str]:
+    """A reason for each probe that failed in any arm: a control that fails one cannot vouch for the bracket."""
+    reasons = []
+    for arm in arms:
+        for name, probe in arm.probes.items():
+            if not probe["ok"]:
+                reasons.append(f"{arm.arm} ({arm.lane}) failed probe {name}: {probe['passed']}/{probe['total']} "
+                               f"passed; {probe['failures'][0]}")
+    return reasons
+
+
+def probe_table(arms: Sequence[LaneBench]) -> dict[str, dict[str, Any]]:
+    return {name: {arm.arm: arm.probes[name] for arm in arms if name in arm.probes}
+            for name in dict.fromkeys(name for arm in arms for name in arm.probes)}
 
 
 def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: Workload, concurrency: list[int], *,
              bar: float, promote: bool, kernel_log: Any | None, order: str = "ABA",
              max_false_promotion: float | None = None,
-             progress: Callable[[str], None] = lambda text: None) -> GateReport:
+             progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> GateReport:
     """The bracket in `order` (ABA: control, candidate, control; ABBA: control, candidate twice, control);
     each switch through the lanes code path and its gate. The first control arm's greedy outputs are the
     continuations every later arm scores.
@@ -338,7 +367,8 @@ def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: W
                               reasons=[raise_message], cells={}, fidelity={}, order=order,
                               arms=[a.summary() for a in arms])
         arms.append(bench_lane(switcher.engine, lane, workload, concurrency, arm=arm, kernel_log=kernel_log,
-                               reference=arms[0].greedy if arms else None, progress=progress))
+                               reference=arms[0].greedy if arms else None, progress=progress,
+                               probes=probes))
     report = judge(arms, bar, agent_classes=workload.agent_classes, max_false_promotion=max_false_promotion)
     if promote and report.verdict == Verdict.PASS and max_false_promotion is None:
         progress(f"PASS: promoting {candidate.name}")

@@ -14,6 +14,9 @@ A workload file lives under `recipes/workloads/` but declares its own schema, so
       tool_json: ["prompt", ...]
     agent_classes: [tool_json]    # reported on their own line; no confident flip allowed there
     context_lengths: [0, 65536]   # optional: each cell again with the prompt padded to N tokens
+    probes: [gauntlet, thinking, soak, needle-4k]   # optional: probes/<name>.yaml beside this file
+
+`gate` runs each named probe (`lanectl/bench/probes.py`) in every arm; any failure fails the gate.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from lanectl.bench.probes import known_probes, probe_file
 from lanectl.errors import BadInput, Problem
 from lanectl.recipe.validation import problems_from_validation
 from lanectl.recipe.yaml_source import YamlSyntaxError, read_yaml_file
@@ -44,6 +48,9 @@ class Workload(BaseModel):
     classes: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")],
                   Annotated[list[Prompt], Field(min_length=1)]] = Field(
         min_length=1, description="Prompt class -> its prompts; the gate judges each class on its own."
+    )
+    probes: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]] | None = Field(
+        None, min_length=1, description="Correctness probes `gate` runs in every arm: probes/<name>.yaml."
     )
 
     agent_classes: list[str] = Field(
@@ -149,6 +156,11 @@ def load_workload(path: Path, shown: str | None = None, *, max_model_len: int | 
                                  f"--max-model-len {max_model_len}")
                      for i, tokens in enumerate(workload.context_lengths)
                      if tokens + workload.max_tokens > max_model_len]
+    problems += [doc.problem(("probes", i), f"no probe {name!r} ({probe_file(path, name)} does not exist); known: "
+                                           f"{', '.join(known_probes(path)) or 'none'}")
+                 for i, name in enumerate(workload.probes or []) if not probe_file(path, name).is_file()]
+    problems += [doc.problem(("probes", i), f"probe {name!r} is named twice")
+                 for i, name in enumerate(workload.probes or []) if name in (workload.probes or [])[:i]]
     if problems:
         raise WorkloadInvalid(problems)
     return workload

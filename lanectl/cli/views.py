@@ -317,6 +317,9 @@ def gate(result: Result) -> list[Line]:
         if agent["classes"]:
             lines.append(f"  agent/tool prompts ({', '.join(agent['classes'])}): {agent['confident_flips']} "
                          f"confident flips (allowed 0)")
+    order = [arm["arm"] for arm in report.get("arms", [])]  # the bracket's order (results.json sorts keys)
+    for name, arms in (report.get("probes") or {}).items():
+        lines.append(f"probe {name:<16} " + "  ".join(_probe_cell(arm, arms[arm]) for arm in order if arm in arms))
     calibration = report.get("calibration")
     if calibration:
         lines.append(f"calibration ({report['order']} of one lane): false-promotion rate "
@@ -328,6 +331,12 @@ def gate(result: Result) -> list[Line]:
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
     return [line(text) for text in lines]
+
+
+def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
+    """`candidate 12/12`, a needle's time after it: `control-1 1/1 in 31.2 s`."""
+    timed = f" in {max(probe['seconds'].values()):.1f} s" if probe["kind"] == "needle" and probe["seconds"] else ""
+    return f"{arm} {probe['passed']}/{probe['total']}{timed}{'' if probe['ok'] else ' FAIL'}"
 
 
 def init(result: Result) -> list[Line]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lanectl.bench.gate import bench_lane, run_gate, write_results
+from lanectl.bench.probes import load_probes, max_model_len
 from lanectl.bench.stats import Verdict
 from lanectl.bench.workload import load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
@@ -59,13 +60,7 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
 
 def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
     """The smallest --max-model-len the lanes' recipes set (and which lane sets it); None when none sets one."""
-    from lanectl.recipe.model import flag_value
-
-    found = []
-    for lane in lanes:
-        raw = flag_value(lane.spec.engine.args, "--max-model-len")
-        if raw is not None and raw.isdigit():
-            found.append((int(raw), lane.name))
+    found = [(limit, lane.name) for lane in lanes if (limit := max_model_len(lane.spec.engine.args)) is not None]
     return min(found) if found else None
 
 
@@ -96,13 +91,17 @@ def gate(catalog: Catalog, candidate: str, control: str | None, workload_name: s
         raise BadInput("--control is required (or --calibrate, to run CANDIDATE against itself)")
     candidate_lane, control_lane = catalog.lane(candidate), catalog.lane(control)
     limit = _max_model_len([control_lane, candidate_lane])
-    workload = load_workload(workload_file(catalog.project.recipes_dir, workload_name),
-                             max_model_len=limit[0] if limit else None, lane=limit[1] if limit else "")
+    workload_path = workload_file(catalog.project.recipes_dir, workload_name)
+    workload = load_workload(workload_path, max_model_len=limit[0] if limit else None, lane=limit[1] if limit else "")
+    # Every probe file read, and every needle held against each lane's context length, before any switch.
+    probes = load_probes(workload_path, workload.probes or [],
+                         [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane, candidate_lane)])
     command = f"lanectl gate {candidate} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         report = run_gate(lanes, candidate_lane, control_lane, workload, concurrency, bar=bar,
                           promote=promote and not calibrate, kernel_log=_kernel_log(), order=order,
-                          max_false_promotion=max_false_promotion if calibrate else None, progress=progress)
+                          max_false_promotion=max_false_promotion if calibrate else None, progress=progress,
+                          probes=probes)
     run_dir = None
     messages: tuple[Message, ...] = ()
     if out is not None:

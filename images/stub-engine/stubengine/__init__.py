@@ -31,6 +31,8 @@ Environment (stub knobs; all optional):
                                    confident, emit the runner-up token instead (a "confident flip")
     STUB_FAULT=                    crash | crash_on_start | hang | unhealthy | fatal_log | slow_start
                                    | wake_fail | wake_altered | die_asleep (sleep mode: see sleep.py)
+                                   | broken_tool_json | leak_reasoning | loop | miss_needle (output
+                                   faults, each failing one of lanectl's probes: see faults.py, answers.py)
     STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready;
                                    die_asleep this long after falling asleep
     STUB_SLOW_START_SECONDS=30     load time under STUB_FAULT=slow_start

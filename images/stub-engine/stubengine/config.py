@@ -17,7 +17,8 @@ USAGE = (
 )
 
 FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start",
-          "wake_fail", "wake_altered", "die_asleep")
+          "wake_fail", "wake_altered", "die_asleep",
+          "broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 
 
 class ConfigError(ValueError):

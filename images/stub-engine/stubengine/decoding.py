@@ -50,6 +50,10 @@ CONFIDENT_P_MIN = 0.93
 TOP_N = 20
 # Where a candidate flips a token it is still fairly sure of itself; the control's token stays second.
 FLIP_P = 0.62
+# The loop fault: after LOOP_AFTER tokens the last LOOP_PERIOD of them repeat for ever (a degenerate
+# decode, as a broken kernel or a bad sampler produces).
+LOOP_AFTER = 32
+LOOP_PERIOD = 6
 
 
 @dataclass(frozen=True)
@@ -143,11 +147,13 @@ class TokenStream:
     """The tokens one prompt decodes to. Thread-safe: the engine thread looks ahead for the speculative
     sampler while the HTTP thread renders the same positions."""
 
-    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0, prefill_flip_from: int = 0) -> None:
+    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0, prefill_flip_from: int = 0,
+                 loop: bool = False) -> None:
         self.prompt = prompt
         self.seed = seed
         self.faults = Faults(flip_every, prefill_flip_from)
         self.prompt_pieces = len(tokenize(prompt))
+        self._loop = loop
         self._hasher = _hasher(seed)
         self._hasher.update(prompt.encode("utf-8"))
         self._choices: list[Choice] = []
@@ -167,8 +173,13 @@ class TokenStream:
         with self._lock:
             while len(choices) <= i:
                 n = len(choices)
-                digest = self._hasher.copy().digest()
-                c = distribution(digest, self.prompt_pieces + n, self.faults, prefill=n == 0)
+                if self._loop and n >= LOOP_AFTER:
+                    # The loop fault: positions are computed in order under the lock, so the one repeated is there.
+                    repeated = LOOP_AFTER - LOOP_PERIOD + (n - LOOP_AFTER) % LOOP_PERIOD
+                    digest, c = self._digests[repeated], choices[repeated]
+                else:
+                    digest = self._hasher.copy().digest()
+                    c = distribution(digest, self.prompt_pieces + n, self.faults, prefill=n == 0)
                 self._digests.append(digest)
                 choices.append(c)
                 self._hasher.update(token_text(c.token_id).encode("utf-8"))
@@ -204,7 +215,8 @@ class TokenStream:
                     rank, own_lp = TOP_N + 1 + own % 1000, math.log(ranked[-1][1] * 0.5)
                 entry = {str(own): {"logprob": own_lp, "rank": rank, "decoded_token": piece}}
                 for j, (tok, p) in enumerate(ranked[: max(0, k)]):
-                    entry.setdefault(str(tok), {"logprob": math.log(p), "rank": j + 1, "decoded_token": token_text(tok)})
+                    entry.setdefault(str(tok), {"logprob": math.log(p), "rank": j + 1,
+                                                "decoded_token": token_text(tok)})
                 out.append(entry)
             hasher.update(piece.encode("utf-8"))
         return out

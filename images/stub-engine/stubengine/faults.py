@@ -14,6 +14,13 @@ Sleep-mode faults (handled by sleep.py), each a way a standby has failed upstrea
 - wake_altered:   the wake succeeds and /health says 200, but every token after it differs from before the
                   sleep: the "healthy endpoint, corrupt output" wake (vllm#17103).
 - die_asleep:     the process dies STUB_FAULT_AFTER_S after falling asleep, as a crash does.
+
+Output faults (answers.py, decoding.py): the engine stays healthy and fast, but a correctness probe fails.
+- broken_tool_json: tool-call arguments lose their closing brace (a tool parser that cuts the last token).
+- leak_reasoning:   the reasoning is returned inside the answer as <think>...</think>, not apart (a
+                    missing or mismatched --reasoning-parser).
+- loop:             after LOOP_AFTER tokens every generation repeats its last LOOP_PERIOD tokens for ever.
+- miss_needle:      a long-context question is answered as if the needle were not in the prompt.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from . import logs
 
 log = logs.get("core")
 
-RUNTIME_FAULTS = ("crash", "hang", "unhealthy", "fatal_log", "clear")
+OUTPUT_FAULTS = ("broken_tool_json", "leak_reasoning", "loop", "miss_needle")
+RUNTIME_FAULTS = ("crash", "hang", "unhealthy", "fatal_log", *OUTPUT_FAULTS, "clear")
 SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep")
 
 FATAL_CUDA_LINE = "CUDA error: an illegal memory access was encountered"
@@ -74,6 +82,7 @@ class FaultState:
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self._lock = threading.Lock()
         self.mode = "ok"  # ok | hang | unhealthy
+        self.output: str | None = None  # one of OUTPUT_FAULTS while injected
         self.on_change = on_change
 
     @property
@@ -89,9 +98,14 @@ class FaultState:
             crash(reason)
         elif fault == "fatal_log":
             log.error(FATAL_CUDA_LINE)
+        elif fault in OUTPUT_FAULTS:
+            # Nothing is logged: a probe of the outputs must catch it, not a log watcher.
+            self.output = fault
         elif fault in ("hang", "unhealthy", "clear"):
             with self._lock:
                 self.mode = "ok" if fault == "clear" else fault
+                if fault == "clear":
+                    self.output = None
             # Neither mode logs a fatal line: each must be caught by the probe it exists to test (a
             # generating probe for hang, /health for unhealthy), not by a log watcher.
             if fault == "unhealthy":

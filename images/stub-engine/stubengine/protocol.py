@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import decoding
+from .answers import Answer
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -36,6 +37,7 @@ class Generation:
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs requested
     prompt_logprobs: int | None = None  # vLLM's extension (completions): logprobs of every prompt token
+    body: dict[str, Any] = field(default_factory=dict)  # the request as sent (answers.py reads chat options)
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -109,14 +111,17 @@ def parse(body: Any, *, chat: bool, served_names: list[str], max_model_len: int)
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         top_logprobs=top,
         prompt_logprobs=prompt_top,
+        body=body,
     )
 
 
 class Renderer:
     """Builds the response objects of one request from the positions the engine emitted."""
 
-    def __init__(self, gen: Generation, request_id: str, tokens: decoding.TokenStream) -> None:
+    def __init__(self, gen: Generation, request_id: str, tokens: decoding.TokenStream,
+                 answer: Answer | None = None) -> None:
         self.gen = gen
+        self.answer = answer
         self.request_id = request_id
         self.tokens = tokens
         self.created = int(time.time())
@@ -205,7 +210,15 @@ class Renderer:
     def response(self, completion_tokens: int, finish_reason: str) -> dict[str, Any]:
         positions = range(completion_tokens)
         choice: dict[str, Any] = {"index": 0}
-        if self.gen.chat:
+        if self.answer is not None:
+            # Rendered whole: the engine decoded as many steps as the reply has tokens.
+            message: dict[str, Any] = {"role": "assistant", "content": self.answer.content,
+                                       "tool_calls": self.answer.tool_calls}
+            if self.answer.reasoning is not None:
+                message["reasoning"] = self.answer.reasoning
+            choice["message"] = message
+            finish_reason = self.answer.finish_reason
+        elif self.gen.chat:
             choice["message"] = {"role": "assistant", "content": self._text(positions), "tool_calls": []}
         else:
             choice["text"] = self._text(positions)

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import __version__, decoding, logs, protocol
+from . import __version__, answers, decoding, logs, protocol
 from .config import Config
 from .engine import SLEEPING_MESSAGE, Engine, EngineDeadError, EngineSleepingError, Request
 from .faults import RUNTIME_FAULTS, FaultState
@@ -177,16 +177,26 @@ class Handler(BaseHTTPRequestHandler):
             self._body(), chat=chat, served_names=srv.cfg.served_model_names, max_model_len=srv.cfg.max_model_len
         )
         seed = srv.cfg.token_seed + srv.sleeper.seed_offset
-        tokens = decoding.TokenStream(gen.prompt, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from)
+        fault = srv.faults.output
+        tokens = decoding.TokenStream(gen.prompt, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from,
+                                       loop=fault == "loop")
+        answer = answers.answer(gen.body, gen.prompt, tokens, fault) if chat else None
+        if answer is not None:
+            if gen.stream:
+                raise protocol.ApiError(400, "the stub engine answers tools, response_format, thinking and "
+                                             "format requests only without stream", param="stream")
+            answer = answer.truncated(gen.max_tokens)
         request_id = srv.engine.next_id("chatcmpl" if chat else "cmpl")
-        req = Request(request_id, gen.prompt_tokens, gen.max_tokens, tokens)
+        # A structured reply takes as many engine steps as it has tokens, like a model that stops at its end.
+        steps = answer.tokens() if answer is not None else gen.max_tokens
+        req = Request(request_id, gen.prompt_tokens, min(steps, gen.max_tokens), tokens)
         try:
             srv.engine.submit(req)
         except EngineDeadError as exc:
             raise protocol.ApiError(503, str(exc), "EngineDeadError") from None
         except EngineSleepingError as exc:
             raise protocol.ApiError(503, str(exc), "EngineSleepingError") from None
-        render = protocol.Renderer(gen, request_id, tokens)
+        render = protocol.Renderer(gen, request_id, tokens, answer)
         if gen.stream:
             self._stream(req, render)
         else:

@@ -115,6 +115,9 @@ def serve(cfg: Config) -> None:
         stats_interval_s=cfg.stats_interval_s,
     )
     state.on_change = engine.wake
+    if cfg.fault in faults.OUTPUT_FAULTS and cfg.fault_after_s == 0:
+        # From the first request on: a timer could let an early request through unfaulted.
+        state.apply(cfg.fault, f"STUB_FAULT={cfg.fault}")
     engine.start()
     try:
         httpd = StubHTTPServer(cfg, engine, metrics, state, Sleeper(cfg, engine, state))
@@ -126,6 +129,7 @@ def serve(cfg: Config) -> None:
     logs.uvicorn.info("Waiting for application startup.")
     logs.uvicorn.info("Application startup complete.")
     logs.uvicorn.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
-    if cfg.fault and cfg.fault not in ("crash_on_start", "slow_start", *faults.SLEEP_FAULTS):
+    if cfg.fault and cfg.fault not in ("crash_on_start", "slow_start", *faults.SLEEP_FAULTS) and not (
+            cfg.fault in faults.OUTPUT_FAULTS and cfg.fault_after_s == 0):
         state.schedule(cfg.fault, cfg.fault_after_s)
     httpd.serve_forever(poll_interval=0.5)
