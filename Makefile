@@ -14,7 +14,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup
-	$(BIN)/pytest -q --durations=15
+	@bash scripts/run-tests.sh
 
 # The pure core only: no Docker, no network.
 test-unit:

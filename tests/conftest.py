@@ -13,6 +13,28 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 
+# `make test` (scripts/run-tests.sh) runs the suite as two pytest processes at once, so that CI stays well
+# inside its 20 minutes on a 2-core machine, then the engine-restart test alone. The "side" run takes what
+# mostly waits and shares no timing with the main run: the two-node Swarm (waits on Swarm), the registry
+# pushes (wait on the engine's retries), the installed wheel, cron (waits for the minute) and the pure tests.
+# Everything that measures a rate or a timeout, or runs lanes on this engine, stays in the main run.
+SIDE_FILES = {"test_fleet_swarm.py", "test_registry_push.py", "test_installed_wheel.py"}
+MAIN_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py",
+              "test_watchdog_hostile_state.py"}
+# It stops and starts the one dockerd every other test uses.
+SOLO_FILES = {"test_lanes_engine_restart.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path))
+        if path.name in SOLO_FILES:
+            item.add_marker(pytest.mark.solo)
+        elif path.name in SIDE_FILES or (item.get_closest_marker("docker") is None and path.name not in MAIN_FILES
+                                         and path.parent.name != "stub_engine"):
+            item.add_marker(pytest.mark.side)
+
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

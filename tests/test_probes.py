@@ -377,13 +377,13 @@ def summary(passed: int, total: int, failures: list[str] = []) -> dict[str, Any]
 def test_a_probe_failed_in_any_arm_fails_the_gate_naming_the_probe_and_the_arm() -> None:
     good = {"thinking": summary(16, 16)}
     bad = {"thinking": summary(15, 16, ["prompt-3: reasoning leaked into the answer (<think> in content)"])}
-    report = judge(arm("control-1", good), arm("candidate", bad), arm("control-2", good), 1.025)
+    report = judge([arm("control-1", good), arm("candidate", bad), arm("control-2", good)], 1.025)
     assert report.verdict == Verdict.FAIL
     assert report.reasons == ["candidate (demo-h2) failed probe thinking: 15/16 passed; prompt-3: reasoning "
                               "leaked into the answer (<think> in content)"]
     assert report.probes["thinking"]["candidate"]["passed"] == 15
     assert json.loads(json.dumps(report.as_dict()))["probes"]["thinking"]["control-1"]["ok"] is True
-    control_fails = judge(arm("control-1", good), arm("candidate", good), arm("control-2", bad), 1.025)
+    control_fails = judge([arm("control-1", good), arm("candidate", good), arm("control-2", bad)], 1.025)
     assert control_fails.verdict == Verdict.FAIL and control_fails.reasons[0].startswith("control-2 (demo-h1)")
-    clean = judge(arm("control-1", good), arm("candidate", good), arm("control-2", good), 1.025)
+    clean = judge([arm("control-1", good), arm("candidate", good), arm("control-2", good)], 1.025)
     assert clean.verdict == Verdict.INCONCLUSIVE  # no cells measured here: nothing beat the bar
