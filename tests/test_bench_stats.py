@@ -211,9 +211,10 @@ def test_weight_and_confidence_follow_the_references_probabilities() -> None:
 
 def test_scores_that_do_not_line_up_are_unscored_not_flips() -> None:
     reference = {0: [choice("a", 0.9), choice("b", 0.9)], 1: [choice("a", 0.9)], 2: [choice("a", 0.9)]}
-    scored = {0: [forced("a")], 1: [forced("x", "x")], 3: [forced("a")]}  # 0: too short; 1: another token forced
+    # 0: too short; 1: another token forced; 2: no scores at all (its scoring request failed); 3: not a reference prompt
+    scored = {0: [forced("a")], 1: [forced("x", "x")], 3: [forced("a")]}
     report = teacher_forced(reference, scored)
-    assert (report.prompts, report.positions, report.unscored, report.flips) == (0, 0, 2, ())
+    assert (report.prompts, report.positions, report.unscored, report.flips) == (0, 0, 3, ())
 
 
 def test_fidelity_verdict_uses_the_controls_as_the_bar_and_allows_no_agent_flip() -> None:

@@ -4,6 +4,7 @@ one; probe files and the workloads naming them are refused with file:line; the g
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from lanectl.bench.gate import LaneBench, judge
+from lanectl.bench.loadgen import ArmResult, RequestResult, summarize
 from lanectl.bench.probes import (
     CHARS_PER_TOKEN,
     GauntletItem,
@@ -32,7 +34,7 @@ from lanectl.bench.probes import (
     requests_of,
     schema_errors,
 )
-from lanectl.bench.stats import Verdict
+from lanectl.bench.stats import ForcedPosition, TokenChoice, Verdict
 from lanectl.bench.workload import WorkloadInvalid, load_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -387,3 +389,39 @@ def test_a_probe_failed_in_any_arm_fails_the_gate_naming_the_probe_and_the_arm()
     assert control_fails.verdict == Verdict.FAIL and control_fails.reasons[0].startswith("control-2 (demo-h1)")
     clean = judge([arm("control-1", good), arm("candidate", good), arm("control-2", good)], 1.025)
     assert clean.verdict == Verdict.INCONCLUSIVE  # no cells measured here: nothing beat the bar
+
+
+def timed_cell(tok_per_s: float) -> ArmResult:
+    """One cell of ten 100-token requests at exactly `tok_per_s` each."""
+    seconds = 100 / tok_per_s
+    results = [RequestResult(prompt_class="prose", prompt_index=0, ok=True, error=None, started_s=i * seconds,
+                             finished_s=(i + 1) * seconds, chunk_times_s=(i * seconds + 0.01, (i + 1) * seconds),
+                             output_tokens=100, texts=("x",)) for i in range(10)]
+    return summarize(results, wall_time_s=10 * seconds, concurrency=1)
+
+
+def test_a_candidate_its_scoring_failed_on_is_not_promoted_however_fast() -> None:
+    """Teacher forcing that could not score a prompt says nothing about it: the gate reruns rather than passes."""
+    reference = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}),)
+    agreed = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95)),)
+
+    def bracket_arm(name: str, rate: float, forced: bool) -> LaneBench:
+        made = arm(name, {})
+        made.cells["prose@1"] = timed_cell(rate)
+        made.greedy["prose#0"] = reference
+        if forced:
+            made.forced["prose#0"] = agreed
+        else:
+            made.notes.append("prose#0: scoring request: HTTP 400: prompt_logprobs is not supported")
+        return made
+
+    scored = judge([bracket_arm("control-1", 100, True), bracket_arm("candidate", 120, True),
+                    bracket_arm("control-2", 100, True)], 1.025)
+    assert scored.verdict == Verdict.PASS and scored.fidelity["unscored"] == 0
+    unscored = judge([bracket_arm("control-1", 100, True), bracket_arm("candidate", 120, False),
+                      bracket_arm("control-2", 100, True)], 1.025)
+    assert unscored.verdict == Verdict.INCONCLUSIVE
+    assert (unscored.fidelity["verdict"], unscored.fidelity["unscored"]) == ("inconclusive", 1)
+    assert unscored.reasons == ["fidelity: 1 prompt(s) could not be scored in a candidate arm, so teacher forcing "
+                                "cannot vouch for them (prose#0: scoring request: HTTP 400: prompt_logprobs is not "
+                                "supported)"]

@@ -50,6 +50,7 @@ from lanectl.recipe.catalog import Lane
 # Logprobs asked for in the fidelity pass: enough to find the scored arm's top token among the reference's.
 FIDELITY_TOP_LOGPROBS = 5
 REQUESTS_PER_STREAM = 3
+SCORING_NOTE = re.compile(r"[^\s#]+#\d+: ")
 # Arm orders: A is the control, B the candidate.
 ORDERS = {"ABA": ("control-1", "candidate", "control-2"),
           "ABBA": ("control-1", "candidate-1", "candidate-2", "control-2")}
@@ -242,11 +243,15 @@ def _fidelity(controls: list[LaneBench], candidates: list[LaneBench], agent_clas
     if control_drift is None:  # one control arm: nothing to measure its own spread by
         control_drift = ForcedFidelity(prompts=0, positions=0, unscored=0, flips=())
     verdict = fidelity_verdict(candidate_drift, control_drift, agent.confident_flips)
+    # A prompt a candidate arm could not be scored on says nothing either way: the gate may not pass on it.
+    unscored = max(scored(arm).unscored for arm in candidates)
+    if verdict == Verdict.PASS and unscored:
+        verdict = Verdict.INCONCLUSIVE
     classes = dict.fromkeys(k.split("#")[0] for k in reference.greedy)
     return {
         "verdict": verdict.value, "method": "teacher-forced", "reference": reference.arm,
         "confident_p": CONFIDENT_P, **figures(candidate_drift, control_drift),
-        "unscored": candidate_drift.unscored,
+        "unscored": unscored,
         "classes": {k: figures(worst(candidates, [k]), worst(others, [k]) if others else None) for k in classes},
         "agent": {"classes": list(agent_classes), **figures(agent, None)},
     }
@@ -294,6 +299,12 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
                        f"weighted divergence {fid['weighted_divergence']:.3f} (bar "
                        f"{fid['weighted_divergence_bar']:.3f}), {fid['agent']['confident_flips']} confident "
                        f"flips on agent/tool prompts (allowed 0)")
+    reasons_to_rerun = []
+    if fid["verdict"] == Verdict.INCONCLUSIVE.value:
+        # bench_lane notes why a prompt's scoring request failed as "class#index: why".
+        why = next((note for arm in candidates for note in arm.notes if SCORING_NOTE.match(note)), None)
+        reasons_to_rerun.append(f"fidelity: {fid['unscored']} prompt(s) could not be scored in a candidate arm, so "
+                                "teacher forcing cannot vouch for them" + (f" ({why})" if why else ""))
     calibration = None
     if max_false_promotion is not None:
         found = calibrate(intervals, bar)
@@ -306,10 +317,14 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
                 f"smallest detectable: {found.detectable_ratio:.3f}x to pass the bar, "
                 f"+{found.detectable_gain:.1%} to tell from no change")
         # Anything else that went wrong (a failed request or probe, a FAIL cell) is noise the setup must not have.
+        reasons += reasons_to_rerun
         verdict = Verdict.PASS if found.within(max_false_promotion) and not reasons else Verdict.FAIL
         reasons = [line, *reasons] if verdict == Verdict.PASS else [*reasons, line]
     elif reasons:
         verdict = Verdict.FAIL
+    elif reasons_to_rerun:
+        verdict = Verdict.INCONCLUSIVE
+        reasons += reasons_to_rerun
     elif any(cell["verdict"] == Verdict.PASS.value for cell in cells.values()):
         verdict = Verdict.PASS
         reasons.append("no cell failed, and " + ", ".join(k for k, c in cells.items() if c["verdict"] == "pass")

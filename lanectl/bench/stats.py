@@ -230,7 +230,7 @@ class Flip(Generic[PromptKey]):
 class ForcedFidelity(Generic[PromptKey]):
     prompts: int  # prompts scored
     positions: int  # positions scored: every position of every scored continuation
-    unscored: int  # prompts whose scores did not line up with the continuation (e.g. retokenized apart)
+    unscored: int  # prompts with no scores, or scores that did not line up (e.g. retokenized apart)
     flips: tuple[Flip[PromptKey], ...]  # every differing position, not only the first of a prompt
 
     @property
@@ -258,12 +258,14 @@ def teacher_forced(reference: Mapping[PromptKey, Sequence[TokenChoice]],
 
     The weighted divergence sums the weights: a flip between two near-equal choices costs almost
     nothing, one away from a token the reference was sure of costs almost 1. A prompt whose scores do
-    not line up with the continuation (other length, other forced tokens) is counted as unscored.
+    not line up with the continuation (other length, other forced tokens), or that has no scores at all
+    (its scoring request failed), is counted as unscored: the caller must not read it as agreement.
     """
     flips: list[Flip[PromptKey]] = []
     positions = prompts = unscored = 0
     for key, continuation in reference.items():
-        if key not in scored:
+        if key not in scored:  # its scoring request failed: nothing about it is known
+            unscored += 1
             continue
         scores = scored[key]
         if len(scores) != len(continuation) or any(s.token != c.token for s, c in zip(scores, continuation,
