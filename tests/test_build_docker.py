@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
 
 from lanectl.dockerapi.containers import DockerEngine
@@ -41,8 +42,9 @@ def demo(project: Path, engine: DockerEngine):
     shipped = (REPO / "recipes" / "demo" / "stub.yaml").read_text()
     recipe.write_text(shipped.replace("id: demo-stub", f"id: {recipe_id}"))
     yield project, recipe, recipe_id
-    for image in engine.client.images.list(filters={"label": f"io.lanectl.recipe={recipe_id}"}):
-        engine.client.images.remove(image.id, force=True)
+    client = docker.from_env()  # the SDK: an independent view of what lanectl's own client built
+    for image in client.images.list(filters={"label": f"io.lanectl.recipe={recipe_id}"}):
+        client.images.remove(image.id, force=True)
 
 
 def lanes(project: Path):
@@ -83,13 +85,13 @@ def test_image_carries_side_module_beside_the_shipped_one_and_the_patch(demo, en
 
     def run(lane: str) -> list[str]:
         tag = plan_image(catalog.lane(lane)).tag
-        output = engine.client.containers.run(tag, entrypoint=["python3", "-c", probe], remove=True)
+        output = docker.from_env().containers.run(tag, entrypoint=["python3", "-c", probe], remove=True)
         return output.decode().split()
 
     assert run("demo-h1") == ["False", "True", "False"]
     assert run("demo-h2") == ["True", "True", "True"]
-    attention = engine.client.containers.run(plan_image(catalog.lane("demo-h2")).tag, remove=True,
-                                             entrypoint=["cat", "/opt/stub/stubengine/attention.py"])
+    attention = docker.from_env().containers.run(plan_image(catalog.lane("demo-h2")).tag, remove=True,
+                                                 entrypoint=["cat", "/opt/stub/stubengine/attention.py"])
     assert attention.decode() == shipped_attention, "the shipped module must stay untouched"
 
 
@@ -186,8 +188,9 @@ def test_cli_build_json_and_exit_codes(demo, engine):
 def test_built_demo_h2_serves_with_split_kv_active(demo, engine):
     project, _, recipe_id = demo
     tag = build_lane(engine, lanes(project).lane("demo-h2")).tag
-    container = engine.client.containers.run(tag, detach=True, init=True, environment={"STUB_LOAD_SECONDS": "0.2"},
-                                             labels={"io.lanectl.test": recipe_id})
+    container = docker.from_env().containers.run(tag, detach=True, init=True,
+                                                 environment={"STUB_LOAD_SECONDS": "0.2"},
+                                                 labels={"io.lanectl.test": recipe_id})
     try:
         deadline, logs = time.monotonic() + 30, ""
         while time.monotonic() < deadline and "Application startup complete" not in logs:

@@ -41,7 +41,7 @@ def diagnose(catalog: Catalog | None) -> list[Finding]:
         from lanectl.dockerapi.containers import DockerEngine
 
         engine: Any = DockerEngine()
-        info = engine.client.info()
+        info = engine.info()
         findings.append(Finding("docker engine", "ok", f"reachable, Docker {info.get('ServerVersion')}"))
     except Exception as exc:  # any failure to reach the engine is this finding
         engine, info = None, {}
@@ -72,7 +72,7 @@ def diagnose(catalog: Catalog | None) -> list[Finding]:
             if (info.get("Swarm") or {}).get("ControlAvailable"):
                 from lanectl.dockerapi.swarm import SwarmEngine
 
-                nodes = SwarmEngine(engine.client).nodes()
+                nodes = SwarmEngine(engine.api).nodes()
             findings += swarm_findings(info, nodes, swarm_lanes)
     return findings
 

@@ -6,17 +6,24 @@ sequence of intentions and the tests of the pure core never need an engine.
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-import docker
-import docker.errors
-import docker.types
-
+from lanectl.dockerapi.engine_api import (
+    TIMEOUT_SECONDS,
+    EngineAPI,
+    EngineError,
+    NotFound,
+    Stream,
+    engine_api,
+    filters,
+    registry_auth,
+    registry_config,
+    size_in_bytes,
+)
 from lanectl.errors import OperationFailed
 
 
@@ -79,47 +86,44 @@ class BuildLog:
 
 
 class DockerEngine:
-    def __init__(self, client: docker.DockerClient | None = None):
+    def __init__(self, api: EngineAPI | None = None):
+        # The process's one client (its first use asks the engine's API version, and fails here, with
+        # what to do, when the engine is not there), unless the caller names an engine.
+        self.api = api or engine_api()
+
+    def info(self) -> dict[str, Any]:
+        """`docker info`: the engine's version, runtimes, Swarm membership."""
+        return dict(self.api.get("/info"))
+
+    def _image(self, ref: str) -> dict[str, Any] | None:
         try:
-            if client is None:
-                # Negotiating the API version is the first request: it fails here, with the same
-                # message, when the engine is not there, so no ping is needed.
-                client = docker.from_env()
-                if client.api.base_url.startswith("http+docker://"):
-                    # A local socket takes no proxy: without this, requests looks for proxy settings
-                    # in the environment on every call (~2 ms each; status makes one per lane).
-                    client.api.trust_env = False
-            else:
-                client.ping()
-            self.client = client
-        except docker.errors.DockerException as exc:
-            raise OperationFailed(
-                f"cannot reach the Docker engine ({exc}); start it (e.g. `dockerd &`) or set DOCKER_HOST"
-            ) from None
+            return dict(self.api.get(self.api.url("/images/{}/json", ref)))
+        except NotFound:
+            return None
 
     def image_labels(self, ref: str) -> dict[str, str] | None:
         """The labels of a local image, or None when the image is not here."""
-        try:
-            image = self.client.images.get(ref)
-        except docker.errors.ImageNotFound:
-            return None
-        return dict(image.labels or {})
+        image = self._image(ref)
+        return None if image is None else dict((image.get("Config") or {}).get("Labels") or {})
 
     def image_id(self, ref: str) -> str | None:
-        try:
-            return str(self.client.images.get(ref).id)
-        except docker.errors.ImageNotFound:
-            return None
+        image = self._image(ref)
+        return None if image is None else str(image["Id"])
 
     def build(self, context_tar: bytes, tag: str, labels: dict[str, str], *, no_cache: bool,
               on_progress: Callable[[BuildLog], None] = lambda log: None) -> BuildLog:
         """Build from a tar context; never pulls (hosts here reach no registry, and bases are pinned)."""
         log = BuildLog()
-        stream: Iterator[dict[str, Any]] = self.client.api.build(
-            fileobj=io.BytesIO(context_tar), custom_context=True, tag=tag, labels=labels, rm=True,
-            forcerm=True, nocache=no_cache, pull=False, decode=True,
-        )
-        for chunk in stream:
+        headers = {"Content-Type": "application/x-tar"}
+        logins = registry_config()
+        if logins:
+            headers["X-Registry-Config"] = logins
+        params = {"t": tag, "labels": labels, "rm": True, "forcerm": True, "nocache": no_cache, "pull": False}
+        try:
+            stream = self.api.stream("POST", "/build", params=params, body=context_tar, headers=headers)
+        except EngineError as exc:
+            raise OperationFailed(f"build of {tag}: the engine refused it: {exc.explanation}") from None
+        for chunk in stream.json_objects():
             if "stream" in chunk:
                 for line in str(chunk["stream"]).splitlines():
                     if not line.strip():
@@ -146,26 +150,26 @@ class DockerEngine:
 
     def tag(self, source: str, target: str) -> None:
         repository, _, tag = target.rpartition(":")
-        self.client.api.tag(source, repository, tag, force=True)
+        self.api.post(self.api.url("/images/{}/tag", source), params={"repo": repository, "tag": tag})
 
     def repo_digests(self, ref: str) -> list[str]:
         """`repository@sha256:…` of each registry a local image was pushed to (or pulled from); [] if absent."""
-        try:
-            return [str(d) for d in self.client.images.get(ref).attrs.get("RepoDigests") or []]
-        except docker.errors.ImageNotFound:
-            return []
+        image = self._image(ref)
+        return [str(d) for d in (image or {}).get("RepoDigests") or []]
 
     def registry_digest(self, ref: str) -> str | None:
         """The manifest digest the registry holds for `repository:tag`, or None when it has no such tag.
 
         Asked through the engine, so the registry is reached exactly as a push reaches it (TLS, certs.d,
         insecure registries, `docker login` credentials)."""
+        login = registry_auth(ref)
         try:
-            answer = self.client.api.inspect_distribution(ref)
-        except docker.errors.NotFound:
+            answer = self.api.get(self.api.url("/distribution/{}/json", ref),
+                                  headers={"X-Registry-Auth": login} if login else None)
+        except NotFound:
             return None  # "manifest unknown" / "repository name not known to registry"
-        except docker.errors.APIError as exc:
-            raise OperationFailed(explain_registry_error(ref, str(exc.explanation or exc))) from None
+        except EngineError as exc:
+            raise OperationFailed(explain_registry_error(ref, exc.explanation)) from None
         return str(answer["Descriptor"]["digest"])
 
     def push(self, ref: str, on_progress: Callable[[PushProgress], None] = lambda progress: None) -> str:
@@ -174,8 +178,11 @@ class DockerEngine:
         Raises OperationFailed with the registry's cause; the engine has by then retried what it retries."""
         repository, _, tag = ref.rpartition(":")
         digest: str | None = None
+        login = registry_auth(ref)
         try:
-            for chunk in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+            stream = self.api.stream("POST", self.api.url("/images/{}/push", repository), params={"tag": tag},
+                                     headers={"X-Registry-Auth": login} if login else None)
+            for chunk in stream.json_objects():
                 if "error" in chunk:
                     raise OperationFailed(explain_registry_error(ref, str(chunk["error"])))
                 aux = chunk.get("aux") or {}
@@ -185,8 +192,8 @@ class DockerEngine:
                     detail = chunk.get("progressDetail") or {}
                     on_progress(PushProgress(str(chunk.get("id", "")), str(chunk["status"]),
                                              detail.get("current"), detail.get("total")))
-        except docker.errors.APIError as exc:
-            raise OperationFailed(explain_registry_error(ref, str(exc.explanation or exc))) from None
+        except EngineError as exc:
+            raise OperationFailed(explain_registry_error(ref, exc.explanation)) from None
         if digest is None:
             raise OperationFailed(f"push of {ref}: the engine reported no digest, so the registry's copy cannot be "
                                   "pinned; nothing was recorded")
@@ -275,7 +282,7 @@ class ContainerEngine(DockerEngine):
 
     def lane_containers(self, recipe: str | None = None) -> list[ContainerState]:
         label = f"io.lanectl.recipe={recipe}" if recipe else "io.lanectl.lane"
-        raw = self.client.api.containers(all=True, filters={"label": label})
+        raw = self.api.get("/containers/json", params={"all": True, "filters": filters(label=label)})
         # One inspect per container: `containers()` lacks exit code, start time and restart count.
         # A container removed between the list and its inspect (by an operator, another tool) is gone.
         states = []
@@ -283,16 +290,19 @@ class ContainerEngine(DockerEngine):
             if SWARM_TASK_LABEL in (item.get("Labels") or {}):
                 continue  # a Swarm task inherits the image's lane labels, but Swarm runs it, not the local lane code
             try:
-                states.append(self._state(self.client.api.inspect_container(item["Id"])))
-            except docker.errors.NotFound:
+                states.append(self._state(self._inspect(item["Id"])))
+            except NotFound:
                 continue
         return states
 
     def container(self, name: str) -> ContainerState | None:
         try:
-            return self._state(self.client.api.inspect_container(name))
-        except docker.errors.NotFound:
+            return self._state(self._inspect(name))
+        except NotFound:
             return None
+
+    def _inspect(self, name: str) -> dict[str, Any]:
+        return dict(self.api.get(self.api.url("/containers/{}/json", name)))
 
     @staticmethod
     def _state(attrs: dict[str, Any]) -> ContainerState:
@@ -321,67 +331,81 @@ class ContainerEngine(DockerEngine):
             if name not in environ:
                 raise OperationFailed(f"{spec.name}: secret {name} is not set in lanectl's environment")
             env[name] = environ[name]
-        port_bindings = {f"{p['container']}/{p['protocol']}": (p["host_ip"], p["host"]) for p in spec.ports}
-        binds = {
-            (v.get("source") or v["volume"]): {"bind": v["target"], "mode": "ro" if v.get("read_only") else "rw"}
-            for v in spec.volumes
+        host_config: dict[str, Any] = {
+            "NetworkMode": "default", "Init": spec.init,
+            "PortBindings": {f"{p['container']}/{p['protocol']}": [{"HostIp": p["host_ip"] or "",
+                                                                    "HostPort": str(p["host"])}]
+                             for p in spec.ports},
+            "Binds": [f"{v.get('source') or v['volume']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}"
+                      for v in spec.volumes],
         }
-        device_requests = []
         if with_gpus and spec.gpus:
             if "device_ids" in spec.gpus:
-                request = docker.types.DeviceRequest(device_ids=spec.gpus["device_ids"], capabilities=[["gpu"]])
+                count, device_ids = 0, list(spec.gpus["device_ids"])
             else:
-                count = spec.gpus["count"]
-                request = docker.types.DeviceRequest(count=-1 if count == "all" else count, capabilities=[["gpu"]])
-            device_requests.append(request)
-        # The low-level API: the high-level `containers.create` has no stop_timeout, and the stop
-        # timeout must live on the container so `docker stop` by hand also gives the engine its time.
-        host_config = self.client.api.create_host_config(
-            port_bindings=port_bindings, binds=binds, device_requests=device_requests or None,
-            shm_size=spec.shm_size, ipc_mode=spec.ipc, init=spec.init,
-        )
-        created = self.client.api.create_container(
-            spec.image, command=spec.command, entrypoint=spec.entrypoint, name=spec.name, environment=env,
-            ports=[(p["container"], p["protocol"]) for p in spec.ports], labels=spec.labels, user=spec.user,
-            stop_timeout=spec.stop_timeout_seconds, host_config=host_config, detach=True,
-        )
+                count, device_ids = (-1 if spec.gpus["count"] == "all" else int(spec.gpus["count"])), []
+            host_config["DeviceRequests"] = [{"Driver": "", "Count": count, "DeviceIDs": device_ids,
+                                              "Capabilities": [["gpu"]], "Options": {}}]
+        if spec.shm_size is not None:
+            host_config["ShmSize"] = size_in_bytes(spec.shm_size)
+        if spec.ipc is not None:
+            host_config["IpcMode"] = spec.ipc
+        # The stop timeout lives on the container, so `docker stop` by hand also gives the engine its time.
+        config: dict[str, Any] = {
+            "Image": spec.image, "Env": [f"{key}={value}" for key, value in env.items()],
+            "ExposedPorts": {f"{p['container']}/{p['protocol']}": {} for p in spec.ports},
+            "Labels": spec.labels, "StopTimeout": spec.stop_timeout_seconds, "HostConfig": host_config,
+            "Tty": False, "OpenStdin": False, "StdinOnce": False, "AttachStdin": False, "AttachStdout": False,
+            "AttachStderr": False, "NetworkDisabled": False,
+        }
+        for key, value in (("Cmd", spec.command), ("Entrypoint", spec.entrypoint), ("User", spec.user)):
+            if value is not None:
+                config[key] = value
+        created = self.api.post("/containers/create", params={"name": spec.name}, body=config)
         return str(created["Id"])
 
     def start(self, name: str) -> None:
         try:
-            self.client.api.start(name)
-        except docker.errors.APIError as exc:
-            if GPU_DRIVER_MISSING.search(str(exc)):
+            self.api.post(self.api.url("/containers/{}/start", name))
+        except EngineError as exc:
+            if GPU_DRIVER_MISSING.search(exc.explanation):
                 # Docker creates the container and only fails at start; leave nothing behind.
                 self.remove(name)
                 raise NoGpuRuntime(
                     f"{name}: this host has no NVIDIA container runtime (Docker: {exc.explanation}); install "
                     "the NVIDIA Container Toolkit, or run the lane without GPUs with --no-gpu"
                 ) from None
-            raise OperationFailed(f"{name}: start failed: {exc.explanation or exc}") from None
+            raise OperationFailed(f"{name}: start failed: {exc.explanation}") from None
 
     def stop(self, name: str, timeout: int) -> None:
         try:
-            self.client.api.stop(name, timeout=timeout)
-        except docker.errors.NotFound:
+            # The engine answers once the container is down: give it the stop timeout, then the usual wait.
+            self.api.post(self.api.url("/containers/{}/stop", name), params={"t": timeout},
+                          timeout=timeout + TIMEOUT_SECONDS)
+        except NotFound:
             pass
 
     def remove(self, name: str) -> None:
         try:
-            self.client.api.remove_container(name, force=True)
-        except docker.errors.NotFound:
+            self.api.delete(self.api.url("/containers/{}", name), params={"force": True})
+        except NotFound:
             pass
 
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str:
-        kwargs: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": False}
-        if since is not None:
-            kwargs["since"] = since
-        if tail is not None:
-            kwargs["tail"] = tail
+        params: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": False,
+                                  "since": since if since and since > 0 else None,
+                                  "tail": tail if tail is not None and tail >= 0 else "all"}
         try:
-            return self.client.api.logs(name, **kwargs).decode(errors="replace")
-        except docker.errors.NotFound:
+            return self.api.logs(self.api.url("/containers/{}/logs", name), params=params).decode(errors="replace")
+        except NotFound:
             return ""
 
+    def container_events(self, label: str) -> Stream:
+        """The engine's container events (die, stop, kill, oom, health_status…) for containers with `label`, as
+        they happen; `.json_objects()` reads them, `.close()` ends the stream."""
+        return self.api.stream("GET", "/events", params={"filters": {"type": ["container"], "label": [label]}})
+
     def follow_logs(self, name: str, *, since: float | None = None, tail: int | str = "all") -> Iterator[bytes]:
-        return self.client.api.logs(name, stream=True, follow=True, since=since, tail=tail)
+        params = {"stdout": True, "stderr": True, "follow": True, "since": since if since and since > 0 else None,
+                  "tail": tail}
+        return self.api.stream("GET", self.api.url("/containers/{}/logs", name), params=params).log_chunks()

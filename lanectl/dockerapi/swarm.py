@@ -12,10 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import docker
-import docker.errors
-
 from lanectl.dockerapi.containers import DockerEngine, docker_epoch
+from lanectl.dockerapi.engine_api import EngineAPI, EngineError, NotFound, filters
 from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, LEASE_LABEL
 from lanectl.errors import OperationFailed
 
@@ -93,9 +91,9 @@ class ServiceState:
 class SwarmEngine(DockerEngine):
     """The manager's view: nodes, lanectl's services and their tasks."""
 
-    def __init__(self, client: docker.DockerClient | None = None):
-        super().__init__(client)
-        info = self.client.info()
+    def __init__(self, api: EngineAPI | None = None):
+        super().__init__(api)
+        info = self.info()
         swarm = info.get("Swarm") or {}
         if swarm.get("LocalNodeState") != "active":
             raise OperationFailed("this Docker engine is not part of a Swarm; create one with `docker swarm init` "
@@ -109,7 +107,7 @@ class SwarmEngine(DockerEngine):
     # -- nodes -------------------------------------------------------------------------------------
 
     def nodes(self) -> list[NodeInfo]:
-        return [_node(raw) for raw in self.client.api.nodes()]
+        return [_node(raw) for raw in self.api.get("/nodes")]
 
     def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
         """Mark `node` as being changed by `holder`: a node label, so every manager and operator sees it.
@@ -117,7 +115,7 @@ class SwarmEngine(DockerEngine):
         Swarm's node version makes it atomic: two lanectl runs racing for one node cannot both succeed.
         A lease older than `stale_after_seconds` belonged to a run that died; it is taken over.
         """
-        raw = self.client.api.inspect_node(node.id)
+        raw = self._inspect_node(node.id)
         labels = dict(raw["Spec"].get("Labels") or {})
         held = labels.get(LEASE_LABEL)
         if held:
@@ -131,40 +129,43 @@ class SwarmEngine(DockerEngine):
 
     def release_lease(self, node: NodeInfo) -> None:
         try:
-            raw = self.client.api.inspect_node(node.id)
+            raw = self._inspect_node(node.id)
             labels = dict(raw["Spec"].get("Labels") or {})
             if labels.pop(LEASE_LABEL, None) is not None:
                 self._update_node_labels(raw, labels)
-        except docker.errors.APIError:
+        except (EngineError, OperationFailed):
             pass  # a node that went away keeps a stale lease; the next run takes it over
+
+    def _inspect_node(self, node_id: str) -> dict[str, Any]:
+        return dict(self.api.get(self.api.url("/nodes/{}", node_id)))
 
     def _update_node_labels(self, raw: dict[str, Any], labels: dict[str, str]) -> None:
         spec = dict(raw["Spec"])
         spec["Labels"] = labels
         try:
-            self.client.api.update_node(raw["ID"], raw["Version"]["Index"], spec)
-        except docker.errors.APIError as exc:
+            self.api.post(self.api.url("/nodes/{}/update", raw["ID"]), params={"version": raw["Version"]["Index"]},
+                          body=spec)
+        except EngineError as exc:
             raise OperationFailed(f"could not update node {raw['Description'].get('Hostname')}: "
-                                  f"{exc.explanation or exc} (another manager changed it; retry)") from None
+                                  f"{exc.explanation} (another manager changed it; retry)") from None
 
     # -- services ----------------------------------------------------------------------------------
 
     def lane_services(self) -> list[ServiceState]:
-        return [_service(raw) for raw in self.client.api.services(filters={"label": FLEET_LABEL})]
+        return [_service(raw) for raw in self.api.get("/services", params={"filters": filters(label=FLEET_LABEL)})]
 
     def service(self, service_id: str) -> ServiceState | None:
         try:
-            return _service(self.client.api.inspect_service(service_id))
-        except docker.errors.NotFound:
+            return _service(self.api.get(self.api.url("/services/{}", service_id)))
+        except NotFound:
             return None
 
     def create_service(self, spec: dict[str, Any], environ: Mapping[str, str]) -> str:
         body = _with_secrets(spec, environ)
         try:
-            created = self.client.api._result(  # noqa: SLF001 - the SDK has no raw-spec create
-                self.client.api._post_json(self.client.api._url("/services/create"), data=body), True)
-        except docker.errors.APIError as exc:
-            raise OperationFailed(f"Swarm refused service {spec['Name']}: {exc.explanation or exc}") from None
+            created = self.api.post("/services/create", body=body)
+        except EngineError as exc:
+            raise OperationFailed(f"Swarm refused service {spec['Name']}: {exc.explanation}") from None
         return str(created["ID"])
 
     def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -180,40 +181,35 @@ class SwarmEngine(DockerEngine):
         self._post_update(current, current.spec, {"rollback": "previous"})
 
     def _post_update(self, current: ServiceState, body: dict[str, Any], extra: dict[str, str]) -> None:
-        api = self.client.api
-        url = api._url("/services/{0}/update", current.id)  # noqa: SLF001 - see create_service
         params = {"version": current.version, **extra}
         try:
-            api._raise_for_status(api._post_json(url, data=body, params=params))  # noqa: SLF001
-        except docker.errors.APIError as exc:
-            raise OperationFailed(f"Swarm refused to update {current.name}: {exc.explanation or exc}") from None
+            self.api.post(self.api.url("/services/{}/update", current.id), params=params, body=body)
+        except EngineError as exc:
+            raise OperationFailed(f"Swarm refused to update {current.name}: {exc.explanation}") from None
 
     def remove_service(self, service_id: str) -> None:
         try:
-            self.client.api.remove_service(service_id)
-        except docker.errors.NotFound:
+            self.api.delete(self.api.url("/services/{}", service_id))
+        except NotFound:
             pass
 
     def tasks(self, service_id: str) -> list[TaskInfo]:
-        return [_task(raw) for raw in self.client.api.tasks(filters={"service": service_id})]
+        return [_task(raw) for raw in self.api.get("/tasks", params={"filters": filters(service=service_id)})]
 
     def service_logs(self, service_id: str, *, since: float) -> str:
         """Every task's lines since `since`: what a failed update printed, for its diagnostics."""
-        return self._logs("/services/{0}/logs", service_id, since)
+        return self._logs("/services/{}/logs", service_id, since)
 
     def task_logs(self, task_id: str) -> str:
         """One task's whole log: a gate judges the current run only, not the failed one before it."""
-        return self._logs("/tasks/{0}/logs", task_id, 0)
+        return self._logs("/tasks/{}/logs", task_id, 0)
 
     def _logs(self, path: str, ident: str, since: float) -> str:
-        api = self.client.api
         params = {"stdout": True, "stderr": True, "since": int(since), "timestamps": False, "follow": False}
         try:
-            # The SDK has no task logs; both endpoints answer the same multiplexed stream.
-            response = api._get(api._url(path, ident), params=params, stream=True)  # noqa: SLF001
-            chunks = api._get_result_tty(True, response, False)  # noqa: SLF001
-            return b"".join(chunks).decode(errors="replace")
-        except docker.errors.APIError:
+            # Both endpoints answer the same multiplexed stream.
+            return self.api.logs(self.api.url(path, ident), params=params).decode(errors="replace")
+        except EngineError:
             return ""  # the node holding the task is unreachable: no lines is the honest answer
 
 

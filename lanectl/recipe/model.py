@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lanectl.dockerapi.engine_api import size_in_bytes
+
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
 DOCKER_OBJECT_NAME = r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"
@@ -245,9 +247,7 @@ class Engine(Strict):
     @classmethod
     def _shm_size(cls, value: str | None) -> str | None:
         if value is not None:
-            units = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
-            size = int(value.rstrip("bkmgBKMG")) * units.get(value[-1].lower(), 1)
-            if not 2**20 <= size <= 2**42:
+            if not 2**20 <= size_in_bytes(value) <= 2**42:
                 raise ValueError(f"{value!r} must be between 1m and 4096g")
         return value
 

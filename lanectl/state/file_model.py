@@ -8,10 +8,15 @@ coercion (`"1"` is not a number, `1` is not true), no unknown keys.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from lanectl.errors import OperationFailed
+from lanectl.state.paths import NotAStateFile, read_state_file
 
 # How many of a file's errors a report names; the rest are counted.
 SHOWN_ERRORS = 5
@@ -81,3 +86,24 @@ def parse_state_file(raw: bytes, model: type[Model], limit: int, what: str, *, v
         return model.model_validate_json(text)
     except ValidationError as exc:
         raise ValueError(describe_invalid(exc)) from None
+
+
+def load_state_file(path: Path, model: type[Model], limit: int, what: str, *, version: int,
+                    refuse: Callable[[str, NewerVersion | None], Exception]) -> Model | None:
+    """The state file at `path` as a `model`, None when there is none yet. One that is not a regular file or
+    not a valid `model` raises `refuse(detail, newer)`, the store's own error (it says how to move the file
+    aside); one that cannot be read raises OperationFailed with the system's reason."""
+    try:
+        raw = read_state_file(path, limit)
+    except NotAStateFile as exc:
+        raise refuse(str(exc), None) from exc
+    except OSError as exc:
+        raise OperationFailed(f"could not read {path}: {exc.strerror or exc}") from exc
+    if raw is None:
+        return None
+    try:
+        return parse_state_file(raw, model, limit, what, version=version)
+    except NewerVersion as exc:
+        raise refuse(str(exc), exc) from exc
+    except ValueError as exc:
+        raise refuse(str(exc), None) from exc

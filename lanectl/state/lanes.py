@@ -18,9 +18,9 @@ from typing import Literal
 
 from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import NewerVersion, StateFileModel, Timestamp, parse_state_file
+from lanectl.state.file_model import NewerVersion, StateFileModel, Timestamp, load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+from lanectl.state.paths import check_state_file, create_state_dir
 
 STATE_VERSION: Literal[1] = 1
 MAX_STATE_BYTES = 1024 * 1024  # a few lane names and a lease; anything bigger was not written by lanectl
@@ -117,20 +117,12 @@ class LaneStateStore:
 
     def load(self) -> LaneState:
         """The saved state; the default state if there is no file yet."""
-        try:
-            raw = read_state_file(self.path, MAX_STATE_BYTES)
-        except NotAStateFile as exc:
-            raise StateFileCorrupt(self.path, str(exc)) from exc
-        except OSError as exc:
-            raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
-        if raw is None:
-            return LaneState()
-        try:
-            return parse_state_file(raw, LaneState, MAX_STATE_BYTES, "lane state", version=STATE_VERSION)
-        except NewerVersion as exc:
-            raise StateFileCorrupt(self.path, str(exc), newer_version=exc.version) from exc
-        except ValueError as exc:
-            raise StateFileCorrupt(self.path, str(exc)) from exc
+        def refuse(detail: str, newer: NewerVersion | None) -> StateFileCorrupt:
+            return StateFileCorrupt(self.path, detail, newer_version=newer.version if newer else None)
+
+        state = load_state_file(self.path, LaneState, MAX_STATE_BYTES, "lane state", version=STATE_VERSION,
+                                refuse=refuse)
+        return state or LaneState()
 
     def save(self, state: LaneState) -> None:
         self._write(state)

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict
 
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import parse_state_file
+from lanectl.state.file_model import load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+from lanectl.state.paths import check_state_file, create_state_dir
 
 MAX_STANDBY_BYTES = 1024 * 1024
 
@@ -102,18 +102,9 @@ class StandbyStore:
         self.now = now
 
     def load(self) -> StandbyState:
-        try:
-            raw = read_state_file(self.path, MAX_STANDBY_BYTES)
-        except NotAStateFile as exc:
-            raise StandbyFileCorrupt(self.path, str(exc)) from exc
-        except OSError as exc:
-            raise OperationFailed(f"could not read {self.path}: {exc.strerror or exc}") from exc
-        if raw is None:
-            return StandbyState()
-        try:
-            return parse_state_file(raw, StandbyState, MAX_STANDBY_BYTES, "standby record", version=1)
-        except ValueError as exc:
-            raise StandbyFileCorrupt(self.path, str(exc)) from exc
+        state = load_state_file(self.path, StandbyState, MAX_STANDBY_BYTES, "standby record", version=1,
+                                refuse=lambda detail, newer: StandbyFileCorrupt(self.path, detail))
+        return state or StandbyState()
 
     def update(self, change: Callable[[StandbyState], StandbyState]) -> StandbyState:
         state = change(self.load())

@@ -469,10 +469,9 @@ class Watchdog:
         backoff = 0.5
         while not stop.is_set():
             try:
-                events = self.engine.client.events(decode=True, filters={"type": "container",
-                                                                         "label": "io.lanectl.lane"})
+                events = self.engine.container_events("io.lanectl.lane")
                 backoff = 0.5
-                for event in events:
+                for event in events.json_objects():
                     if stop.is_set():
                         events.close()
                         return

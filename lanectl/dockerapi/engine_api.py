@@ -1,0 +1,379 @@
+"""The Docker Engine API over its socket, with the standard library: the requests lanectl makes.
+
+Why not the Docker SDK: importing it (requests, urllib3, its models) costs ~50 ms at every start of
+`lanectl status`, `up`, `rollback` and the watchdog's cron pass, and each request goes through
+requests' layers. lanectl makes a few dozen kinds of JSON request, all documented by the Engine API.
+The one thing kept from the SDK is its reading of registry logins (`docker.auth`: ~/.docker/config.json
+and credential helpers), imported only by a build or a push, which talk to registries.
+
+One `EngineAPI` serves a process (`engine_api()`), from any thread: each request borrows an idle
+keep-alive connection or opens one; a stream (build output, events, followed logs) has its own.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from lanectl.errors import OperationFailed
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+TIMEOUT_SECONDS = 60.0  # the SDK's default: a request the engine has not answered by then is stuck
+SIZE_UNITS = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+class EngineError(Exception):
+    """The engine answered a request with an error status; `explanation` is its own message."""
+
+    def __init__(self, status: int, explanation: str, method: str, path: str):
+        super().__init__(f"{status} {method} {path}: {explanation}")
+        self.status = status
+        self.explanation = explanation
+
+
+class NotFound(EngineError):
+    """404: no such container, image, service, node, or registry tag."""
+
+
+class EngineUnreachable(OperationFailed):
+    pass
+
+
+def size_in_bytes(size: str) -> int:
+    """Docker's size notation ("16g", "512m", "1024"): binary units, b/k/m/g, as `docker run --shm-size`."""
+    unit = size[-1].lower()
+    if unit in SIZE_UNITS:
+        return int(size[:-1]) * SIZE_UNITS[unit]
+    return int(size)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float | None):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Stream:
+    """A streamed answer (build output, push progress, events, followed logs), closed when done or abandoned."""
+
+    def __init__(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse):
+        self._connection = connection
+        self.response = response
+
+    def json_objects(self) -> Iterator[dict[str, Any]]:
+        """The JSON objects the engine writes one after another (not always one per line or per chunk)."""
+        decoder = json.JSONDecoder()
+        buffer = ""
+        pending = b""
+        try:
+            while True:
+                chunk = self.response.read1(65536)
+                if not chunk:
+                    break
+                pending += chunk
+                try:
+                    buffer += pending.decode()
+                    pending = b""
+                except UnicodeDecodeError:
+                    continue  # a character split across chunks: wait for its other bytes
+                while True:
+                    buffer = buffer.lstrip()
+                    if not buffer:
+                        break
+                    try:
+                        item, end = decoder.raw_decode(buffer)
+                    except json.JSONDecodeError:
+                        break  # an object split across chunks
+                    buffer = buffer[end:]
+                    if isinstance(item, dict):
+                        yield item
+        finally:
+            self.close()
+
+    def log_chunks(self) -> Iterator[bytes]:
+        """A container's output as it comes: the frames of a multiplexed stream, or raw bytes from a TTY."""
+        try:
+            header = self.response.read(8)
+            if _is_multiplexed(self.response, header):
+                while len(header) == 8:
+                    payload = self.response.read(int.from_bytes(header[4:8], "big"))
+                    if payload:
+                        yield payload
+                    header = self.response.read(8)
+            else:
+                chunk = header
+                while chunk:
+                    yield chunk
+                    chunk = self.response.read1(65536)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.response.close()
+        self._connection.close()
+
+
+class EngineAPI:
+    """One Docker engine, reached at `base_url` (unix://, tcp://, http://, https://), at the API version it speaks."""
+
+    def __init__(self, base_url: str = DEFAULT_HOST, *, tls: ssl.SSLContext | None = None):
+        self.base_url = base_url
+        self._tls = tls
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        parts = urlsplit(base_url)
+        if parts.scheme in ("unix", "http+unix"):
+            self._socket_path: str | None = parts.path or "/var/run/docker.sock"
+        elif parts.scheme in ("tcp", "http", "https"):
+            self._socket_path = None
+            if not parts.hostname:
+                raise EngineUnreachable(f"DOCKER_HOST={base_url}: no host in it; e.g. tcp://10.0.0.5:2376")
+            self._host, self._port = parts.hostname, parts.port or (2376 if tls else 2375)
+            if parts.scheme == "https" and self._tls is None:
+                self._tls = ssl.create_default_context()
+        else:
+            raise EngineUnreachable(
+                f"DOCKER_HOST={base_url}: lanectl reaches an engine at unix://, tcp:// or https:// addresses; "
+                "for ssh://, forward the remote socket (`ssh -NL /tmp/docker.sock:/var/run/docker.sock HOST`) and "
+                "set DOCKER_HOST=unix:///tmp/docker.sock")
+        # The engine's own API version, as the SDK negotiates it; asking is also the check that it is there.
+        self.version = ""
+        ping = self._send("GET", "/_ping", timeout=TIMEOUT_SECONDS)
+        self.version = ping.getheader("Api-Version") or "1.41"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> EngineAPI:
+        """As the docker CLI reads its environment: DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH."""
+        host = environ.get("DOCKER_HOST") or DEFAULT_HOST
+        verify = environ.get("DOCKER_TLS_VERIFY", "") not in ("", "0")
+        cert_path = environ.get("DOCKER_CERT_PATH", "")
+        tls = None
+        if verify or cert_path:
+            folder = Path(cert_path) if cert_path else Path.home() / ".docker"
+            tls = ssl.create_default_context(cafile=str(folder / "ca.pem") if verify else None)
+            if not verify:
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+            if (folder / "cert.pem").exists():
+                tls.load_cert_chain(str(folder / "cert.pem"), str(folder / "key.pem"))
+            if host.startswith("tcp://"):
+                host = "https://" + host.removeprefix("tcp://")
+        return cls(host, tls=tls)
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def get(self, path: str, *, params: Mapping[str, Any] | None = None, **options: Any) -> Any:
+        return self._json(self._send("GET", path, params=params, **options))
+
+    def post(self, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None, **options: Any) -> Any:
+        return self._json(self._send("POST", path, params=params, body=body, **options))
+
+    def delete(self, path: str, *, params: Mapping[str, Any] | None = None) -> Any:
+        return self._json(self._send("DELETE", path, params=params))
+
+    def logs(self, path: str, *, params: Mapping[str, Any]) -> bytes:
+        """A finished log answer as text bytes: stdout and stderr frames joined in the order written."""
+        response = self._send("GET", path, params=params)
+        data: bytes = response.data  # type: ignore[attr-defined]
+        return demultiplex(data) if _is_multiplexed(response, data) else data
+
+    def stream(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
+               headers: Mapping[str, str] | None = None) -> Stream:
+        """A request whose answer is read as it comes, on a connection of its own, with no read timeout."""
+        connection = self._connect(timeout=None)
+        try:
+            response = self._exchange(connection, method, path, params, body, headers)
+            if response.status >= 400:
+                self._raise(response, response.read(), method, path)
+        except BaseException:
+            connection.close()
+            raise
+        return Stream(connection, response)
+
+    def url(self, path: str, *parts: str) -> str:
+        """`path` with each `{}` filled by one of `parts`, quoted as the engine's router expects: an image
+        reference keeps its `/` and `:` (`/images/registry:5000/lanectl/x:tag/json`)."""
+        return path.format(*(quote(part, safe="/:") for part in parts))
+
+    # -- the wire ----------------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
+              headers: Mapping[str, str] | None = None, timeout: float | None = TIMEOUT_SECONDS
+              ) -> http.client.HTTPResponse:
+        """One request on a kept-alive connection; its whole answer is read (as `.data`) and checked."""
+        for attempt in (1, 2):
+            connection, reused = self._borrow(timeout)
+            try:
+                response = self._exchange(connection, method, path, params, body, headers)
+                data = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                connection.close()
+                # A kept-alive connection the engine had closed (an idle timeout, a restart): the request
+                # never reached it, so it is sent once more on a new connection.
+                if reused and attempt == 1:
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            if response.will_close:
+                connection.close()
+            else:
+                with self._lock:
+                    self._idle.append(connection)
+            response.data = data  # type: ignore[attr-defined]
+            if response.status >= 400:
+                self._raise(response, data, method, path)
+            return response
+        raise AssertionError("unreachable")
+
+    def _exchange(self, connection: http.client.HTTPConnection, method: str, path: str,
+                  params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str] | None
+                  ) -> http.client.HTTPResponse:
+        url = f"/v{self.version}{path}" if self.version else path
+        query = encode_query(params or {})
+        if query:
+            url += "?" + query
+        sent_headers = dict(headers or {})
+        payload: bytes | None = None
+        if isinstance(body, bytes):
+            payload = body
+        elif body is not None:
+            payload = json.dumps(body).encode()
+            sent_headers["Content-Type"] = "application/json"
+        elif method == "POST":
+            payload = b""  # Content-Length: 0, as the engine expects of a POST without a body
+        try:
+            connection.request(method, url, body=payload, headers=sent_headers)
+            return connection.getresponse()
+        except (FileNotFoundError, ConnectionRefusedError, socket.gaierror) as exc:
+            raise EngineUnreachable(
+                f"cannot reach the Docker engine at {self.base_url} ({exc.strerror or exc}); start it "
+                "(e.g. `dockerd &`, or `systemctl start docker`) or set DOCKER_HOST") from None
+        except PermissionError:
+            raise EngineUnreachable(
+                f"no permission to use the Docker engine's socket {self._socket_path}; run as a member of the "
+                "`docker` group (`sudo usermod -aG docker $USER`, then log in again) or as root") from None
+
+    def _borrow(self, timeout: float | None) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
+        if connection is None:
+            return self._connect(timeout), False
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
+        connection.timeout = timeout
+        return connection, True
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._socket_path is not None:
+            return _UnixConnection(self._socket_path, timeout)
+        if self._tls is not None:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    @staticmethod
+    def _json(response: http.client.HTTPResponse) -> Any:
+        data: bytes = response.data  # type: ignore[attr-defined]
+        if not data.strip():
+            return None
+        if "json" not in (response.getheader("Content-Type") or "application/json"):
+            return data.decode(errors="replace")
+        return json.loads(data)
+
+    @staticmethod
+    def _raise(response: http.client.HTTPResponse, data: bytes, method: str, path: str) -> None:
+        text = data.decode(errors="replace").strip()
+        try:
+            explanation = str(json.loads(text)["message"])
+        except (ValueError, KeyError, TypeError):
+            explanation = text or (response.reason or "")
+        error = NotFound if response.status == 404 else EngineError
+        raise error(response.status, explanation, method, path)
+
+
+def encode_query(params: Mapping[str, Any]) -> str:
+    """Query values as the engine reads them: booleans as 1/0, filters and maps as JSON, None left out."""
+    pairs = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value)
+        pairs.append((key, str(value)))
+    return urlencode(pairs)
+
+
+def filters(**wanted: str) -> dict[str, list[str]]:
+    """The engine's filter map: each filter a list of values."""
+    return {name.replace("_", "-"): [value] for name, value in wanted.items()}
+
+
+def _is_multiplexed(response: http.client.HTTPResponse, first: bytes) -> bool:
+    """Whether a log answer is framed (a container without a TTY, as lanectl's are) or raw (with a TTY).
+
+    API 1.42+ says so in its Content-Type; older engines call both raw-stream, so the first bytes decide:
+    a frame header is a stream number (0-2) and three zero bytes, which a TTY's text does not start with."""
+    if "multiplexed-stream" in (response.getheader("Content-Type") or ""):
+        return True
+    return len(first) >= 8 and first[0] in (0, 1, 2) and first[1:4] == b"\0\0\0"
+
+
+def demultiplex(data: bytes) -> bytes:
+    """The payloads of a multiplexed log answer (8-byte header: stream, 0, 0, 0, big-endian size)."""
+    out, at = bytearray(), 0
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at + 4:at + 8], "big")
+        out += data[at + 8:at + 8 + size]
+        at += 8 + size
+    return bytes(out)
+
+
+def registry_auth(ref: str) -> str | None:
+    """X-Registry-Auth for the registry of `ref` from `docker login`'s store, or None when not logged in there."""
+    from docker import auth  # only builds and pushes pay for it; see the module's docstring
+
+    registry, _ = auth.resolve_repository_name(ref)
+    credentials = auth.load_config().resolve_authconfig(registry)
+    return auth.encode_header(credentials).decode() if credentials else None
+
+
+def registry_config() -> str | None:
+    """X-Registry-Config for a build: every registry's login, as the SDK (and `docker build`) send them."""
+    from docker import auth
+
+    credentials = auth.load_config().get_all_credentials()
+    return auth.encode_header(credentials).decode() if credentials else None
+
+
+_shared: dict[tuple[str, str, str], EngineAPI] = {}
+_shared_lock = threading.Lock()
+
+
+def engine_api(environ: Mapping[str, str] = os.environ) -> EngineAPI:
+    """The process's client for the engine its environment names: one negotiation, kept-alive connections."""
+    key = (environ.get("DOCKER_HOST", ""), environ.get("DOCKER_TLS_VERIFY", ""), environ.get("DOCKER_CERT_PATH", ""))
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = EngineAPI.from_env(environ)
+        return _shared[key]
