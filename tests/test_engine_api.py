@@ -33,6 +33,7 @@ from lanectl.dockerapi.engine_api import (
     size_in_bytes,
 )
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine
+from lanectl.errors import OperationFailed
 
 API_VERSION = "1.45"
 
@@ -435,3 +436,22 @@ def test_query_values_as_the_engine_parses_them():
 def test_demultiplex_keeps_what_arrived_of_a_torn_last_frame():
     whole = b"\x01\0\0\0\0\0\0\x03abc"
     assert demultiplex(whole + b"\x02\0\0\0\0\0\0\x09par") == b"abc" + b"par"
+
+
+def test_a_start_the_engine_fails_is_asked_again_and_a_refused_one_is_not(recording, monkeypatch):
+    monkeypatch.setattr("lanectl.dockerapi.containers.START_RETRY_SECONDS", (0.0, 0.0, 0.0))
+    answers = iter([(500, {}, b'{"message": "failed to update store for object type *libnetwork.endpoint"}')] * 2
+                   + [(204, {}, b"")])
+    engine = recording(lambda r: next(answers))
+    ContainerEngine(EngineAPI(engine.url)).start("lt-a")
+    assert len(engine.requests) == 3  # the engine was not ready twice (just restarted), then started it
+
+    always = recording(lambda r: (500, {}, b'{"message": "port is already allocated"}'), name="busy.sock")
+    with pytest.raises(OperationFailed, match="lt-a: start failed: port is already allocated"):
+        ContainerEngine(EngineAPI(always.url)).start("lt-a")
+    assert len(always.requests) == 4
+
+    refused = recording(lambda r: (409, {}, b'{"message": "container is marked for removal"}'), name="gone.sock")
+    with pytest.raises(OperationFailed, match="marked for removal"):
+        ContainerEngine(EngineAPI(refused.url)).start("lt-a")
+    assert len(refused.requests) == 1, "a refusal (4xx) is not asked again"

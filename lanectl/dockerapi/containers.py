@@ -7,6 +7,7 @@ sequence of intentions and the tests of the pure core never need an engine.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -165,7 +166,7 @@ class DockerEngine:
         login = registry_auth(ref)
         try:
             answer = self.api.get(self.api.url("/distribution/{}/json", ref),
-                                  headers={"X-Registry-Auth": login} if login else None)
+                                  headers={"X-Registry-Auth": login})
         except NotFound:
             return None  # "manifest unknown" / "repository name not known to registry"
         except EngineError as exc:
@@ -181,7 +182,7 @@ class DockerEngine:
         login = registry_auth(ref)
         try:
             stream = self.api.stream("POST", self.api.url("/images/{}/push", repository), params={"tag": tag},
-                                     headers={"X-Registry-Auth": login} if login else None)
+                                     headers={"X-Registry-Auth": login})
             for chunk in stream.json_objects():
                 if "error" in chunk:
                     raise OperationFailed(explain_registry_error(ref, str(chunk["error"])))
@@ -233,6 +234,7 @@ def explain_registry_error(ref: str, error: str) -> str:
 
 
 SWARM_TASK_LABEL = "com.docker.swarm.task.id"
+START_RETRY_SECONDS = (0.5, 1.0, 2.0)  # an engine error (5xx) at start is asked again after each of these
 GPU_DRIVER_MISSING = re.compile(r"could not select device driver .* with capabilities: \[\[gpu\]\]")
 
 
@@ -365,17 +367,26 @@ class ContainerEngine(DockerEngine):
         return str(created["Id"])
 
     def start(self, name: str) -> None:
-        try:
-            self.api.post(self.api.url("/containers/{}/start", name))
-        except EngineError as exc:
-            if GPU_DRIVER_MISSING.search(exc.explanation):
+        for delay in (*START_RETRY_SECONDS, None):
+            try:
+                self.api.post(self.api.url("/containers/{}/start", name))
+                return
+            except EngineError as exc:
+                error = exc
+            if GPU_DRIVER_MISSING.search(error.explanation):
                 # Docker creates the container and only fails at start; leave nothing behind.
                 self.remove(name)
                 raise NoGpuRuntime(
-                    f"{name}: this host has no NVIDIA container runtime (Docker: {exc.explanation}); install "
+                    f"{name}: this host has no NVIDIA container runtime (Docker: {error.explanation}); install "
                     "the NVIDIA Container Toolkit, or run the lane without GPUs with --no-gpu"
                 ) from None
-            raise OperationFailed(f"{name}: start failed: {exc.explanation}") from None
+            if error.status < 500 or delay is None:
+                break
+            # An engine that has just restarted answers before it can start containers ("failed to update
+            # store for object type *libnetwork.endpoint"); a watchdog reacting to the restart would spend its
+            # restart budget on that in milliseconds. Starting is idempotent, so it is asked again.
+            time.sleep(delay)
+        raise OperationFailed(f"{name}: start failed: {error.explanation}") from None
 
     def stop(self, name: str, timeout: int) -> None:
         try:

@@ -349,13 +349,14 @@ def demultiplex(data: bytes) -> bytes:
     return bytes(out)
 
 
-def registry_auth(ref: str) -> str | None:
-    """X-Registry-Auth for the registry of `ref` from `docker login`'s store, or None when not logged in there."""
+def registry_auth(ref: str) -> str:
+    """X-Registry-Auth for the registry of `ref`: `docker login`'s credentials for it, or none (`{}`), as the
+    docker CLI sends it; a push without the header is refused ("missing X-Registry-Auth")."""
     from docker import auth  # only builds and pushes pay for it; see the module's docstring
 
     registry, _ = auth.resolve_repository_name(ref)
     credentials = auth.load_config().resolve_authconfig(registry)
-    return auth.encode_header(credentials).decode() if credentials else None
+    return auth.encode_header(credentials or {}).decode()
 
 
 def registry_config() -> str | None:
