@@ -228,6 +228,15 @@ def test_install_writes_each_file_with_its_mode(tmp_path: Path) -> None:
                                                              f"{unit} is up to date (0644)"]
 
 
+def test_cron_sees_the_folder_change_after_the_second_it_may_have_looked_in(tmp_path: Path) -> None:
+    # cron compares /etc/cron.d's modification time in whole seconds with the one it last saw: the folder must
+    # change once more after the second of the write, or a cron that looked in that second misses the file.
+    [cron] = [render_cron(COMMAND, {}, env_file=ENV_FILE, log_file=LOG_FILE)]
+    install([cron], dry_run=False, root=tmp_path)
+    folder = tmp_path / "etc/cron.d"
+    assert int(folder.stat().st_mtime) > int((folder / "lanectl").stat().st_mtime)
+
+
 def test_install_fixes_a_wrong_mode(tmp_path: Path) -> None:
     [cron] = [render_cron(COMMAND, {}, env_file=ENV_FILE, log_file=LOG_FILE)]
     install([cron], dry_run=False, root=tmp_path)

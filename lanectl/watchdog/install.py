@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import errno
 import importlib.resources
+import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +126,7 @@ def install(files: Iterable[InstalledFile], *, dry_run: bool, root: Path = Path(
     install into a temp folder.
     """
     messages: list[str] = []
+    cron_folders: set[Path] = set()
     for file in files:
         target = root / file.path.relative_to("/")
         mode = f"{file.mode:04o}"
@@ -134,7 +137,24 @@ def install(files: Iterable[InstalledFile], *, dry_run: bool, root: Path = Path(
         else:
             _write_atomically(target, file.content.encode(), file.mode)
             messages.append(f"wrote {target} ({mode})")
+            if target.parent.name == "cron.d":
+                cron_folders.add(target.parent)
+    for folder in cron_folders:
+        _touch_in_the_next_second(folder)
     return messages
+
+
+def _touch_in_the_next_second(folder: Path) -> None:
+    """Make sure cron sees the files just written into `folder`.
+
+    cron (Debian's) notices a change in /etc/cron.d by the folder's modification time, in whole seconds. A
+    cron that looked in the same second as a write has already stored that time and misses the files
+    written after its look, until the folder changes again: the watchdog would never run. Touching the
+    folder once that second is over gives it a time cron has not seen.
+    """
+    now = time.time()
+    time.sleep(int(now) + 1.01 - now)
+    os.utime(folder)
 
 
 def _template(name: str) -> Template:
