@@ -455,3 +455,17 @@ def test_a_start_the_engine_fails_is_asked_again_and_a_refused_one_is_not(record
     with pytest.raises(OperationFailed, match="marked for removal"):
         ContainerEngine(EngineAPI(refused.url)).start("lt-a")
     assert len(refused.requests) == 1, "a refusal (4xx) is not asked again"
+
+
+def test_an_engine_that_does_not_answer_in_time_is_named_with_the_request(recording):
+    import time
+
+    engine = recording(lambda r: (time.sleep(1.5), ok_json([]))[1])
+    with pytest.raises(EngineUnreachable, match=r"did not answer GET /containers/json within 1 s"):
+        EngineAPI(engine.url).get("/containers/json", timeout=1.0)
+
+
+def test_bytes_that_are_not_utf8_in_a_stream_are_replaced_not_waited_on(recording):
+    engine = recording(lambda r: iter([b'{"stream": "bad \xff byte"}\r\n', b'{"stream": "next"}\r\n']))
+    stream = EngineAPI(engine.url).stream("GET", "/events")
+    assert [item["stream"] for item in stream.json_objects()] == ["bad \ufffd byte", "next"]

@@ -12,6 +12,7 @@ keep-alive connection or opens one; a stream (build output, events, followed log
 
 from __future__ import annotations
 
+import codecs
 import http.client
 import json
 import os
@@ -81,19 +82,14 @@ class Stream:
     def json_objects(self) -> Iterator[dict[str, Any]]:
         """The JSON objects the engine writes one after another (not always one per line or per chunk)."""
         decoder = json.JSONDecoder()
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
         buffer = ""
-        pending = b""
         try:
             while True:
                 chunk = self.response.read1(65536)
                 if not chunk:
                     break
-                pending += chunk
-                try:
-                    buffer += pending.decode()
-                    pending = b""
-                except UnicodeDecodeError:
-                    continue  # a character split across chunks: wait for its other bytes
+                buffer += text.decode(chunk)
                 while True:
                     buffer = buffer.lstrip()
                     if not buffer:
@@ -264,6 +260,10 @@ class EngineAPI:
         try:
             connection.request(method, url, body=payload, headers=sent_headers)
             return connection.getresponse()
+        except TimeoutError:
+            raise EngineUnreachable(
+                f"the Docker engine at {self.base_url} did not answer {method} {path} within "
+                f"{connection.timeout:.0f} s; is it overloaded or stuck? (`docker info` tells)") from None
         except (FileNotFoundError, ConnectionRefusedError, socket.gaierror) as exc:
             raise EngineUnreachable(
                 f"cannot reach the Docker engine at {self.base_url} ({exc.strerror or exc}); start it "
