@@ -75,10 +75,13 @@ class StubProcess:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
+        try:
+            for line in self.proc.stdout:
+                with self._cond:
+                    self.lines.append(line.rstrip("\n"))
+                    self._cond.notify_all()
+        except ValueError:
+            pass  # kill() closed the pipe while a process the stub started still held its other end
         with self._cond:
             self._cond.notify_all()
 
