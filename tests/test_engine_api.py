@@ -30,8 +30,8 @@ from lanectl.dockerapi.engine_api import (
     NotFound,
     demultiplex,
     encode_query,
-    size_in_bytes,
 )
+from lanectl.dockerapi.sizes import size_in_bytes
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine
 from lanectl.errors import OperationFailed
 
@@ -460,7 +460,7 @@ def test_a_start_the_engine_fails_is_asked_again_and_a_refused_one_is_not(record
 def test_an_engine_that_does_not_answer_in_time_is_named_with_the_request(recording):
     import time
 
-    engine = recording(lambda r: (time.sleep(1.5), ok_json([]))[1])
+    engine = recording(lambda r: (time.sleep(3), ok_json([]))[1])
     with pytest.raises(EngineUnreachable, match=r"did not answer GET /containers/json within 1 s"):
         EngineAPI(engine.url).get("/containers/json", timeout=1.0)
 

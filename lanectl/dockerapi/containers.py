@@ -23,8 +23,8 @@ from lanectl.dockerapi.engine_api import (
     filters,
     registry_auth,
     registry_config,
-    size_in_bytes,
 )
+from lanectl.dockerapi.sizes import size_in_bytes
 from lanectl.errors import OperationFailed
 
 
@@ -414,7 +414,7 @@ class ContainerEngine(DockerEngine):
     def container_events(self, label: str) -> Stream:
         """The engine's container events (die, stop, kill, oom, health_status…) for containers with `label`, as
         they happen; `.json_objects()` reads them, `.close()` ends the stream."""
-        return self.api.stream("GET", "/events", params={"filters": {"type": ["container"], "label": [label]}})
+        return self.api.stream("GET", "/events", params={"filters": filters(type="container", label=label)})
 
     def follow_logs(self, name: str, *, since: float | None = None, tail: int | str = "all") -> Iterator[bytes]:
         params = {"stdout": True, "stderr": True, "follow": True, "since": since if since and since > 0 else None,

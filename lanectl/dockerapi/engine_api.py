@@ -28,7 +28,6 @@ from lanectl.errors import OperationFailed
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 TIMEOUT_SECONDS = 60.0  # the SDK's default: a request the engine has not answered by then is stuck
-SIZE_UNITS = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
 class EngineError(Exception):
@@ -46,14 +45,6 @@ class NotFound(EngineError):
 
 class EngineUnreachable(OperationFailed):
     pass
-
-
-def size_in_bytes(size: str) -> int:
-    """Docker's size notation ("16g", "512m", "1024"): binary units, b/k/m/g, as `docker run --shm-size`."""
-    unit = size[-1].lower()
-    if unit in SIZE_UNITS:
-        return int(size[:-1]) * SIZE_UNITS[unit]
-    return int(size)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -326,7 +317,7 @@ def encode_query(params: Mapping[str, Any]) -> str:
 
 def filters(**wanted: str) -> dict[str, list[str]]:
     """The engine's filter map: each filter a list of values."""
-    return {name.replace("_", "-"): [value] for name, value in wanted.items()}
+    return {name: [value] for name, value in wanted.items()}
 
 
 def _is_multiplexed(response: http.client.HTTPResponse, first: bytes) -> bool:

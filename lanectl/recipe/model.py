@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lanectl.dockerapi.engine_api import size_in_bytes
+from lanectl.dockerapi.sizes import size_in_bytes
 
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
