@@ -101,8 +101,11 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     assert code == 0 and report["verdict"] == "pass", report["reasons"]
     assert {c["verdict"] for c in report["cells"].values()} == {"pass"}
     figures = {k: (c["ratio"], c["low"], c["high"], c["arms"]) for k, c in report["cells"].items()}
+    # The stub decodes 1.25x faster: each cell's ratio says so. How wide an interval is depends on how busy
+    # this shared machine was (CI once failed on an edge outside 1.15-1.35), so only where it lies is checked:
+    # around the ratio and at or above the bar, which is what "pass" means.
     assert all(1.15 < c["ratio"] < 1.35 for c in report["cells"].values()), figures
-    assert all(1.15 < c["low"] <= c["ratio"] <= c["high"] < 1.35 for c in report["cells"].values()), report["cells"]
+    assert all(report["bar"] <= c["low"] <= c["ratio"] <= c["high"] for c in report["cells"].values()), figures
     fid = report["fidelity"]
     assert (fid["method"], fid["confident_flips"], fid["confident_flips_bar"]) == ("teacher-forced", 0, 0)
     assert fid["positions"] == 4 * 32 and fid["unscored"] == 0  # every position of every prompt scored
