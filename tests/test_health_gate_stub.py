@@ -80,9 +80,9 @@ def run_gate() -> Iterator[RunGate]:
         stub = StubProcess({"STUB_LOAD_SECONDS": "1", **env}, (), STUB_DIR, port)
         stubs.append(stub)
         progress: list[GateProgress] = []
-        with EndpointProbe(f"http://127.0.0.1:{port}", settings) as endpoints:
-            logs, container = ProcessLog(stub), ProcessWatch(stub)
-            return HealthGate(settings, endpoints, logs, container, MonotonicClock(), progress.append).wait(), progress
+        endpoints = EndpointProbe(f"http://127.0.0.1:{port}", settings)
+        logs, container = ProcessLog(stub), ProcessWatch(stub)
+        return HealthGate(settings, endpoints, logs, container, MonotonicClock(), progress.append).wait(), progress
 
     yield run
     for stub in stubs:
@@ -123,8 +123,8 @@ def test_a_process_that_exits_without_a_fatal_line_is_a_container_exit(run_gate:
         )
         stub = StubProcess({"STUB_LOAD_SECONDS": "0.3"}, (), STUB_DIR, port)
         try:
-            with EndpointProbe(f"http://127.0.0.1:{port}", settings) as endpoints:
-                result = HealthGate(settings, endpoints, ProcessLog(stub), ProcessWatch(stub), MonotonicClock()).wait()
+            endpoints = EndpointProbe(f"http://127.0.0.1:{port}", settings)
+            result = HealthGate(settings, endpoints, ProcessLog(stub), ProcessWatch(stub), MonotonicClock()).wait()
         finally:
             stub.kill()
 
@@ -178,8 +178,8 @@ def test_a_served_model_name_that_differs_is_missing_from_the_model_list(run_gat
 
 def test_a_closed_port_is_connection_refused_not_an_error() -> None:
     settings = Health(startup_budget_minutes=1, served_model_name=MODEL_NAME)
-    with EndpointProbe(f"http://127.0.0.1:{free_port()}", settings) as endpoints:
-        results = [endpoints.health_ok(), endpoints.models_lists_served_model(), endpoints.generate()]
+    endpoints = EndpointProbe(f"http://127.0.0.1:{free_port()}", settings)
+    results = [endpoints.health_ok(), endpoints.models_lists_served_model(), endpoints.generate()]
 
     assert [r.detail for r in results] == [
         "/health: connection refused",

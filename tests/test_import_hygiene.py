@@ -20,10 +20,12 @@ from tests.conftest import REPO
 
 # Imported by none of the three: the plot extra, the Dockerfile templates (a pass that acts renders
 # through the switcher; a healthy pass does not), the switch machinery, the webhook retries, the
-# benchmark and fleet code, and the Docker SDK with its HTTP stack (lanectl's own client speaks to the
-# engine; the SDK is for registry logins, by builds and pushes).
+# benchmark and fleet code, the Docker SDK with its HTTP stack (lanectl's own client speaks to the
+# engine; the SDK is for registry logins, by builds and pushes), and httpx (the probes use http.client;
+# httpx is for the load generator, the webhooks and downloads).
 NEVER = {"matplotlib", "jinja2", "tenacity", "lanectl.lanes.switcher", "lanectl.state.lock", "lanectl.bench",
-         "lanectl.fleet", "lanectl.image.build", "lanectl.watchdog.alerts", "docker", "requests", "urllib3"}
+         "lanectl.fleet", "lanectl.image.build", "lanectl.watchdog.alerts", "docker", "requests", "urllib3",
+         "httpx"}
 # The recipes are parsed and validated once; later commands load the validated catalog from the cache.
 CACHED_CATALOG = {"yaml", "lanectl.recipe.yaml_source"}
 # --help touches neither the engine nor the recipes.

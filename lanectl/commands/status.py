@@ -41,8 +41,7 @@ def lane_status(catalog: Catalog) -> Result:
         health = None
         primary = next((c for c in own if c.role == ROLE_PRIMARY), None)
         if primary is not None and primary.running:
-            with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
-                probe = endpoints.health_ok()
+            probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
             health = "ok" if probe.ok else probe.detail
         image_labels = engine.image_labels(primary.image) if primary else None
         lanes.append({

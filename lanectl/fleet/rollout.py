@@ -122,10 +122,10 @@ def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str
     """The local `up` gate, against the node's published port and the log of the service's current task."""
     from lanectl.health.probe import EndpointProbe
 
-    with EndpointProbe(node_base_url(lane, node), lane.spec.health) as endpoints:
-        gate = HealthGate(lane.spec.health, endpoints, SwarmLogSource(swarm, service_id),
-                          SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate)
-        return gate.wait()
+    endpoints = EndpointProbe(node_base_url(lane, node), lane.spec.health)
+    gate = HealthGate(lane.spec.health, endpoints, SwarmLogSource(swarm, service_id),
+                      SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate)
+    return gate.wait()
 
 
 NodeGate = Callable[[SwarmEngine, Lane, NodeInfo, str, Reporter], GateResult]

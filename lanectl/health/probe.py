@@ -11,9 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from lanectl.errors import BadInput
+from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.model import Health
 
@@ -36,40 +35,20 @@ class ProbeResult:
     seconds: float
 
 
-def probe_client() -> httpx.Client:
-    """A client for probes; one may serve many `EndpointProbe`s, in several threads at once.
-
-    Probes speak plain HTTP to a port published on this host or a fleet node: without TLS there
-    is nothing to verify, and loading the CA bundle for it would cost every client 20-60 ms of CPU
-    (a watchdog pass every minute, every `status`).
-    """
-    return httpx.Client(verify=False)
-
-
 class EndpointProbe:
     """`/health`, `/v1/models` and a 1-3 token generation against one engine's base URL.
 
-    Each request carries its own timeout (the recipe's), so a shared `client` may have any default.
+    Each request carries the recipe's timeout and its own connection (see `engine_http`), so one probe may
+    serve several threads at once.
     """
 
-    def __init__(self, base_url: str, health: Health, client: httpx.Client | None = None) -> None:
+    def __init__(self, base_url: str, health: Health) -> None:
         if not base_url.startswith("http://"):
-            raise ValueError(f"{base_url}: probes speak plain HTTP (see probe_client)")
-        self.base_url = base_url.rstrip("/")
+            raise ValueError(f"{base_url}: probes speak plain HTTP")
+        self.engine = EngineHttp(base_url)
+        self.base_url = self.engine.base_url
         self.health = health
-        self._owns_client = client is None
-        self._client = client or probe_client()
         self._timeout = health.request_timeout_seconds
-
-    def close(self) -> None:
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> EndpointProbe:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def health_ok(self) -> ProbeResult:
         """`/health` answers 200.
@@ -80,21 +59,21 @@ class EndpointProbe:
         path = self.health.health_path
         started = time.monotonic()
         try:
-            response = self._client.get(self.base_url + path, timeout=self._timeout)
-        except httpx.HTTPError as exc:
-            return _failed(path, exc, self.health.request_timeout_seconds, started)
-        return ProbeResult(response.status_code == 200, _answered(path, response), time.monotonic() - started)
+            response = self.engine.request("GET", path, timeout=self._timeout)
+        except EngineUnanswered as exc:
+            return _failed(path, exc, self._timeout, started)
+        return ProbeResult(response.status == 200, _answered(path, response), time.monotonic() - started)
 
     def models_lists_served_model(self) -> ProbeResult:
         """`/v1/models` lists the recipe's served model name (vLLM answers it without the engine)."""
         path, name = self.health.models_path, self.health.served_model_name
         started = time.monotonic()
         try:
-            response = self._client.get(self.base_url + path, timeout=self._timeout)
-        except httpx.HTTPError as exc:
-            return _failed(path, exc, self.health.request_timeout_seconds, started)
+            response = self.engine.request("GET", path, timeout=self._timeout)
+        except EngineUnanswered as exc:
+            return _failed(path, exc, self._timeout, started)
         seconds = time.monotonic() - started
-        if response.status_code != 200:
+        if response.status != 200:
             return ProbeResult(False, _answered(path, response), seconds)
         ids = _model_ids(response)
         if ids is None:
@@ -108,9 +87,9 @@ class EndpointProbe:
         probe = self.health.generation_probe
         started = time.monotonic()
         try:
-            response = self._client.post(
-                self.base_url + COMPLETIONS_PATH,
-                json={
+            response = self.engine.request(
+                "POST", COMPLETIONS_PATH,
+                json_body={
                     "model": self.health.served_model_name,
                     "prompt": probe.prompt,
                     "max_tokens": probe.max_tokens,
@@ -119,17 +98,17 @@ class EndpointProbe:
                 },
                 timeout=probe.timeout_seconds,
             )
-        except httpx.TimeoutException:
+        except EngineUnanswered as exc:
+            if exc.failure != "timeout":
+                return _failed(COMPLETIONS_PATH, exc, probe.timeout_seconds, started)
             seconds = time.monotonic() - started
             return ProbeResult(
                 False,
                 f"generation probe timed out after {probe.timeout_seconds:.1f} s ({self._health_while_stuck()})",
                 seconds,
             )
-        except httpx.HTTPError as exc:
-            return _failed(COMPLETIONS_PATH, exc, probe.timeout_seconds, started)
         seconds = time.monotonic() - started
-        if response.status_code != 200:
+        if response.status != 200:
             return ProbeResult(False, _answered(COMPLETIONS_PATH, response), seconds)
         generated = _generated(response)
         if generated is None:
@@ -142,39 +121,17 @@ class EndpointProbe:
         return "health 200: engine stuck?" if health.ok else health.detail
 
 
-def _answered(path: str, response: httpx.Response) -> str:
-    message = _error_message(response) if response.status_code != 200 else ""
-    return f"{path} answered {response.status_code}" + (f": {message}" if message else "")
+def _answered(path: str, response: EngineAnswer) -> str:
+    message = response.error_message() if response.status != 200 else ""
+    return f"{path} answered {response.status}" + (f": {message}" if message else "")
 
 
-def _error_message(response: httpx.Response) -> str:
-    """vLLM's `{"error": {"message": ...}}`, FastAPI's `{"detail": ...}`, or the start of the body."""
-    try:
-        body: Any = response.json()
-    except ValueError:
-        return response.text.strip()[:200]
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:200]
-        if body.get("detail"):
-            return str(body["detail"])[:200]
-    return ""
-
-
-def _failed(path: str, exc: httpx.HTTPError, timeout: float, started: float) -> ProbeResult:
-    if isinstance(exc, httpx.TimeoutException):
-        reason = f"no answer within {timeout:.1f} s"
-    elif isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower():
-        reason = "connection refused"
-    elif isinstance(exc, httpx.ConnectError):
-        reason = f"cannot connect ({exc})"
-    else:
-        reason = f"{type(exc).__name__}: {exc}"
+def _failed(path: str, exc: EngineUnanswered, timeout: float, started: float) -> ProbeResult:
+    reason = f"no answer within {timeout:.1f} s" if exc.failure == "timeout" else str(exc)
     return ProbeResult(False, f"{path}: {reason}", time.monotonic() - started)
 
 
-def _model_ids(response: httpx.Response) -> list[str] | None:
+def _model_ids(response: EngineAnswer) -> list[str] | None:
     try:
         body: Any = response.json()
     except ValueError:
@@ -185,7 +142,7 @@ def _model_ids(response: httpx.Response) -> list[str] | None:
     return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item]
 
 
-def _generated(response: httpx.Response) -> str | None:
+def _generated(response: EngineAnswer) -> str | None:
     """What the completion generated ("3 tokens", or the text when usage is absent); None for nothing."""
     try:
         body: Any = response.json()

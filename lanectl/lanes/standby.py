@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import httpx
-
 from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import Engine
 from lanectl.state.standby import StandbyStore
@@ -51,29 +50,19 @@ def resident_gib(log_text: str) -> float | None:
 class SleepEndpoints:
     """One engine's sleep routes and a greedy completion, with one timeout for every request."""
 
-    def __init__(self, base_url: str, timeout: float, client: httpx.Client | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str, timeout: float) -> None:
+        self.engine = EngineHttp(base_url)
         self.timeout = timeout
-        self._owns_client = client is None
-        self._client = client or httpx.Client(timeout=timeout)
 
-    def __enter__(self) -> SleepEndpoints:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._owns_client:
-            self._client.close()
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, json_body: Any = None) -> EngineAnswer:
         try:
-            response = self._client.request(method, self.base_url + path, timeout=self.timeout, **kwargs)
-        except httpx.TimeoutException:
-            raise StandbyError(f"{method} {path}: no answer within {self.timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise StandbyError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
-        if response.status_code != 200:
-            hint = " (is VLLM_SERVER_DEV_MODE=1 set in the image?)" if response.status_code == 404 else ""
-            raise StandbyError(f"{method} {path} answered {response.status_code}: {_message(response)}{hint}")
+            response = self.engine.request(method, path, timeout=self.timeout, json_body=json_body)
+        except EngineUnanswered as exc:
+            raise StandbyError(f"{method} {path}: {exc}") from None
+        if response.status != 200:
+            hint = " (is VLLM_SERVER_DEV_MODE=1 set in the image?)" if response.status == 404 else ""
+            raise StandbyError(f"{method} {path} answered {response.status}: "
+                               f"{response.error_message() or '(empty)'}{hint}")
         return response
 
     def is_sleeping(self) -> bool:
@@ -88,7 +77,7 @@ class SleepEndpoints:
 
     def sleep(self, level: int) -> None:
         self._request("POST", "/reset_prefix_cache")
-        self._request("POST", "/sleep", params={"level": str(level)})
+        self._request("POST", f"/sleep?level={level}")
         if not self.is_sleeping():
             raise StandbyError(f"POST /sleep?level={level} answered 200 but /is_sleeping still says false")
 
@@ -99,7 +88,7 @@ class SleepEndpoints:
 
     def greedy_text(self, model: str, prompt: str, max_tokens: int) -> str:
         """The text of a temperature-0 completion: what a wake check compares."""
-        response = self._request("POST", "/v1/completions", json={
+        response = self._request("POST", "/v1/completions", {
             "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False})
         try:
             text = response.json()["choices"][0]["text"]
@@ -108,22 +97,6 @@ class SleepEndpoints:
         if not isinstance(text, str):
             raise StandbyError(f"/v1/completions answered a {type(text).__name__} as text")
         return text
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        body: Any = response.json()
-    except ValueError:
-        return response.text.strip()[:200] or "(empty)"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:200]
-        if isinstance(error, str):
-            return error[:200]
-        if body.get("detail"):
-            return str(body["detail"])[:200]
-    return response.text.strip()[:200]
 
 
 def lost_standbys(catalog: Catalog, engine: ContainerEngine, store: StandbyStore) -> list[tuple[str, str]]:

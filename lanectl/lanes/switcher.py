@@ -117,10 +117,10 @@ def gate_lane(engine: ContainerEngine, lane: Lane, reporter: Reporter) -> GateRe
     state = engine.container(name)
     started = state.started_epoch if state else None
     since = started - 1.0 if started else time.time()
-    with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
-        gate = HealthGate(lane.spec.health, endpoints, DockerLogSource(engine, name, since),
-                          DockerContainerWatch(engine, name), MonotonicClock(), reporter.gate)
-        return gate.wait()
+    endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health)
+    gate = HealthGate(lane.spec.health, endpoints, DockerLogSource(engine, name, since),
+                      DockerContainerWatch(engine, name), MonotonicClock(), reporter.gate)
+    return gate.wait()
 
 
 def standby_facts(catalog: Catalog, store: StandbyStore, observed: list[ContainerState], *, rollback: bool,
@@ -550,9 +550,8 @@ class LaneSwitcher:
 
         fingerprint = record.fingerprint
         timeout = lane.spec.health.generation_probe.timeout_seconds
-        with SleepEndpoints(probe_base_url(lane), timeout) as endpoints:
-            text = endpoints.greedy_text(lane.spec.health.served_model_name, fingerprint.prompt,
-                                         fingerprint.max_tokens)
+        text = SleepEndpoints(probe_base_url(lane), timeout).greedy_text(
+            lane.spec.health.served_model_name, fingerprint.prompt, fingerprint.max_tokens)
         if text != fingerprint.text:
             raise StandbyError(f"wake check: greedy output {text!r} differs from the fingerprint {fingerprint.text!r} "
                                f"recorded {fingerprint.recorded}")
@@ -570,8 +569,8 @@ class LaneSwitcher:
 
         check = lane.spec.standby.wake_check
         try:
-            with SleepEndpoints(probe_base_url(lane), lane.spec.health.generation_probe.timeout_seconds) as endpoints:
-                text = endpoints.greedy_text(lane.spec.health.served_model_name, check.prompt, check.max_tokens)
+            endpoints = SleepEndpoints(probe_base_url(lane), lane.spec.health.generation_probe.timeout_seconds)
+            text = endpoints.greedy_text(lane.spec.health.served_model_name, check.prompt, check.max_tokens)
         except StandbyError as exc:
             message = f"no wake-check fingerprint for {lane.name} ({exc}): it will be stopped, not left asleep"
             self.reporter.note(message)
@@ -596,8 +595,7 @@ class LaneSwitcher:
             standby = target.spec.standby
             if standby is None:
                 raise StandbyError(f"{target.name}'s recipe asks for no standby")
-            with SleepEndpoints(role_base_url(target, step.role), standby.wake_timeout_seconds) as endpoints:
-                endpoints.sleep(standby.level)
+            SleepEndpoints(role_base_url(target, step.role), standby.wake_timeout_seconds).sleep(standby.level)
         elif step.action == "wake":
             raise StandbyError("a lane's containers wake together (_wake_roles), not one step at a time")
         elif step.action == "wake-check":
@@ -640,8 +638,7 @@ class LaneSwitcher:
         def wake(step: Step) -> tuple[float, Exception | None]:
             clock = time.monotonic()
             try:
-                with SleepEndpoints(role_base_url(lane, step.role), standby.wake_timeout_seconds) as endpoints:
-                    endpoints.wake_up()
+                SleepEndpoints(role_base_url(lane, step.role), standby.wake_timeout_seconds).wake_up()
             except Exception as exc:  # reported with its step, below
                 return time.monotonic() - clock, exc
             return time.monotonic() - clock, None
@@ -693,8 +690,7 @@ class LaneSwitcher:
                 return False
         from lanectl.health.probe import EndpointProbe, probe_base_url
 
-        with EndpointProbe(probe_base_url(lane), lane.spec.health) as endpoints:
-            return endpoints.health_ok().ok
+        return EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok().ok
 
     def _previous_lane(self, state: LaneState, stopped: list[Step]) -> Lane | None:
         """The lane a failed switch goes back to: the active one if this switch stops it."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
 from lanectl.health.gate import FATAL_ENGINE_LINES
-from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url, probe_client
+from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 from lanectl.lanes.standby import lost_standbys
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -32,8 +32,6 @@ from lanectl.watchdog.policy import Decision, Observation, decide
 from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
 
 if TYPE_CHECKING:
-    import httpx
-
     # The switcher (and the image rendering it brings) is needed only when a pass acts.
     from lanectl.lanes.switcher import Reporter
 
@@ -100,13 +98,6 @@ class Watchdog:
 
             gpu_inventory = query_gpus
         self.gpu_inventory = gpu_inventory
-        self._client: httpx.Client | None = None
-
-    def _probe_client(self) -> httpx.Client:
-        """One HTTP client for every probe of this watchdog, rounds in `run`'s threads included."""
-        if self._client is None:
-            self._client = probe_client()
-        return self._client
 
     # -- arm state -----------------------------------------------------------------------------------
 
@@ -242,7 +233,7 @@ class Watchdog:
         health_ok = generation_ok = None
         health_detail = generation_detail = ""
         if primary is not None and primary.running:
-            endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health, self._probe_client())
+            endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health)
             if probe:
                 # While failures are counted, every pass generates: /health can answer 200 for an engine
                 # that no longer steps (vllm#39863), so it alone must not clear a failed generation.
@@ -423,7 +414,7 @@ class Watchdog:
         threading.Thread(target=self._follow_docker_events, args=(wake, stop), daemon=True).start()
         if self.kernel_log is not None:
             threading.Thread(target=self._follow_kernel_log, args=(wake, stop), daemon=True).start()
-        rounds = _ProbeRounds(self._probe_client(), lambda: wake.put("interval"))
+        rounds = _ProbeRounds(lambda: wake.put("interval"))
         why = "start"
         next_round = time.monotonic()
         while not stop.is_set():
@@ -460,7 +451,7 @@ class Watchdog:
             primary = self.engine.container(lane.container_name())
             if primary is None or not primary.running:
                 return interval, None
-            endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health, self._probe_client())
+            endpoints = EndpointProbe(probe_base_url(lane), lane.spec.health)
         except Exception:  # the pass reports it; the watchdog keeps its rhythm meanwhile
             return RUN_DEFAULT_INTERVAL_SECONDS, None
         return interval, (lane, primary.started_at, endpoints)
@@ -499,8 +490,7 @@ class Watchdog:
 class _ProbeRounds:
     """`run`'s probe rounds in flight, and their answers in the order they came."""
 
-    def __init__(self, client: httpx.Client, on_answer: Callable[[], None]):
-        self.client = client
+    def __init__(self, on_answer: Callable[[], None]):
         self.on_answer = on_answer
         self.lock = threading.Lock()
         self.in_flight = 0
