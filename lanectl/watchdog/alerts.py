@@ -9,6 +9,10 @@ The webhook URL is a secret: Slack/Mattermost-style incoming webhooks embed thei
 path (and some providers in the host). It is read from the environment at send time, used for
 the request, and never kept: details, reprs and log lines name the *variable* that holds it, and
 httpx's own request logs are scrubbed of it while a request runs.
+
+httpx and tenacity are imported only once a webhook URL is there to send to: the watchdog journals an
+alert at every restart, and on a lane without a webhook that must not load an HTTP client (~3 MiB that
+`watchdog run` would keep for good).
 """
 
 from __future__ import annotations
@@ -23,18 +27,19 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import httpx
-from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
-from tenacity.wait import wait_base
+from typing import TYPE_CHECKING
 
 from lanectl.errors import OperationFailed
 from lanectl.state.atomic import write_atomically
 
+if TYPE_CHECKING:
+    import httpx
+    from tenacity import RetryCallState
+    from tenacity.wait import wait_base
+
 logger = logging.getLogger(__name__)
 
 SEVERITIES = ("critical", "warning", "info")
-DEFAULT_WEBHOOK_WAIT = wait_exponential(multiplier=1, min=1, max=10)
 WEBHOOK_TIMEOUT_SECONDS = 10.0
 # One delivery, retries and their waits included, ends by this deadline: an alert is sent from inside
 # a watchdog pass, and a webhook that answers slowly (or drips its answer byte by byte) must not hold
@@ -52,8 +57,6 @@ HTTP_CLIENT_LOGGERS = (
     "httpcore.socks",
 )
 REDACTED = "<redacted>"
-# Transport failures worth another try: the webhook may be back in a second. A bad URL is not.
-RETRYABLE_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class WebhookAlerter:
         environ: Mapping[str, str] = os.environ,
         client: httpx.Client | None = None,
         attempts: int = 4,
-        wait: wait_base = DEFAULT_WEBHOOK_WAIT,
+        wait: wait_base | None = None,  # between tries: exponential, 1 s doubling up to 10 s
         deadline_seconds: float = DEFAULT_DELIVERY_DEADLINE_SECONDS,
     ) -> None:
         if attempts < 1:
@@ -130,7 +133,10 @@ class WebhookAlerter:
         url = self._environ.get(self.url_env, "").strip()
         if not url:
             return AlertDelivery(False, 0, f"no webhook: ${self.url_env} is not set")
+        from tenacity import Retrying, retry_if_result, wait_exponential
+
         redaction = UrlRedaction(url)
+        between_tries = self._wait or wait_exponential(multiplier=1, min=1, max=10)
         body: dict[str, object] = {"text": alert.summary(), "alert": asdict(alert)}
         deadline = time.monotonic() + self.deadline_seconds
 
@@ -140,7 +146,7 @@ class WebhookAlerter:
         retrying = Retrying(
             stop=lambda state: state.attempt_number >= self.attempts or remaining() <= 0,
             # A wait never reaches past the deadline; the last try then gets what time is left.
-            wait=lambda state: max(0.0, min(self._wait(state), remaining())),
+            wait=lambda state: max(0.0, min(between_tries(state), remaining())),
             retry=retry_if_result(lambda answer: answer.retryable),
             # When the attempts run out, tenacity hands back the last answer instead of raising RetryError.
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
@@ -173,11 +179,15 @@ class WebhookAlerter:
         if self._client is not None:
             yield self._client
             return
+        import httpx
+
         with httpx.Client(timeout=WEBHOOK_TIMEOUT_SECONDS) as client:
             yield client
 
     def _post(self, client: httpx.Client, url: str, body: dict[str, object], redaction: UrlRedaction,
               remaining: Callable[[], float]) -> _Answer:
+        import httpx
+
         left = remaining()
         if left <= 0:
             return _Answer(error="no time left before the delivery deadline", failure="timed out")
@@ -190,7 +200,7 @@ class WebhookAlerter:
             return _Answer(error=_error_text(exc, redaction), failure="could not connect", retryable=True)
         except httpx.TimeoutException as exc:
             return _Answer(error=_error_text(exc, redaction), failure="timed out", retryable=True)
-        except RETRYABLE_ERRORS as exc:
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:  # may be back in a second; a bad URL is not
             return _Answer(error=_error_text(exc, redaction), retryable=True)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             return _Answer(error=_error_text(exc, redaction), failure="is not a usable URL")
@@ -234,6 +244,8 @@ class UrlRedaction:
     """Replaces a secret URL, and each part of it that could identify or unlock it, with `<redacted>`."""
 
     def __init__(self, url: str) -> None:
+        import httpx
+
         parts = urllib.parse.urlsplit(url)
         candidates = {url, parts.netloc, parts.hostname or "", parts.path, parts.path.lstrip("/"), parts.query,
                       parts.password or "", parts.username or ""}
