@@ -226,7 +226,7 @@ def main() -> int:
                       f"5 s poll loop: {fmt(polled[name])}"
                       + ("   (container state and /health cannot see it)" if polled[name] is None else "")
                       + verdict)
-            print(f"`watchdog run` resident memory: {rss_kb / 1024:.0f} MiB   target {RUN_RSS_TARGET_MIB} MiB: "
+            print(f"`watchdog run` resident memory: {rss_kb / 1024:.1f} MiB   target {RUN_RSS_TARGET_MIB} MiB: "
                   f"{'met' if rss_kb / 1024 <= RUN_RSS_TARGET_MIB else 'MISSED'}")
         finally:
             if run is not None:
