@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lanectl.health.engine_http import MAX_BODY_BYTES, EngineHttp, EngineUnanswered
+from lanectl.health.engine_http import MAX_BODY_BYTES, EngineHttp, EngineUnanswered, engine_url
 from lanectl.health.probe import EndpointProbe
 from lanectl.recipe.model import GenerationProbe, Health
 
@@ -212,3 +212,41 @@ def test_an_unreachable_address_says_it_cannot_connect() -> None:
     with pytest.raises(EngineUnanswered) as caught:
         EngineHttp("http://no-such-host.invalid:80").request("GET", "/health", timeout=2)
     assert caught.value.failure == "connect" and str(caught.value).startswith("cannot connect (")
+
+
+@pytest.mark.parametrize(("host_ip", "url"), [
+    ("0.0.0.0", "http://127.0.0.1:8000"),
+    ("", "http://127.0.0.1:8000"),
+    ("10.0.0.7", "http://10.0.0.7:8000"),
+    ("::", "http://[::1]:8000"),  # every IPv6 address: asked on IPv6 loopback
+    ("::1", "http://[::1]:8000"),
+    ("fd00::7", "http://[fd00::7]:8000"),
+])
+def test_a_published_port_is_asked_where_it_listens(host_ip: str, url: str) -> None:
+    assert engine_url(host_ip, 8000) == url
+    EngineHttp(url)  # and the probe accepts it
+
+
+def test_a_port_published_on_ipv6_loopback_is_probed_there() -> None:
+    class V6Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None: ...
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    try:
+        server = V6Server(("::1", 0), Health)
+    except OSError as exc:
+        pytest.skip(f"this machine has no IPv6 loopback: {exc}")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = EndpointProbe(engine_url("::1", server.server_address[1]), SETTINGS).health_ok()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.ok and result.detail == "/health answered 200"

@@ -33,6 +33,7 @@ from lanectl.fleet.plan import (
     spec_matches,
     task_problem,
 )
+from lanectl.health.engine_http import engine_url
 from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateResult, HealthGate, MonotonicClock
 from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
@@ -115,7 +116,7 @@ class SwarmTaskWatch:
 
 
 def node_base_url(lane: Lane, node: NodeInfo) -> str:
-    return f"http://{node.addr}:{lane.spec.engine.ports[0].published}"
+    return engine_url(node.addr, lane.spec.engine.ports[0].published)
 
 
 def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str, reporter: Reporter) -> GateResult:

@@ -25,6 +25,13 @@ MAX_BODY_BYTES = 1 << 20
 Failure = Literal["timeout", "refused", "connect", "broken"]
 
 
+def engine_url(host_ip: str, port: int) -> str:
+    """The base URL of a port published on `host_ip`; a port published on every address is asked on loopback,
+    and an IPv6 address is bracketed (`http://[::1]:8000`)."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host_ip, host_ip)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class EngineUnanswered(Exception):
     """No HTTP answer: the connection was refused, could not be made, timed out, or broke before an answer."""
 

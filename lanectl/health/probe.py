@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanectl.errors import BadInput
-from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered
+from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.model import Health
 
@@ -24,8 +24,7 @@ def probe_base_url(lane: Lane) -> str:
     if not lane.spec.engine.ports:
         raise BadInput(f"lane {lane.name}: the primary publishes no port, so its health cannot be probed")
     port = lane.spec.engine.ports[0]
-    host = "127.0.0.1" if port.host_ip in ("0.0.0.0", "") else port.host_ip
-    return f"http://{host}:{port.published}"
+    return engine_url(port.host_ip, port.published)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine
-from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered
+from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import Engine
 from lanectl.state.standby import StandbyStore
@@ -35,10 +35,7 @@ def role_base_url(lane: Lane, role: str) -> str:
     ports = role_engine(lane, role).ports
     if not ports:
         raise StandbyError(f"{lane.name}'s {role} publishes no port, so lanectl cannot reach its sleep routes")
-    host = "127.0.0.1" if ports[0].host_ip in ("0.0.0.0", "") else ports[0].host_ip
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{ports[0].published}"
+    return engine_url(ports[0].host_ip, ports[0].published)
 
 
 def resident_gib(log_text: str) -> float | None:
