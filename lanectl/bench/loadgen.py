@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from lanectl.bench.stats import ForcedPosition, TokenChoice, percentile
+from lanectl.health.engine_http import error_message
 
 COMPLETIONS_PATH = "/v1/completions"
 # Warm-up prompts carry their own prefix so they do not pre-fill the prefix cache for the measured
@@ -302,7 +303,7 @@ class _Sender:
         try:
             with client.stream("POST", self.url, json=body, timeout=self.timeout) as response:
                 if response.status_code != 200:
-                    stream.error = f"HTTP {response.status_code}: {_error_message(response.read())}"
+                    stream.error = f"HTTP {response.status_code}: {error_message(response.read()) or '(empty body)'}"
                 else:
                     for line in response.iter_lines():
                         now = time.perf_counter()
@@ -367,7 +368,7 @@ class _Stream:
 
     def _take(self, event: Any, payload: str, now: float) -> bool:
         if "error" in event:
-            self.error = f"error event: {_error_message(payload.encode())}"
+            self.error = f"error event: {error_message(payload.encode()) or '(empty body)'}"
             return True
         usage = event.get("usage")
         if usage and isinstance(usage.get("completion_tokens"), int):
@@ -426,7 +427,7 @@ def score_continuation(client: httpx.Client, base_url: str, model: str, prompt: 
     except httpx.HTTPError as exc:
         return f"scoring request failed: {type(exc).__name__}: {exc}"
     if response.status_code != 200:
-        return f"scoring request: HTTP {response.status_code}: {_error_message(response.content)}"
+        return f"scoring request: HTTP {response.status_code}: {error_message(response.content) or '(empty body)'}"
     try:
         entries = response.json()["choices"][0]["prompt_logprobs"]
         tail = entries[len(entries) - len(continuation):] if len(continuation) < len(entries) else None
@@ -445,15 +446,3 @@ def score_continuation(client: httpx.Client, base_url: str, model: str, prompt: 
         return f"unexpected prompt_logprobs shape ({type(exc).__name__}: {exc}): {response.text[:200]!r}"
 
 
-def _error_message(raw: bytes) -> str:
-    """The `error.message` of an OpenAI-style error body, else the body's start."""
-    try:
-        body = json.loads(raw)
-        message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("error")
-        if message:
-            return str(message)
-        if body.get("detail"):
-            return str(body["detail"])
-    except (ValueError, AttributeError, KeyError, TypeError):
-        pass
-    return raw[:200].decode("utf-8", "replace") or "(empty body)"

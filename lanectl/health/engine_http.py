@@ -54,21 +54,26 @@ class EngineAnswer:
         return json.loads(self.body)
 
     def error_message(self) -> str:
-        """vLLM's `{"error": {"message": ...}}` (or a bare `"error"`), FastAPI's `{"detail": ...}`, or the
-        start of the body."""
-        try:
-            body: Any = self.json()
-        except ValueError:
-            return self.text.strip()[:200]
-        if isinstance(body, dict):
-            error = body.get("error")
-            if isinstance(error, dict) and error.get("message"):
-                return str(error["message"])[:200]
-            if isinstance(error, str) and error:
-                return error[:200]
-            if body.get("detail"):
-                return str(body["detail"])[:200]
-        return self.text.strip()[:200]
+        return error_message(self.body)
+
+
+def error_message(body: bytes) -> str:
+    """What an engine's error body says: vLLM's `{"error": {"message": ...}}` (or a bare `"error"`), FastAPI's
+    `{"detail": ...}`, or else the start of the body; "" for an empty one."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        parsed: Any = json.loads(body)
+    except ValueError:
+        return text[:200]
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:200]
+        if isinstance(error, str) and error:
+            return error[:200]
+        if parsed.get("detail"):
+            return str(parsed["detail"])[:200]
+    return text[:200]
 
 
 class EngineHttp:
