@@ -10,14 +10,13 @@ path (and some providers in the host). It is read from the environment at send t
 the request, and never kept: details, reprs and log lines name the *variable* that holds it, and
 httpx's own request logs are scrubbed of it while a request runs.
 
-httpx and tenacity are imported only once a webhook URL is there to send to: the watchdog journals an
+httpx, tenacity and logging are imported only once a webhook URL is there to send to: the watchdog journals an
 alert at every restart, and on a lane without a webhook that must not load an HTTP client (~3 MiB that
 `watchdog run` would keep for good).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -33,11 +32,11 @@ from lanectl.errors import OperationFailed
 from lanectl.state.atomic import write_atomically
 
 if TYPE_CHECKING:
+    import logging
+
     import httpx
     from tenacity import RetryCallState
     from tenacity.wait import wait_base
-
-logger = logging.getLogger(__name__)
 
 SEVERITIES = ("critical", "warning", "info")
 WEBHOOK_TIMEOUT_SECONDS = 10.0
@@ -228,6 +227,8 @@ class WebhookAlerter:
         return AlertDelivery(False, tries, detail)
 
     def _log_retry(self, state: RetryCallState) -> None:
+        import logging
+
         answer = state.outcome.result() if state.outcome else None
         if answer is None:
             what = "failed"
@@ -236,8 +237,8 @@ class WebhookAlerter:
         else:
             what = f"{answer.failure} ({answer.error})"
         pause = state.next_action.sleep if state.next_action else 0.0
-        logger.warning("webhook ($%s) %s; retrying in %.1f s (attempt %d of %d)",
-                       self.url_env, what, pause, state.attempt_number + 1, self.attempts)
+        logging.getLogger(__name__).warning("webhook ($%s) %s; retrying in %.1f s (attempt %d of %d)",
+                                            self.url_env, what, pause, state.attempt_number + 1, self.attempts)
 
 
 class UrlRedaction:
@@ -269,9 +270,10 @@ class UrlRedaction:
         return self._pattern.sub(REDACTED, text) if self._pattern else text
 
 
-class _RedactingFilter(logging.Filter):
+class _RedactingFilter:
+    """A log filter (logging takes any object with `filter(record)`), so this module need not import logging."""
+
     def __init__(self, redaction: UrlRedaction) -> None:
-        super().__init__()
         self.redaction = redaction
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -287,6 +289,8 @@ def scrubbed_http_client_logs(redaction: UrlRedaction) -> Iterator[None]:
     A logger's filters see only the records logged on that very logger (not its children's), so each
     logger that can name a URL or host gets the filter.
     """
+    import logging
+
     scrubber = _RedactingFilter(redaction)
     targets = [logging.getLogger(name) for name in HTTP_CLIENT_LOGGERS]
     for target in targets:
