@@ -82,8 +82,7 @@ class EngineHttp:
     def __init__(self, base_url: str):
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or parts.query:
-            raise ValueError(f"{base_url}: an engine is reached as http://host:port")
-        self.base_url = base_url.rstrip("/")
+            raise ValueError(f"{base_url}: an engine is reached over plain HTTP, as http://host:port")
         self.host = parts.hostname
         self.port = parts.port or 80
 

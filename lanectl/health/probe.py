@@ -42,10 +42,7 @@ class EndpointProbe:
     """
 
     def __init__(self, base_url: str, health: Health) -> None:
-        if not base_url.startswith("http://"):
-            raise ValueError(f"{base_url}: probes speak plain HTTP")
         self.engine = EngineHttp(base_url)
-        self.base_url = self.engine.base_url
         self.health = health
         self._timeout = health.request_timeout_seconds
 
