@@ -7,6 +7,8 @@ import logging
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -209,6 +211,18 @@ def test_no_webhook_configured_at_all() -> None:
     assert WebhookAlerter(None, environ={VAR: "http://127.0.0.1:9/x"}).send(ALERT) == AlertDelivery(
         False, 0, "no webhook: alerting has no webhook variable configured"
     )
+
+
+def test_an_alert_with_no_webhook_loads_no_http_client() -> None:
+    # The watchdog journals an alert at every restart; `watchdog run` would keep whatever that imports.
+    code = ("import sys\n"
+            "from lanectl.watchdog.alerts import Alert, WebhookAlerter\n"
+            "alert = Alert(severity='critical', lane='a', title='t', detail='', host='h', ts='2026-01-01')\n"
+            "print(WebhookAlerter(None).send(alert).detail)\n"
+            "print(WebhookAlerter('UNSET_VAR', environ={}).send(alert).detail)\n"
+            "print(sorted({'httpx', 'tenacity', 'logging'} & set(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout
 
 
 def test_the_url_is_read_when_sending(webhook: FakeWebhook) -> None:
