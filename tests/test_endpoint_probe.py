@@ -117,10 +117,9 @@ def test_connection_refused_is_a_result() -> None:
 
 def test_no_answer_names_the_request_timeout(serve) -> None:
     endpoints = serve(lambda r: 1.5)
-    started = time.monotonic()
     result = endpoints.models_lists_served_model()
+    # Had the probe waited, the server's close at 1.5 s would read as RemoteDisconnected, not as this.
     assert not result.ok and result.detail == "/v1/models: no answer within 0.4 s"
-    assert time.monotonic() - started < 1.4  # the probe gave up; it did not wait for the answer
 
 
 def test_an_engine_that_closes_without_answering_is_a_result(serve) -> None:
