@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The real-vLLM run on the GPU machine, one step per device call (the machine stays warm, with /tmp, for
+# 30 s after each call; the payload is two parts because one call carries at most 64 MiB):
+#   call 1: bash gpu/vllm_serve/on-device.sh part1   carry .gpu-payload/part-aa: stash it, make the models
+#   call 2: bash gpu/vllm_serve/on-device.sh run     carry .gpu-payload/part-ab: unpack, serve, run every scenario
+# Build the parts first, here: bash gpu/vllm_serve/payload.sh. What the run printed lands in $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$(mktemp -d /tmp/vllm-serve.XXXXXX)}
+stash=/tmp/lanectl-payload
+case "${1:-}" in
+  part1)
+    mkdir -p "$stash" && cp .gpu-payload/part-aa "$stash"/ && ls -l "$stash"
+    {
+      date -u +%Y-%m-%dT%H:%M:%SZ
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      python3 -c 'import sys, torch, triton, transformers, tokenizers; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)'
+    } 2>&1 | tee "$OUT/env.log"
+    [ -d /tmp/models/llama-tiny ] || python3 gpu/vllm_serve/make_models.py /tmp/models 2>&1 | tail -5 | tee "$OUT/make_models.log"
+    ls /tmp/models/*
+    ;;
+  run)
+    shift
+    if [ ! -d /tmp/site/vllm ]; then
+      [ -f "$stash/part-aa" ] || { echo "part-aa is gone: the machine went cold; run part1 again" >&2; exit 3; }
+      cp .gpu-payload/part-ab "$stash"/ 2>/dev/null || true
+      mkdir -p /tmp/site && cat "$stash"/part-* | xz -d | tar -x -C /tmp/site || exit 3
+    fi
+    export PYTHONPATH=/tmp/site
+    python3 -c 'import vllm, pydantic; print("vllm", vllm.__version__, "pydantic", pydantic.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
+    python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape --out "$OUT/llama-8b-dummy" "$@" 2>&1 | tee "$OUT/run.log"
+    ;;
+  *) echo "usage: $0 part1|run [run.py args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,478 @@
+"""lanectl's own engine-facing code against a running engine, every exchange recorded.
+
+On the GPU machine, against a real `vllm serve` (see run-on-h200.sh):
+    python3 gpu/vllm_serve/run.py --engine vllm --model /tmp/models/llama-8b-shape --dummy --out $OUT/8b
+Here, against the CPU stub engine, as a dry run of the same scenarios:
+    python3 gpu/vllm_serve/run.py --engine stub --out /tmp/stub-record
+
+Nothing here re-implements lanectl: the health gate, the endpoint probe, the sleep routes and the wake check,
+the load generator, teacher-forced scoring, the correctness probes and the fatal-line rules are lanectl's.
+What this file adds is the engine process, a clock of the exchanges (`events.jsonl`: every request and answer,
+bodies trimmed, every log line with its offset in seconds from launch) and the figures (`figures.json`).
+Each scenario runs even when an earlier one failed; its error is recorded, and the exit status says
+whether all of them ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# LANECTL_SRC: a lanectl tree other than this checkout's (e.g. a branch exported with git archive).
+sys.path.insert(0, os.environ.get("LANECTL_SRC") or str(REPO))
+
+import httpx  # noqa: E402
+
+from lanectl.bench import loadgen  # noqa: E402
+from lanectl.bench.probes import load_probe, run_probe  # noqa: E402
+from lanectl.health.gate import FATAL_ENGINE_LINES, ContainerStatus, HealthGate, MonotonicClock  # noqa: E402
+from lanectl.health.probe import EndpointProbe  # noqa: E402
+from lanectl.lanes.standby import SleepEndpoints, StandbyError  # noqa: E402
+from lanectl.recipe.model import Health, StartupLog  # noqa: E402
+
+MODEL_NAME = "lanectl-probe-model"
+BODY_LIMIT = 1200
+PROMPTS = [
+    "class Stack:",
+    "def parse(self, text):\n    ",
+    "import os\nimport sys\n\n",
+    "The quick brown fox",
+    "for i in range(10):",
+    "    return self._",
+]
+
+
+class Record:
+    """Every exchange and log line of one run, in the order they happened, with offsets from launch."""
+
+    def __init__(self, out: pathlib.Path) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+        self.file = (out / "events.jsonl").open("w")
+        self.figures: dict[str, Any] = {}
+        self.scenario = "launch"
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        with self.lock:
+            self.file.write(json.dumps({"t": self.now(), "scenario": self.scenario, "kind": kind, **fields}) + "\n")
+            self.file.flush()
+
+    def figure(self, key: str, value: Any) -> None:
+        self.figures.setdefault(self.scenario, {})[key] = value
+        print(f"  {self.scenario}.{key} = {json.dumps(value)[:300]}", flush=True)
+
+    def close(self) -> None:
+        (self.out / "figures.json").write_text(json.dumps(self.figures, indent=2) + "\n")
+        self.file.close()
+
+
+def trimmed(value: Any) -> Any:
+    text = json.dumps(value)
+    return value if len(text) <= BODY_LIMIT else {"trimmed": text[:BODY_LIMIT], "length": len(text)}
+
+
+class Engine:
+    """One engine process: its command, its log (read line by line, each line recorded), its exit."""
+
+    def __init__(self, record: Record, argv: list[str], env: dict[str, str], port: int) -> None:
+        self.record = record
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.lines: list[str] = []
+        self._read = 0
+        record.event("launch", argv=argv, env={k: v for k, v in env.items() if k.startswith(("VLLM", "STUB"))})
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     errors="replace", bufsize=1, start_new_session=True)
+        self.log_file = (record.out / "engine.log").open("w")
+        threading.Thread(target=self._follow, daemon=True).start()
+
+    def _follow(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            self.log_file.write(f"{self.record.now():9.3f} {line}\n")
+            self.log_file.flush()
+            self.record.event("log", line=line)
+
+    # lanectl's health gate reads the log and the process through these two small interfaces.
+    def new_lines(self) -> list[str]:
+        new = self.lines[self._read:]
+        self._read += len(new)
+        return new
+
+    def status(self) -> ContainerStatus:
+        code = self.proc.poll()
+        if code is None:
+            return ContainerStatus(running=True)
+        return ContainerStatus(running=False, exit_code=code, detail=f"exited with code {code}")
+
+    def http(self, method: str, path: str, body: Any = None, timeout: float = 30) -> tuple[int | str, Any]:
+        """One request, recorded with its answer: (status, parsed body) or ("refused"/"timeout"/…, detail)."""
+        started = time.monotonic()
+        try:
+            response = httpx.request(method, self.base_url + path, json=body, timeout=timeout)
+        except httpx.HTTPError as exc:
+            kind = "refused" if isinstance(exc, httpx.ConnectError) else type(exc).__name__
+            self.record.event("http", method=method, path=path, request=trimmed(body), status=kind,
+                              seconds=round(time.monotonic() - started, 3))
+            return kind, str(exc)
+        try:
+            answer: Any = response.json()
+        except ValueError:
+            answer = response.text[:BODY_LIMIT]
+        self.record.event("http", method=method, path=path, request=trimmed(body), status=response.status_code,
+                          response=trimmed(answer), seconds=round(time.monotonic() - started, 3))
+        return response.status_code, answer
+
+    def engine_core_pids(self) -> list[int]:
+        """vLLM's engine core runs in a child process titled VLLM::EngineCore (setproctitle)."""
+        pids = []
+        for proc in pathlib.Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            sid = int(stat.rsplit(")", 1)[1].split()[3])
+            if "EngineCore" in cmdline and sid == self.proc.pid:
+                pids.append(int(proc.name))
+        return pids
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def gpu_memory_mib() -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return int(out.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+# ---- scenarios ------------------------------------------------------------------------------------------
+
+def health_for(engine_kind: str, budget_minutes: float) -> Health:
+    """The demo recipe's kind of rules, adapted to what this engine prints (0.26.0: two KV lines)."""
+    expect = [r"KV cache size: [0-9,]+ tokens", r"Maximum concurrency for [0-9,]+ tokens per request",
+              r"init engine \(profile, create kv cache, warmup model\) took"]
+    return Health(startup_budget_minutes=budget_minutes, poll_interval_seconds=1, request_timeout_seconds=5,
+                  served_model_name=MODEL_NAME, startup_log=StartupLog(expect=expect))
+
+
+def scenario_startup(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    health = health_for(args.engine, args.budget_minutes)
+    gate = HealthGate(health, EndpointProbe(engine.base_url, health), engine, engine, MonotonicClock())
+    result = gate.wait()
+    rec.figure("gate_passed", result.passed)
+    rec.figure("gate_detail", result.detail)
+    rec.figure("ready_seconds", round(result.seconds, 1))
+    rec.figure("gpu_memory_mib_ready", gpu_memory_mib())
+    # Which of lanectl's shipped startup rules this engine's real log satisfies (the recipes' own regexes).
+    rec.figure("shipped_rules", shipped_rule_matches(engine.lines))
+    if not result.passed:
+        raise RuntimeError(f"the gate failed: {result.detail}")
+
+
+def shipped_rule_matches(lines: list[str]) -> dict[str, Any]:
+    import yaml
+
+    found: dict[str, Any] = {}
+    for path in sorted((REPO / "recipes").rglob("*.yaml")):
+        text = path.read_text()
+        if "startup_log" not in text:
+            continue
+        for rule_kind in ("expect", "forbid"):
+            for pattern in _rules(yaml.safe_load(text), rule_kind):
+                hits = [line for line in lines if re.search(pattern, line)]
+                found[f"{path.relative_to(REPO)} {rule_kind} {pattern}"] = hits[:2] or "no line"
+    return found
+
+
+def _rules(doc: Any, kind: str) -> list[str]:
+    rules: list[str] = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key == "startup_log" and isinstance(value, dict):
+                rules += [r for r in value.get(kind) or [] if isinstance(r, str)]
+            else:
+                rules += _rules(value, kind)
+    elif isinstance(doc, list):
+        for value in doc:
+            rules += _rules(value, kind)
+    return sorted(set(rules))
+
+
+def scenario_probe(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    probe = EndpointProbe(engine.base_url, health_for(args.engine, 1))
+    for name, result in (("health", probe.health_ok()), ("models", probe.models_lists_served_model()),
+                         ("generate", probe.generate())):
+        rec.figure(name, {"ok": result.ok, "detail": result.detail})
+    engine.http("GET", "/v1/models")
+    engine.http("POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "Say OK.", "max_tokens": 3,
+                                            "temperature": 0})
+    status, metrics = engine.http("GET", "/metrics")
+    if isinstance(metrics, str):
+        names = sorted({m.group(1) for m in re.finditer(r"^(vllm:[a-z_]+)", metrics, re.M)})
+        rec.figure("metric_names", names)
+        rec.figure("engine_sleep_state_lines", [line for line in metrics.splitlines() if "sleep_state" in line][:6])
+
+
+def scenario_sleep_wake(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    endpoints = SleepEndpoints(engine.base_url, timeout=120)
+    prompt, max_tokens = "The wake check:", 16
+    fingerprint = endpoints.greedy_text(MODEL_NAME, prompt, max_tokens)
+    rec.figure("fingerprint", fingerprint)
+    engine.http("GET", "/sleep")  # 405 in 0.31.0
+    engine.http("GET", "/is_sleeping")
+    cycles = []
+    for cycle in range(args.cycles):
+        before = gpu_memory_mib()
+        engine.http("POST", "/reset_prefix_cache")
+        started = time.monotonic()
+        try:
+            endpoints.sleep(1)
+        except StandbyError as exc:
+            cycles.append({"cycle": cycle, "sleep_error": str(exc)})
+            break
+        slept = time.monotonic() - started
+        asleep_mem = gpu_memory_mib()
+        engine.http("GET", "/is_sleeping")
+        health = engine.http("GET", "/health", timeout=5)[0]
+        models = engine.http("GET", "/v1/models", timeout=5)[0]
+        _, metrics = engine.http("GET", "/metrics")
+        sleep_state = [line for line in metrics.splitlines() if "sleep_state" in line and not line.startswith("#")] \
+            if isinstance(metrics, str) else []
+        started = time.monotonic()
+        endpoints.wake_up()
+        woke = time.monotonic() - started
+        text = endpoints.greedy_text(MODEL_NAME, prompt, max_tokens)
+        cycles.append({"cycle": cycle, "sleep_s": round(slept, 3), "wake_s": round(woke, 3),
+                       "gpu_mib_before": before, "gpu_mib_asleep": asleep_mem, "gpu_mib_awake": gpu_memory_mib(),
+                       "health_asleep": health, "models_asleep": models, "sleep_state_asleep": sleep_state,
+                       "fingerprint_same": text == fingerprint})
+    rec.figure("cycles", cycles)
+    rec.figure("log", [line for line in engine.lines if re.search(r"(?i)sleep|wake|CuMemAllocator", line)][-12:])
+
+
+def scenario_request_while_asleep(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    endpoints = SleepEndpoints(engine.base_url, timeout=120)
+    endpoints.sleep(1)
+    asleep_at = time.monotonic()
+    answer: dict[str, Any] = {}
+
+    def send() -> None:
+        answer["status"], answer["body"] = engine.http(
+            "POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "While asleep:", "max_tokens": 4,
+                                        "temperature": 0}, timeout=60)
+        answer["at"] = time.monotonic()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    sender.join(args.asleep_wait)
+    rec.figure("answered_while_asleep", not sender.is_alive())
+    rec.figure("health_while_asleep", engine.http("GET", "/health", timeout=5)[0])
+    wake_at = time.monotonic()
+    endpoints.wake_up()
+    sender.join(60)
+    rec.figure("status", answer.get("status"))
+    if "at" in answer:
+        rec.figure("answered_seconds_after_wake_call", round(answer["at"] - wake_at, 3))
+        rec.figure("waited_seconds", round(answer["at"] - asleep_at, 3))
+
+
+def scenario_loadgen(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    for concurrency, requests in ((1, 4), (8, 16)):
+        arm = loadgen.run_arm(engine.base_url, MODEL_NAME, PROMPTS, concurrency=concurrency, requests=requests,
+                              max_tokens=64, warmup=1, timeout=120)
+        rec.figure(f"c{concurrency}", {k: getattr(arm, k) for k in (
+            "requests", "output_tokens", "output_tok_per_s", "decode_tok_per_s", "ms_per_step", "ttft_p50_ms",
+            "itl_p50_ms", "failed", "cut")})
+
+
+def scenario_teacher_forcing(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """lanectl's teacher forcing by token ids on the engine's own greedy continuations, beside what scoring
+    by text would have met: the joined text sent back through the engine's tokenizer."""
+    from lanectl.bench import forcing
+
+    rows = []
+    with httpx.Client() as client:
+        for prompt in PROMPTS:
+            greedy = forcing.greedy_continuation(client, engine.base_url, MODEL_NAME, prompt, max_tokens=16,
+                                                 top_logprobs=1)
+            if isinstance(greedy, str):
+                rows.append({"prompt": prompt, "error": greedy})
+                continue
+            ids, tokens = list(greedy.token_ids), [c.token for c in greedy.choices]
+            row: dict[str, Any] = {"prompt": prompt, "tokens": tokens,
+                                   "prompt_token_ids": list(greedy.prompt_token_ids), "token_ids": ids}
+            joined = prompt + "".join(tokens)
+            _, by_text = engine.http("POST", "/tokenize", {"model": MODEL_NAME, "prompt": joined,
+                                                          "add_special_tokens": False})
+            _, prompt_alone = engine.http("POST", "/tokenize", {"model": MODEL_NAME, "prompt": prompt,
+                                                               "add_special_tokens": False})
+            if isinstance(by_text, dict) and isinstance(prompt_alone, dict):
+                expected = prompt_alone.get("tokens", []) + ids
+                row["text_retokenizes_aligned"] = by_text.get("tokens") == expected
+                row["retokenized_ids"] = by_text.get("tokens")
+            scored = forcing.score_continuation(client, engine.base_url, MODEL_NAME, greedy.prompt_token_ids, ids,
+                                                top=5)
+            if isinstance(scored, str):
+                row["scored_by_ids"] = scored
+            else:
+                row["scored_by_ids"] = {"positions": len(scored), "flips": [
+                    {"position": i, "token": p.token, "logprob": round(p.logprob, 4), "top": p.top_token,
+                     "top_logprob": round(p.top_logprob, 4), "margin": round(p.top_logprob - p.logprob, 4)}
+                    for i, p in enumerate(scored) if p.token_id != p.top_token_id]}
+            rows.append(row)
+    rec.figure("prompts", rows)
+    rec.figure("unscored_by_ids", sum(1 for r in rows if not isinstance(r.get("scored_by_ids"), dict)))
+    rec.figure("misaligned_by_text", sum(1 for r in rows if r.get("text_retokenizes_aligned") is False))
+
+
+def scenario_probes(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    for name in ("gauntlet", "needle-4k"):  # thinking asks 4096 tokens x 16: minutes of device time
+        probe = load_probe(REPO / "recipes" / "workloads" / "probes" / f"{name}.yaml").probe
+        rec.figure(name, run_probe(engine.base_url, MODEL_NAME, probe).summary())
+
+
+def scenario_engine_kill(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    log_from = len(engine.lines)
+    pids = engine.engine_core_pids()
+    rec.figure("engine_core_pids", pids)
+    killed_at = time.monotonic()
+    if args.engine == "vllm":
+        if not pids:
+            raise RuntimeError("no VLLM::EngineCore process found")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    else:
+        engine.http("POST", "/admin/fault", {"fault": "crash"})
+    rec.event("note", text=f"engine core killed (pids {pids})")
+    sequence = []
+    refused = 0
+    while time.monotonic() - killed_at < 20 and refused < 3:
+        at = round(time.monotonic() - killed_at, 2)
+        health = engine.http("GET", "/health", timeout=2)[0]
+        generation, body = engine.http("POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "Still there?",
+                                                                   "max_tokens": 2, "temperature": 0}, timeout=2)
+        sequence.append({"t": at, "health": health, "completion": generation,
+                         "error": body.get("error", {}).get("message") if isinstance(body, dict) and
+                         isinstance(body.get("error"), dict) else None})
+        refused = refused + 1 if health == "refused" else 0
+        time.sleep(0.1)
+    rec.figure("sequence", sequence)
+    try:
+        code = engine.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        code = None
+    rec.figure("exit_code", code)
+    time.sleep(0.5)
+    tail = engine.lines[log_from:]
+    rec.figure("fatal_lines_matched", [line for line in tail if any(p.search(line) for p in FATAL_ENGINE_LINES)][:10])
+    rec.figure("log_after_kill", [line for line in tail if line.strip()][:60])
+
+
+SCENARIOS: dict[str, Callable[[Record, Engine, argparse.Namespace], None]] = {
+    "startup": scenario_startup,
+    "probe": scenario_probe,
+    "teacher_forcing": scenario_teacher_forcing,
+    "loadgen": scenario_loadgen,
+    "probes": scenario_probes,
+    "sleep_wake": scenario_sleep_wake,
+    "request_while_asleep": scenario_request_while_asleep,
+    "engine_kill": scenario_engine_kill,
+}
+
+
+def engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    env = dict(os.environ)
+    if args.engine == "stub":
+        stub = pathlib.Path(os.environ.get("LANECTL_SRC") or REPO) / "images" / "stub-engine"
+        env |= {"PYTHONPATH": str(stub), "VLLM_SERVER_DEV_MODE": "1", "STUB_ADMIN": "1",
+                "STUB_LOAD_SECONDS": "1", "STUB_SLEEP_SECONDS": "0.2", "STUB_WAKE_SECONDS": "0.2"}
+        argv = [sys.executable, "-m", "stubengine", "serve", "/model", "--enable-sleep-mode"]
+    else:
+        env |= {"VLLM_SERVER_DEV_MODE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        # The `vllm` script's shebang names the machine the wheel was built on; the module is the same CLI.
+        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, "--enable-sleep-mode",
+                "--max-model-len", "8192", "--max-num-seqs", "32"]
+        if args.dummy:
+            argv += ["--load-format", "dummy"]
+        argv += args.vllm_arg
+    argv += ["--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(args.port)]
+    return argv, env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=("vllm", "stub"), required=True)
+    parser.add_argument("--model", default="/tmp/models/llama-8b-shape")
+    parser.add_argument("--dummy", action="store_true", help="--load-format dummy (config-only model)")
+    parser.add_argument("--vllm-arg", action="append", default=[], help="one more argument for vllm serve")
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--budget-minutes", type=float, default=6)
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--asleep-wait", type=float, default=6)
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, in this order")
+    args = parser.parse_args()
+
+    rec = Record(args.out)
+    argv, env = engine_command(args)
+    engine = Engine(rec, argv, env, args.port)
+    failed = []
+    try:
+        for name in args.only.split(","):
+            rec.scenario = name
+            print(f"== {name} at {rec.now()} s", flush=True)
+            started = time.monotonic()
+            try:
+                SCENARIOS[name](rec, engine, args)
+            except Exception as exc:  # one scenario's failure is a finding; the next still runs
+                failed.append(name)
+                rec.figure("error", f"{type(exc).__name__}: {exc}")
+                rec.event("error", traceback=traceback.format_exc()[-3000:])
+                if name == "startup":
+                    break
+            rec.figure("seconds", round(time.monotonic() - started, 1))
+            if engine.proc.poll() is not None and name != "engine_kill":
+                rec.figure("engine_exited", engine.proc.returncode)
+                break
+    finally:
+        engine.stop()
+        time.sleep(0.5)
+        rec.close()
+    print(json.dumps({"failed": failed, "out": str(args.out)}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
