@@ -27,6 +27,10 @@ case "${1:-}" in
       cp .gpu-payload/part-ab "$stash"/ 2>/dev/null || true
       mkdir -p /tmp/site && cat "$stash"/part-* | xz -d | tar -x -C /tmp/site || exit 3
     fi
+    # Wheels in .gpu-payload/overlay replace their packages in the unpacked tree: a fix that needs no new parts.
+    if ls .gpu-payload/overlay/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu-payload/overlay/*.whl 2>&1 | grep -v WARNING
+    fi
     export PYTHONPATH=/tmp/site
     python3 -c 'import vllm, pydantic; print("vllm", vllm.__version__, "pydantic", pydantic.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
     python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape --out "$OUT/llama-8b-dummy" "$@" 2>&1 | tee "$OUT/run.log"

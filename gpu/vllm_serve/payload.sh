@@ -18,6 +18,8 @@ target+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # The machine's pip constraints cap torch for this machine's own installs; nothing here installs torch.
 export PIP_CONSTRAINT=
 python3 -m pip download -q --no-deps "${target[@]}" -d "$cache/wheels" vllm==0.26.0 -r "$here/wheels.txt"
+# --no-deps checks nothing: every requirement among the carried wheels must be met by the carried version.
+python3 "$here/check_wheels.py" "$cache/wheels"
 site=$cache/site
 rm -rf "$site"
 # One wheel per project: a cache filled under another platform list may hold two builds of one version.

@@ -136,9 +136,13 @@ class Engine:
         try:
             answer: Any = response.json()
         except ValueError:
-            answer = response.text[:BODY_LIMIT]
+            answer = response.text
+        recorded = answer
+        if path == "/metrics" and isinstance(answer, str):
+            # The exposition is long; what a reader needs is which vllm: series exist, with their labels.
+            recorded = sorted({line.split(" ")[0] for line in answer.splitlines() if line.startswith("vllm:")})
         self.record.event("http", method=method, path=path, request=trimmed(body), status=response.status_code,
-                          response=trimmed(answer), seconds=round(time.monotonic() - started, 3))
+                          response=trimmed(recorded), seconds=round(time.monotonic() - started, 3))
         return response.status_code, answer
 
     def engine_core_pids(self) -> list[int]:
@@ -239,7 +243,7 @@ def scenario_probe(rec: Record, engine: Engine, args: argparse.Namespace) -> Non
                                             "temperature": 0})
     status, metrics = engine.http("GET", "/metrics")
     if isinstance(metrics, str):
-        names = sorted({m.group(1) for m in re.finditer(r"^(vllm:[a-z_]+)", metrics, re.M)})
+        names = sorted({m.group(1) for m in re.finditer(r"^(vllm:[a-z_:]+)", metrics, re.M)})
         rec.figure("metric_names", names)
         rec.figure("engine_sleep_state_lines", [line for line in metrics.splitlines() if "sleep_state" in line][:6])
 
