@@ -421,6 +421,8 @@ def engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]
         stub = pathlib.Path(os.environ.get("LANECTL_SRC") or REPO) / "images" / "stub-engine"
         env |= {"PYTHONPATH": str(stub), "VLLM_SERVER_DEV_MODE": "1", "STUB_ADMIN": "1",
                 "STUB_LOAD_SECONDS": "1", "STUB_SLEEP_SECONDS": "0.2", "STUB_WAKE_SECONDS": "0.2"}
+        if args.stub_version:
+            env["STUB_VLLM_VERSION"] = args.stub_version
         argv = [sys.executable, "-m", "stubengine", "serve", "/model", "--enable-sleep-mode"]
     else:
         env |= {"VLLM_SERVER_DEV_MODE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
@@ -447,6 +449,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--asleep-wait", type=float, default=6)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, in this order")
+    parser.add_argument("--stub-version", help="STUB_VLLM_VERSION for --engine stub (e.g. 0.26.0, the record's)")
     args = parser.parse_args()
 
     rec = Record(args.out)

@@ -1,0 +1,97 @@
+"""The stub held to the real vLLM's record (gpu/record/, made on the H200 by gpu/vllm_serve/run.py).
+
+The same scenarios that ran against `vllm serve` there run here against the stub engine (a process, no
+Docker, no GPU), and what lanectl depends on must come out the same: statuses, fields, the order of events
+(health while asleep, the queued request, the death sequence and its exit code), the lines lanectl's rules
+read. The record is 0.26.0 (the newest vLLM the H200 machine's torch runs); the stub speaks 0.31.0 unless
+STUB_VLLM_VERSION says otherwise, and VERSION_DIFFERENCES names every fact where the two versions differ.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.gpu_record import RECORD, facts, load
+
+RUN = REPO / "gpu" / "vllm_serve" / "run.py"
+KV_LINES = "startup: lines that carry the KV cache size and the maximum concurrency"
+# fact -> (0.26.0, 0.31.0): what the two versions print or answer differently, from 0.31.0's own code
+# (the contract suite) and the record.
+VERSION_DIFFERENCES: dict[str, tuple[Any, Any]] = {
+    KV_LINES: (2, 1),  # 0.31.0's kv_cache_utils.py prints size and concurrency on one line
+}
+# The tiny model's run skipped the standby scenarios (the 8B run has them).
+TINY_SCENARIOS = ("startup", "probe", "teacher forcing", "loadgen", "kill")
+
+
+def stub_run(out: Path, version: str | None) -> dict[str, Any]:
+    argv = [sys.executable, str(RUN), "--engine", "stub", "--out", str(out), "--asleep-wait", "2",
+            "--budget-minutes", "1", "--port", str(_free_port())]
+    if version:
+        argv += ["--stub-version", version]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "VLLM_", "LANECTL_SRC"))}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    assert (out / "figures.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    return facts(*load(out))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def stub_at_026(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return stub_run(tmp_path_factory.mktemp("stub-0.26.0"), "0.26.0")
+
+
+@pytest.fixture(scope="module")
+def stub_default(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return stub_run(tmp_path_factory.mktemp("stub-default"), None)
+
+
+def differences(real: dict[str, Any], stub: dict[str, Any], keys: list[str]) -> list[str]:
+    return [f"{key}:\n    real vLLM: {real[key]!r}\n    stub:      {stub.get(key)!r}"
+            for key in keys if real[key] != stub.get(key)]
+
+
+def test_the_record_shows_what_lanectl_is_built_on() -> None:
+    """The facts lanectl's code now assumes, as the real vLLM showed them. A new record that says otherwise
+    fails here first, naming the fact, before any stub comparison."""
+    real = facts(*load(RECORD / "llama-8b-dummy"))
+    assert real["asleep: a completion sent while asleep is answered before the wake"] is False  # queued
+    assert real["asleep: that completion's status once woken"] == 200
+    assert real["sleep: /health while asleep"] == [200]
+    assert real["sleep: POST /reset_prefix_cache answers"] == [(200, '{"success": true}')]
+    assert real["sleep: GET /sleep"] == [405]
+    assert real["kill: exit code"] == 0  # a dead vLLM exits 0: a restart policy must not wait for a failure
+    assert real["kill: /health answers 200 for a moment after the engine core died"] is True
+    assert real["kill: then the port refuses"] is True
+    assert real["kill: 'engine core exited unexpectedly' is a record of"] == ("APIServer", "WARNING", "core_client.py")
+    assert real["teacher forcing: prompts unscored by ids"] == 0
+    assert real[KV_LINES] == 2
+
+
+@pytest.mark.parametrize("run", ["llama-8b-dummy", "llama-tiny"])
+def test_the_stub_at_the_records_version_answers_as_the_real_vllm_did(run: str, stub_at_026: dict[str, Any]) -> None:
+    real = facts(*load(RECORD / run))
+    keys = [k for k in real if run == "llama-8b-dummy" or k.startswith(TINY_SCENARIOS)]
+    assert not differences(real, stub_at_026, keys), "the stub drifted from the record:\n" + "\n".join(
+        differences(real, stub_at_026, keys))
+
+
+def test_the_stub_speaks_0_31_0_by_default_and_differs_from_the_0_26_0_record_only_where_vllm_changed(
+        stub_default: dict[str, Any], stub_at_026: dict[str, Any]) -> None:
+    changed = {key: (stub_at_026[key], stub_default[key]) for key in stub_at_026
+               if stub_at_026[key] != stub_default[key]}
+    assert changed == VERSION_DIFFERENCES
