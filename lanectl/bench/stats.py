@@ -201,6 +201,7 @@ class TokenChoice:
     token: str
     logprob: float
     top: Mapping[str, float]  # token text -> natural-log probability, as the completions API returns them
+    token_id: int | None = None  # the engine's id of `token` (vLLM's return_token_ids); None: it sent none
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ class ForcedPosition:
     logprob: float  # the scored arm's logprob of it
     top_token: str  # the scored arm's own most likely token there
     top_logprob: float
+    token_id: int | None = None  # the forced token's id: what the scoring request sent at this position
+    top_token_id: int | None = None
 
 
 @dataclass(frozen=True)
