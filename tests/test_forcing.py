@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from lanectl.bench.forcing import NO_TOKEN_IDS, GreedyContinuation, greedy_continuation, score_continuation
+from lanectl.bench.gate import LaneBench, fidelity_pass, judge
 from lanectl.bench.stats import teacher_forced
 from tests.toy_bpe_server import COLON, DOUBLE_COLON, MODEL, MULTIPART, Toy, tokenize, toy_server
 
@@ -69,3 +70,38 @@ def test_a_refused_scoring_request_says_what_the_engine_answered() -> None:
         empty = score_continuation(client, url, MODEL, [], [COLON], top=1)
     assert refused == "scoring request: HTTP 400: prompt must be text or token ids in [0, 8), got [0, 1, 99]"
     assert empty == "nothing to score: 0 prompt token ids, 1 continuation ids"
+
+
+def bracket(control: Toy, candidate: Toy) -> list[LaneBench]:
+    """An A/B/A bracket's fidelity passes, each arm on its own toy server, as bench_lane runs them."""
+    arms: list[LaneBench] = []
+    for name, toy in (("control-1", control), ("candidate", candidate), ("control-2", control)):
+        made = LaneBench(lane="h2" if name == "candidate" else "h1", arm=name, image="i", started="t")
+        with toy_server(toy) as url:
+            fidelity_pass(url, MODEL, "code", [PROMPT], max_tokens=TOKENS,
+                          reference=arms[0].continuations if arms else None, result=made)
+        arms.append(made)
+    return arms
+
+
+def test_the_gate_scores_every_prompt_by_ids_on_a_merging_tokenizer() -> None:
+    arms = bracket(Toy(), Toy())
+    report = judge(arms, 1.025)
+    fid = report.fidelity
+    assert (fid["verdict"], fid["scored_by"], fid["unscored"], fid["prompts"], fid["positions"]) == (
+        "pass", "token_ids", 0, 1, TOKENS)
+    assert report.arms[0]["greedy"]["code#0"][:3] == [":", ":", " Multipart"]
+    assert report.arms[0]["greedy_token_ids"]["code#0"][:3] == [COLON, COLON, MULTIPART]
+    failing = judge(bracket(Toy(), Toy(flip_positions=frozenset({4}))), 1.025)
+    assert failing.fidelity["confident_flips"] == 1 and failing.verdict.value == "fail"
+
+
+def test_an_engine_without_token_ids_leaves_the_gate_inconclusive_and_says_why() -> None:
+    old = Toy(returns_token_ids=False)
+    report = judge(bracket(old, old), 1.025)
+    assert (report.verdict.value, report.fidelity["verdict"], report.fidelity["unscored"]) == (
+        "inconclusive", "inconclusive", 1)
+    assert report.reasons == ["fidelity: 1 prompt(s) could not be scored in a candidate arm, so teacher forcing "
+                              "cannot vouch for them (code#0: this engine does not return token ids (vLLM >= 0.10.2 "
+                              "does))"]
+    assert "code#0: no reference continuation to score: " + NO_TOKEN_IDS in report.arms[1]["notes"]
