@@ -7,15 +7,17 @@ up with the continuation and the prompt can only be counted unscored. vLLM takes
 `prompt` as a list of token ids and, with `return_token_ids`, answers the ids it read and generated, so
 the scored sequence is the one generation produced, token for token, whatever the tokenizer does.
 
-The vLLM shapes relied on (0.26.0 and 0.31.0 alike; file and line in the token-ids report):
-- `CompletionRequest.prompt`: `list[int] | list[list[int]] | str | list[str]`; an id prompt is used as
-  sent (no special tokens added), so the `prompt_token_ids` generation answered, BOS included, are
-  exactly what the scoring request must start with.
-- `return_token_ids: true`: each choice gets `prompt_token_ids` and `token_ids` (`CompletionResponseChoice`).
-- `prompt_logprobs: K` on a non-streamed completion: `choices[0].prompt_logprobs` is `null` for the first
-  prompt token, then per token a mapping id -> {"logprob", "rank", "decoded_token"} holding that prompt
-  token (with its rank in the vocabulary) and the K most likely tokens (ranks 1..K); JSON keys the ids
-  as strings.
+The vLLM shapes relied on (0.31.0's files, the same in 0.26.0):
+- `CompletionRequest.prompt` is `list[int] | list[list[int]] | str | list[str]`
+  (entrypoints/openai/completion/protocol.py:50); a list of ints becomes the engine's prompt as sent,
+  no special tokens added (renderers/inputs/preprocess.py:128-138), so the `prompt_token_ids`
+  generation answered, BOS included, are exactly what the scoring request must start with.
+- `return_token_ids: true` (protocol.py:169) puts `prompt_token_ids` and `token_ids` on each choice
+  (`CompletionResponseChoice`, protocol.py:626-628; filled in completion/serving.py:584-589).
+- `prompt_logprobs: K` on a non-streamed completion: `choices[0].prompt_logprobs` (protocol.py:627) is
+  `null` for the first prompt token (logprobs.py:165-169), then per token a mapping id -> {"logprob",
+  "rank", "decoded_token"} holding that prompt token with its vocabulary rank, then the K most likely
+  tokens with ranks 1..K (logprobs.py:178-212); JSON keys the ids as strings.
 """
 
 from __future__ import annotations
