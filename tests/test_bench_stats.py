@@ -168,13 +168,18 @@ def test_a_cell_whose_interval_cleared_the_bar_is_a_false_promotion_whatever_the
 # -- teacher-forced fidelity ----------------------------------------------------------------------
 
 
+def token_id(token: str) -> int:
+    return int.from_bytes(token.encode(), "little")
+
+
 def choice(token: str, p: float, **others: float) -> TokenChoice:
     top = {token: math.log(p), **{t: math.log(q) for t, q in others.items()}}
-    return TokenChoice(token=token, logprob=math.log(p), top=top)
+    return TokenChoice(token=token, logprob=math.log(p), top=top, token_id=token_id(token))
 
 
 def forced(token: str, top: str | None = None) -> ForcedPosition:
-    return ForcedPosition(token=token, logprob=math.log(0.9), top_token=top or token, top_logprob=math.log(0.9))
+    return ForcedPosition(token=token, logprob=math.log(0.9), top_token=top or token, top_logprob=math.log(0.9),
+                          token_id=token_id(token), top_token_id=token_id(top or token))
 
 
 def test_an_arm_that_agrees_everywhere_has_no_flips() -> None:
@@ -215,6 +220,19 @@ def test_scores_that_do_not_line_up_are_unscored_not_flips() -> None:
     scored = {0: [forced("a")], 1: [forced("x", "x")], 3: [forced("a")]}
     report = teacher_forced(reference, scored)
     assert (report.prompts, report.positions, report.unscored, report.flips) == (0, 0, 3, ())
+
+
+def test_positions_line_up_by_token_id_not_by_text() -> None:
+    """Two ids that decode to the same text are two tokens; scores without ids line up with nothing."""
+    reference = {0: [choice("a", 0.95)], 1: [choice("a", 0.95)], 2: [choice("a", 0.95)]}
+    other_id = ForcedPosition(token="a", logprob=math.log(0.9), top_token="a", top_logprob=math.log(0.9),
+                              token_id=token_id("a") + 1, top_token_id=token_id("a") + 1)
+    no_ids = ForcedPosition(token="a", logprob=math.log(0.9), top_token="a", top_logprob=math.log(0.9))
+    same_text_other_top = ForcedPosition(token="a", logprob=math.log(0.9), top_token="a", top_logprob=math.log(0.9),
+                                         token_id=token_id("a"), top_token_id=token_id("a") + 1)
+    report = teacher_forced(reference, {0: [other_id], 1: [no_ids], 2: [same_text_other_top]})
+    assert (report.prompts, report.unscored) == (1, 2)
+    assert [(f.prompt, f.reference_token, f.scored_token, f.confident) for f in report.flips] == [(2, "a", "a", True)]
 
 
 def test_fidelity_verdict_uses_the_controls_as_the_bar_and_allows_no_agent_flip() -> None:

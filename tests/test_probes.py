@@ -402,8 +402,8 @@ def timed_cell(tok_per_s: float) -> ArmResult:
 
 def test_a_candidate_its_scoring_failed_on_is_not_promoted_however_fast() -> None:
     """Teacher forcing that could not score a prompt says nothing about it: the gate reruns rather than passes."""
-    reference = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}),)
-    agreed = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95)),)
+    reference = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}, token_id=0),)
+    agreed = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95), token_id=0, top_token_id=0),)
 
     def bracket_arm(name: str, rate: float, forced: bool) -> LaneBench:
         made = arm(name, {})

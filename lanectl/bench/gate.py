@@ -5,7 +5,9 @@ bracket, the candidate in between (A/B/A, or A/B/B/A); a cell's verdict is the b
 the candidate/control ratio of per-request rates against a bar; any new Xid line or fatal engine line
 in any arm fails the gate whatever the speed; fidelity at temperature 0 is teacher-forced: the first
 control arm's greedy continuations are scored, every position, by every other arm, and the candidate
-may drift from them no more than the other control arm did.
+may drift from them no more than the other control arm did. Teacher forcing is by token ids
+(lanectl.bench.forcing): the reference's prompt ids and continuation ids are sent back as ids, so a
+continuation whose text a tokenizer would merge differently is still scored position by position.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lanectl.bench.loadgen import ArmResult, make_client, run_arm, score_continuation
+from lanectl.bench.forcing import GreedyContinuation, greedy_continuation, score_continuation
+from lanectl.bench.loadgen import ArmResult, make_client, run_arm
 from lanectl.bench.probes import Probe, run_probe
 from lanectl.bench.stats import (
     BOOTSTRAP_RESAMPLES,
@@ -74,6 +77,8 @@ class LaneBench:
     cells: dict[str, ArmResult] = field(default_factory=dict)  # key: cell_key()
     cell_axes: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # key -> (class, concurrency, context)
     greedy: dict[str, tuple[TokenChoice, ...]] = field(default_factory=dict)  # "class#index": this arm's T=0 output
+    # The fidelity pass's outcome per "class#index": the continuation with its ids, or why there is none.
+    continuations: dict[str, GreedyContinuation | str] = field(default_factory=dict)
     forced: dict[str, tuple[ForcedPosition, ...]] = field(default_factory=dict)  # the reference's, as scored here
     xid_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
@@ -85,6 +90,8 @@ class LaneBench:
             "lane": self.lane, "arm": self.arm, "image": self.image, "started": self.started,
             "cells": {key: _arm_figures(arm) for key, arm in self.cells.items()},
             "greedy": {key: [c.token for c in choices] for key, choices in self.greedy.items()},
+            "greedy_token_ids": {key: list(made.token_ids) for key, made in self.continuations.items()
+                                 if isinstance(made, GreedyContinuation)},
             "xid_lines": self.xid_lines, "fatal_lines": self.fatal_lines, "notes": self.notes,
             "probes": self.probes,
         }
@@ -97,14 +104,15 @@ def _arm_figures(arm: ArmResult) -> dict[str, Any]:
 
 
 def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurrency: list[int], *, arm: str,
-               kernel_log: Any | None, reference: dict[str, tuple[TokenChoice, ...]] | None = None,
+               kernel_log: Any | None, reference: dict[str, GreedyContinuation | str] | None = None,
                progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> LaneBench:
     """Measure the serving lane. Prompts carry a prefix unique to this arm, so a prefix cache warmed by
     an earlier arm cannot inflate this one (vllm#52884), and are padded to each of the workload's
     context lengths. The fidelity pass sends the bare prompts, the same in every arm, one at a time at
-    temperature 0 with logprobs; with `reference` (another arm's greedy continuations) it then scores
-    prompt + that continuation with prompt logprobs: teacher forcing. Then each correctness probe,
-    inside the arm's log and Xid window."""
+    temperature 0 with logprobs and token ids; with `reference` (another arm's `continuations`) it then
+    scores that arm's prompt ids + continuation ids as a token-id prompt with prompt logprobs: teacher
+    forcing. A prompt that cannot be scored is noted as "class#index: why". Then each correctness
+    probe, inside the arm's log and Xid window."""
     base_url, model = probe_base_url(lane), lane.spec.health.served_model_name
     primary = engine.container(lane.container_name())
     result = LaneBench(lane=lane.name, arm=arm, image=primary.image if primary else "?",
@@ -127,24 +135,8 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
                     prompt_class=klass)
                 result.cell_axes[key] = (klass, streams, context)
         progress(f"{lane.name} [{arm}] {klass}: fidelity pass")
-        bare = workload.prompts(klass)
-        fidelity_arm = run_arm(base_url, model, bare, concurrency=1, requests=len(bare),
-                               max_tokens=workload.max_tokens, warmup=0, logprobs=FIDELITY_TOP_LOGPROBS,
-                               temperature=0.0, prompt_class=klass)
-        for index, choices in fidelity_arm.choices_by_prompt().items():
-            result.greedy[f"{klass}#{index}"] = choices
-        if reference is not None:
-            with make_client(1) as client:
-                for index, prompt in enumerate(bare):
-                    continuation = reference.get(f"{klass}#{index}")
-                    if not continuation:
-                        continue
-                    scored = score_continuation(client, base_url, model, prompt, [c.token for c in continuation],
-                                                top=1)
-                    if isinstance(scored, str):
-                        result.notes.append(f"{klass}#{index}: {scored}")
-                    else:
-                        result.forced[f"{klass}#{index}"] = scored
+        fidelity_pass(base_url, model, klass, workload.prompts(klass), max_tokens=workload.max_tokens,
+                      reference=reference, result=result)
     for probe in probes:
         progress(f"{lane.name} [{arm}] probe {probe.name}")
         result.probes[probe.name] = run_probe(base_url, model, probe).summary()
@@ -156,6 +148,35 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
         lines, _ = kernel_log.read_new(kernel_cursor)
         result.xid_lines = [line.text for line in lines if believed_xid(line) is not None]
     return result
+
+
+def fidelity_pass(base_url: str, model: str, klass: str, prompts: Sequence[str], *, max_tokens: int,
+                  reference: dict[str, GreedyContinuation | str] | None, result: LaneBench) -> None:
+    """One class of bench_lane's fidelity pass, into `result`: this arm's greedy continuation of each
+    bare prompt (keys "klass#index"), then, with `reference`, that arm's continuations of this class
+    scored here by token ids. Every prompt that cannot be continued or scored gets a note saying why."""
+    with make_client(1) as client:
+        for index, prompt in enumerate(prompts):
+            key = f"{klass}#{index}"
+            made = greedy_continuation(client, base_url, model, prompt, max_tokens=max_tokens,
+                                       top_logprobs=FIDELITY_TOP_LOGPROBS)
+            result.continuations[key] = made
+            # A prompt the reference could not continue stays in `greedy` with no tokens, so the
+            # fidelity verdict counts it unscored instead of never having seen it.
+            result.greedy[key] = made.choices if isinstance(made, GreedyContinuation) else ()
+            if isinstance(made, str):
+                result.notes.append(f"{key}: {made}")
+        for key, wanted in (reference or {}).items():
+            if key.split("#")[0] != klass:
+                continue
+            if isinstance(wanted, str):
+                result.notes.append(f"{key}: no reference continuation to score: {wanted}")
+                continue
+            scored = score_continuation(client, base_url, model, wanted.prompt_token_ids, wanted.token_ids, top=1)
+            if isinstance(scored, str):
+                result.notes.append(f"{key}: {scored}")
+            else:
+                result.forced[key] = scored
 
 
 @dataclass
@@ -249,7 +270,7 @@ def _fidelity(controls: list[LaneBench], candidates: list[LaneBench], agent_clas
         verdict = Verdict.INCONCLUSIVE
     classes = dict.fromkeys(k.split("#")[0] for k in reference.greedy)
     return {
-        "verdict": verdict.value, "method": "teacher-forced", "reference": reference.arm,
+        "verdict": verdict.value, "method": "teacher-forced", "scored_by": "token_ids", "reference": reference.arm,
         "confident_p": CONFIDENT_P, **figures(candidate_drift, control_drift),
         "unscored": unscored,
         "classes": {k: figures(worst(candidates, [k]), worst(others, [k]) if others else None) for k in classes},
@@ -382,7 +403,7 @@ def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: W
                               reasons=[raise_message], cells={}, fidelity={}, order=order,
                               arms=[a.summary() for a in arms])
         arms.append(bench_lane(switcher.engine, lane, workload, concurrency, arm=arm, kernel_log=kernel_log,
-                               reference=arms[0].greedy if arms else None, progress=progress,
+                               reference=arms[0].continuations if arms else None, progress=progress,
                                probes=probes))
     report = judge(arms, bar, agent_classes=workload.agent_classes, max_false_promotion=max_false_promotion)
     if promote and report.verdict == Verdict.PASS and max_false_promotion is None:

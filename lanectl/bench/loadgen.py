@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from lanectl.bench.stats import ForcedPosition, TokenChoice, percentile
+from lanectl.bench.stats import TokenChoice, percentile
 from lanectl.health.engine_http import error_message
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -406,43 +406,3 @@ class _Stream:
             choices=tuple(self.choices),
             prompt_tokens=self.usage_prompt_tokens,
         )
-
-
-def score_continuation(client: httpx.Client, base_url: str, model: str, prompt: str, continuation: Sequence[str], *,
-                       top: int = 1, timeout: float = 120) -> tuple[ForcedPosition, ...] | str:
-    """Teacher forcing: the server's prompt logprobs over prompt + `continuation` (tokens as text), one
-    ForcedPosition per continuation token; or a line saying why they could not be read.
-
-    vLLM's completions API (an extension of OpenAI's) answers `prompt_logprobs: K` on a non-streamed
-    request with `choices[0].prompt_logprobs`: `null` for the first prompt token, then per token a
-    mapping token id -> {"logprob", "rank", "decoded_token"} that lists the prompt's own token first
-    and the K most likely tokens (rank 1 is the model's top). max_tokens 1: only the prompt is wanted.
-    The continuation is the last len(continuation) prompt tokens; a server that tokenizes the joined
-    text otherwise shows other tokens there, and the caller counts that prompt as unscored.
-    """
-    body = {"model": model, "prompt": prompt + "".join(continuation), "max_tokens": 1, "temperature": 0.0,
-            "prompt_logprobs": top}
-    try:
-        response = client.post(base_url.rstrip("/") + COMPLETIONS_PATH, json=body, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return f"scoring request failed: {type(exc).__name__}: {exc}"
-    if response.status_code != 200:
-        return f"scoring request: HTTP {response.status_code}: {error_message(response.content) or '(empty body)'}"
-    try:
-        entries = response.json()["choices"][0]["prompt_logprobs"]
-        tail = entries[len(entries) - len(continuation):] if len(continuation) < len(entries) else None
-        if not continuation or tail is None:
-            return f"prompt_logprobs has {len(entries)} entries, fewer than the {len(continuation)} forced tokens"
-        scored = []
-        for entry in tail:
-            listed = list(entry.values())
-            forced = listed[0]
-            top_entry = next((v for v in listed if v.get("rank") == 1), forced)
-            scored.append(ForcedPosition(token=str(forced["decoded_token"]), logprob=float(forced["logprob"]),
-                                         top_token=str(top_entry["decoded_token"]),
-                                         top_logprob=float(top_entry["logprob"])))
-        return tuple(scored)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        return f"unexpected prompt_logprobs shape ({type(exc).__name__}: {exc}): {response.text[:200]!r}"
-
-

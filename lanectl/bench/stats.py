@@ -201,6 +201,7 @@ class TokenChoice:
     token: str
     logprob: float
     top: Mapping[str, float]  # token text -> natural-log probability, as the completions API returns them
+    token_id: int | None = None  # the engine's id of `token` (vLLM's return_token_ids); None: it sent none
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ class ForcedPosition:
     logprob: float  # the scored arm's logprob of it
     top_token: str  # the scored arm's own most likely token there
     top_logprob: float
+    token_id: int | None = None  # the forced token's id: what the scoring request sent at this position
+    top_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -251,15 +254,17 @@ def teacher_forced(reference: Mapping[PromptKey, Sequence[TokenChoice]],
     Because the continuation is forced, a position after a difference still continues the same text,
     so every position counts, not only up to a prompt's first difference. With p(t) the reference's
     probability of token t (0 when t is not among its top logprobs there), at each position where the
-    scored arm's top token differs from the forced one:
+    scored arm's top token differs from the forced one (by token id: two ids may decode to the same text):
 
         confident flip  p(reference token) >= CONFIDENT_P (0.9): the reference was sure
         weight          p(reference token) - p(scored arm's top token): the reference's margin there
 
     The weighted divergence sums the weights: a flip between two near-equal choices costs almost
-    nothing, one away from a token the reference was sure of costs almost 1. A prompt whose scores do
-    not line up with the continuation (other length, other forced tokens), or that has no scores at all
-    (its scoring request failed), is counted as unscored: the caller must not read it as agreement.
+    nothing, one away from a token the reference was sure of costs almost 1 (the reference's top
+    logprobs are keyed by text, as the completions API keys them, so p(scored top) is looked up by the
+    scored token's text). A prompt whose scores do not line up with the continuation (other length,
+    other forced token ids, or no ids at all), or that has no scores at all (its scoring request failed),
+    is counted as unscored: the caller must not read it as agreement.
     """
     flips: list[Flip[PromptKey]] = []
     positions = prompts = unscored = 0
@@ -268,14 +273,14 @@ def teacher_forced(reference: Mapping[PromptKey, Sequence[TokenChoice]],
             unscored += 1
             continue
         scores = scored[key]
-        if len(scores) != len(continuation) or any(s.token != c.token for s, c in zip(scores, continuation,
-                                                                                      strict=True)):
+        if len(scores) != len(continuation) or any(
+                s.token_id is None or s.token_id != c.token_id for s, c in zip(scores, continuation, strict=True)):
             unscored += 1
             continue
         prompts += 1
         positions += len(continuation)
         for i, (ours, theirs) in enumerate(zip(continuation, scores, strict=True)):
-            if theirs.top_token == ours.token:
+            if theirs.top_token_id == ours.token_id:
                 continue
             own_p = math.exp(ours.logprob)
             other_lp = ours.top.get(theirs.top_token)

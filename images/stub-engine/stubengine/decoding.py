@@ -1,16 +1,21 @@
 """Deterministic "model": which token comes at which position, and with what probability.
 
-The model is autoregressive over text: the distribution at a position is a pure function of
-(STUB_TOKEN_SEED, every byte of text before it), hashed with BLAKE2 rather than Python's salted hash(),
-so every process and every lane with the same seed produces the same text and the same logprobs. That
+The model is autoregressive over token ids: the distribution at a position is a pure function of
+(STUB_TOKEN_SEED, every token id before it), hashed with BLAKE2 rather than Python's salted hash(), so
+every process and every lane with the same seed produces the same tokens and the same logprobs. That
 is what lets a fidelity gate compare a candidate lane against its controls, and what makes teacher
-forcing work: scoring prompt + continuation (prompt logprobs) sees, at each continuation position,
-exactly the distribution generation saw there, because both hash the same prefix text.
+forcing work: scoring `prompt ids + continuation ids` (a token-id prompt with prompt logprobs) meets,
+at each continuation position, exactly the distribution generation met there, because both hash the
+same ids. Nothing is tokenized again on the way, as with vLLM's own token-id prompts.
 
 Text is split into pieces by `tokenize` (a space and a run of non-space characters, or one other
-whitespace character), so a generated token (" word") is one piece wherever it occurs. Positions
-count pieces from the start of the text (prompt included); usage and context limits still count
-about four bytes per token (`prompt_tokens`), as a BPE tokenizer does on English.
+whitespace character), so a generated token (" word") is one piece wherever it occurs, and each piece
+has an id that is the same in every process: the vocabulary's 251 words are ids 0-250, any other piece
+gets an id from a BLAKE2 hash of its text in a range above them (`piece_id`). A process remembers the
+pieces it has seen to decode ids back to text; an id it never saw decodes to a placeholder, and is
+scored like any other id. Positions count tokens from the start of the prompt; usage and context limits
+of a text prompt still count about four bytes per token (`prompt_tokens`), as a BPE tokenizer does on
+English (workloads pad prompts to a context length that way), and those of a token-id prompt its ids.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # 251 is prime, so stepping through the vocabulary by any stride 1..250 visits distinct tokens: the
@@ -105,19 +112,48 @@ def prompt_tokens(text: str) -> int:
     return max(1, (len(text.encode("utf-8")) + 3) // 4)
 
 
+# Ids of pieces outside the vocabulary: V + a 32-bit hash, so the stub's "vocabulary size" is V + 2**32.
+VOCAB_SIZE = V + 2**32
+
+# piece -> id, the vocabulary's and then every other piece's this process has tokenized (a long padded
+# prompt repeats a few pieces thousands of times: hashing each once keeps a 64K-token prompt's encode
+# fast). Written under the GIL, one key at a time.
+_PIECE_IDS = {" " + word: i for i, word in enumerate(VOCAB)}
+# id -> piece for every piece outside the vocabulary this process has tokenized (ids are the same in every
+# process; only the way back to text is per process).
+_SEEN_PIECES: dict[int, str] = {}
+
+
 def token_text(token_id: int) -> str:
-    return " " + VOCAB[token_id]
-
-
-_VOCAB_IDS = {token_text(i): i for i in range(V)}
+    """The text of a token id: a vocabulary word, a piece this process has seen, or a placeholder."""
+    if 0 <= token_id < V:
+        return " " + VOCAB[token_id]
+    return _SEEN_PIECES.get(token_id, f"<|id:{token_id}|>")
 
 
 def piece_id(piece: str) -> int:
-    """A vocabulary token's index; other pieces get a stable id above the vocabulary (prompt logprobs key by id)."""
-    known = _VOCAB_IDS.get(piece)
+    """A vocabulary token's index; any other piece a stable id above the vocabulary, from a hash of its text."""
+    known = _PIECE_IDS.get(piece)
     if known is not None:
         return known
-    return V + int.from_bytes(hashlib.blake2b(piece.encode("utf-8"), digest_size=4).digest(), "little")
+    token_id = V + int.from_bytes(hashlib.blake2b(piece.encode("utf-8"), digest_size=4).digest(), "little")
+    _SEEN_PIECES.setdefault(token_id, piece)
+    _PIECE_IDS[piece] = token_id
+    return token_id
+
+
+def encode(text: str) -> list[int]:
+    """The token ids of `text`: what /tokenize answers and what a text prompt is read as."""
+    ids = _PIECE_IDS
+    return [ids[piece] if piece in ids else piece_id(piece) for piece in tokenize(text)]
+
+
+def decode(token_ids: Sequence[int]) -> str:
+    return "".join(token_text(t) for t in token_ids)
+
+
+def _update(hasher: hashlib._Hash, token_id: int) -> None:  # type: ignore[name-defined]
+    hasher.update(struct.pack("<Q", token_id))
 
 
 def _hasher(seed: int) -> hashlib._Hash:  # type: ignore[name-defined]
@@ -147,15 +183,16 @@ class TokenStream:
     """The tokens one prompt decodes to. Thread-safe: the engine thread looks ahead for the speculative
     sampler while the HTTP thread renders the same positions."""
 
-    def __init__(self, prompt: str, seed: int = 0, flip_every: int = 0, prefill_flip_from: int = 0,
+    def __init__(self, prompt: str | Sequence[int], seed: int = 0, flip_every: int = 0, prefill_flip_from: int = 0,
                  loop: bool = False) -> None:
-        self.prompt = prompt
+        self.prompt_ids: tuple[int, ...] = tuple(encode(prompt) if isinstance(prompt, str) else prompt)
         self.seed = seed
         self.faults = Faults(flip_every, prefill_flip_from)
-        self.prompt_pieces = len(tokenize(prompt))
+        self.prompt_pieces = len(self.prompt_ids)
         self._loop = loop
         self._hasher = _hasher(seed)
-        self._hasher.update(prompt.encode("utf-8"))
+        # One update of the packed ids digests the same as one update per id (_update), only faster.
+        self._hasher.update(struct.pack(f"<{len(self.prompt_ids)}Q", *self.prompt_ids))
         self._choices: list[Choice] = []
         self._digests: list[bytes] = []
         self._lock = threading.Lock()
@@ -166,7 +203,7 @@ class TokenStream:
         return self._digests[i][2] >= 16
 
     def choice(self, i: int) -> Choice:
-        """Generated position i (absolute position prompt pieces + i); the first comes from prefill."""
+        """Generated position i (absolute position prompt tokens + i); the first comes from prefill."""
         choices = self._choices
         if i < len(choices):
             return choices[i]
@@ -182,7 +219,7 @@ class TokenStream:
                     c = distribution(digest, self.prompt_pieces + n, self.faults, prefill=n == 0)
                 self._digests.append(digest)
                 choices.append(c)
-                self._hasher.update(token_text(c.token_id).encode("utf-8"))
+                _update(self._hasher, c.token_id)
             return choices[i]
 
     def token(self, i: int) -> int:
@@ -193,30 +230,28 @@ class TokenStream:
         return [(tok, math.log(p)) for tok, p in self.choice(i).ranked()[: max(0, k)]]
 
     def prompt_logprobs(self, k: int) -> list[dict[str, dict[str, object]] | None]:
-        """vLLM's `prompt_logprobs` for this prompt: None for the first piece, then per piece a mapping
-        token id -> {logprob, rank, decoded_token}: the prompt's own piece first (with its rank in the
-        vocabulary), then the k most likely tokens, best first, as vLLM's completions API returns them.
-        Every distribution here is computed by prefill."""
-        pieces = tokenize(self.prompt)
+        """vLLM's `prompt_logprobs` for this prompt: None for the first token, then per token a mapping
+        token id -> {logprob, rank, decoded_token}: the prompt's own token first (with its rank in the
+        vocabulary), then the k most likely tokens, best first, as vLLM's completions API returns them
+        (JSON keys the ids as strings). Every distribution here is computed by prefill."""
         hasher = _hasher(self.seed)
         out: list[dict[str, dict[str, object]] | None] = []
-        for position, piece in enumerate(pieces):
+        for position, own in enumerate(self.prompt_ids):
             if position == 0:
                 out.append(None)
             else:
                 ranked = distribution(hasher.copy().digest(), position, self.faults, prefill=True).ranked()
                 ids = [tok for tok, _ in ranked]
-                own = piece_id(piece)
                 if own in ids:
                     rank = ids.index(own) + 1
                     own_lp = math.log(ranked[rank - 1][1])
                 else:
                     # Outside the ranked top: the tail's probability, below every listed one.
                     rank, own_lp = TOP_N + 1 + own % 1000, math.log(ranked[-1][1] * 0.5)
-                entry = {str(own): {"logprob": own_lp, "rank": rank, "decoded_token": piece}}
+                entry = {str(own): {"logprob": own_lp, "rank": rank, "decoded_token": token_text(own)}}
                 for j, (tok, p) in enumerate(ranked[: max(0, k)]):
                     entry.setdefault(str(tok), {"logprob": math.log(p), "rank": j + 1,
                                                 "decoded_token": token_text(tok)})
                 out.append(entry)
-            hasher.update(piece.encode("utf-8"))
+            _update(hasher, own)
         return out

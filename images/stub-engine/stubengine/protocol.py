@@ -38,6 +38,8 @@ class Generation:
     top_logprobs: int | None  # None: no logprobs requested
     prompt_logprobs: int | None = None  # vLLM's extension (completions): logprobs of every prompt token
     body: dict[str, Any] = field(default_factory=dict)  # the request as sent (answers.py reads chat options)
+    prompt_ids: list[int] = field(default_factory=list)  # the token ids the prompt is read as (sent, or its text's)
+    return_token_ids: bool = False  # vLLM's extension: the choice carries prompt_token_ids and token_ids
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -49,14 +51,21 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi
     return value
 
 
-def _completion_prompt(prompt: Any) -> str:
+def _completion_prompt(prompt: Any) -> tuple[str, list[int] | None]:
+    """The prompt's text, and its token ids when it was sent as ids: vLLM's CompletionRequest.prompt is
+    `list[int] | list[list[int]] | str | list[str]`; the stub takes one prompt per request."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return " ".join(str(t) for t in prompt)  # token ids: hashed like text, which is all that matters
-    raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
+        return prompt, None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        bad = next((t for t in prompt if not 0 <= t < decoding.VOCAB_SIZE), None)
+        if bad is not None:
+            raise ApiError(400, f"Token id {bad} is out of vocabulary (ids are 0 to {decoding.VOCAB_SIZE - 1})",
+                           param="prompt")
+        return decoding.decode(prompt), list(prompt)
+    raise ApiError(400, "prompt must be a string or a non-empty list of token ids (one prompt per request)",
+                   param="prompt")
 
 
 def _chat_prompt(messages: Any) -> str:
@@ -79,8 +88,9 @@ def parse(body: Any, *, chat: bool, served_names: list[str], max_model_len: int)
     model = body.get("model") or served_names[0]
     if model not in served_names:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    prompt = _chat_prompt(body.get("messages")) if chat else _completion_prompt(body.get("prompt"))
-    n_prompt = decoding.prompt_tokens(prompt)
+    prompt, sent_ids = (_chat_prompt(body.get("messages")), None) if chat else _completion_prompt(body.get("prompt"))
+    prompt_ids = sent_ids if sent_ids is not None else decoding.encode(prompt)
+    n_prompt = len(sent_ids) if sent_ids is not None else decoding.prompt_tokens(prompt)
     # Chat clients may send the newer max_completion_tokens instead of max_tokens.
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int_field(body, name, DEFAULT_MAX_TOKENS, 1, 2**31) or DEFAULT_MAX_TOKENS
@@ -112,7 +122,37 @@ def parse(body: Any, *, chat: bool, served_names: list[str], max_model_len: int)
         top_logprobs=top,
         prompt_logprobs=prompt_top,
         body=body,
+        prompt_ids=prompt_ids,
+        return_token_ids=bool(body.get("return_token_ids")) and not chat,
     )
+
+
+def tokenize_answer(body: Any, *, served_names: list[str], max_model_len: int) -> dict[str, Any]:
+    """POST /tokenize as vLLM answers it: a completion's `prompt` or a chat's `messages` in, their token
+    ids out as {"count", "max_model_len", "tokens"} (and "token_strs" with `return_token_strs`)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    model = body.get("model") or served_names[0]
+    if model not in served_names:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    if "messages" in body:
+        text = _chat_prompt(body["messages"])
+    elif isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        raise ApiError(400, "prompt must be a string (or send messages)", param="prompt")
+    ids = decoding.encode(text)
+    strs = [decoding.token_text(t) for t in ids] if body.get("return_token_strs") else None
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenize_answer(body: Any) -> dict[str, Any]:
+    """POST /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                               for t in tokens):
+        raise ApiError(400, "tokens must be a list of non-negative token ids", param="tokens")
+    return {"prompt": decoding.decode(tokens)}
 
 
 class Renderer:
@@ -228,5 +268,9 @@ class Renderer:
         if self.gen.prompt_logprobs is not None:
             # As vLLM's non-streaming completion: None for the first prompt token, then one mapping per token.
             choice["prompt_logprobs"] = self.tokens.prompt_logprobs(self.gen.prompt_logprobs)
+        if self.gen.return_token_ids:
+            # vLLM's CompletionResponseChoice: the ids the engine read (an id prompt as sent) and generated.
+            choice["prompt_token_ids"] = list(self.tokens.prompt_ids)
+            choice["token_ids"] = [self.tokens.token(i) for i in positions]
         obj = "chat.completion" if self.gen.chat else "text_completion"
         return {**self._head(obj), "choices": [choice], "usage": self.usage(completion_tokens)}

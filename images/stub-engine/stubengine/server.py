@@ -112,6 +112,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path in ("/v1/completions", "/v1/chat/completions"):
                 self._generate(chat=path == "/v1/chat/completions")
+            elif path in ("/tokenize", "/detokenize"):
+                self._tokenize(path)
             elif path == "/admin/fault" and self.server.cfg.admin:
                 self._admin_fault()
             elif path in DEV_ROUTES and self.server.cfg.dev_mode:
@@ -138,6 +140,14 @@ class Handler(BaseHTTPRequestHandler):
         except SleepError as exc:
             raise protocol.ApiError(exc.status, exc.message, "SleepModeError") from None
         self._send(200, b"")
+
+    def _tokenize(self, path: str) -> None:
+        cfg = self.server.cfg
+        if path == "/tokenize":
+            self._json(200, protocol.tokenize_answer(self._body(), served_names=cfg.served_model_names,
+                                                     max_model_len=cfg.max_model_len))
+        else:
+            self._json(200, protocol.detokenize_answer(self._body()))
 
     def _models(self) -> dict[str, Any]:
         cfg = self.server.cfg
@@ -178,7 +188,7 @@ class Handler(BaseHTTPRequestHandler):
         )
         seed = srv.cfg.token_seed + srv.sleeper.seed_offset
         fault = srv.faults.output
-        tokens = decoding.TokenStream(gen.prompt, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from,
+        tokens = decoding.TokenStream(gen.prompt_ids, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from,
                                        loop=fault == "loop")
         answer = answers.answer(gen.body, gen.prompt, tokens, fault) if chat else None
         if answer is not None:
