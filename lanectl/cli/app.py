@@ -142,6 +142,17 @@ def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.", a
 
 
 @app.command()
+def diff(a: Annotated[str, typer.Argument(help="The lane to compare from, e.g. h1-REF.", autocompletion=complete_lane)],
+         b: Annotated[str, typer.Argument(help="The lane to compare to, e.g. h2-REF.", autocompletion=complete_lane)],
+         as_json: JsonOption = False) -> None:
+    """What differs between two lanes' rendered inputs (image, kernels, patches, serve flags, env, ports, volumes,
+    companions, health, standby), and what is the same. Nothing is built."""
+    from lanectl.commands.diff import diff as diff_lanes
+
+    show(diff_lanes(catalog(), a, b), as_json)
+
+
+@app.command()
 def schema() -> None:
     """The JSON Schema of the recipe format, for editors (yaml-language-server)."""
     from lanectl.commands.schema import recipe_schema

@@ -341,6 +341,49 @@ def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
     return f"{arm} {probe['passed']}/{probe['total']}{timed}{'' if probe['ok'] else ' FAIL'}"
 
 
+def _diff_value(what: str, key: str, value: Any) -> str:
+    """A changed thing in one line: a kernel's source and module, a patch's sha256 and upstream link."""
+    if what == "kernel":
+        text = f"{key}: {value['source']}, installed as {value['module']} beside {value['beside']}"
+        return text + (f"; upstream {value['upstream']}" if value["upstream"] else "")
+    if what == "patch":
+        upstream = value["upstream"] or "no Upstream: header"
+        return f"{key} (sha256 {value['sha256'][:12]}): {value['subject'] or 'no Subject: header'}; upstream {upstream}"
+    if what.startswith("engine arg"):
+        return key if value is None else f"{key} {value}"
+    if what.startswith(("port", "volume", "secret env", "companion")):
+        return key
+    return f"{key}={_plain(value)}"
+
+
+def diff(result: Result) -> list[Line]:
+    """`- A`, `+ B` and `~ A -> B` per difference, grouped by what it is; then what is the same."""
+    data = result.data
+    a, b = data["a"], data["b"]
+    lines = [line((f"{a['lane']} -> {b['lane']}", "bold")),
+             line(f"  image  {a['image']} -> {b['image']}")]
+    for change in data["changes"]:
+        what, key = change["what"], change["key"]
+        if change["change"] == "added":
+            lines.append(line(f"  {what}  ", ("+ ", "green"), _diff_value(what, key, change["b"])))
+        elif change["change"] == "removed":
+            lines.append(line(f"  {what}  ", ("- ", "red"), _diff_value(what, key, change["a"])))
+        elif what in ("kernel", "patch"):
+            lines.append(line(f"  {what}  ", ("~ ", "yellow"), _diff_value(what, key, change["a"]), " -> ",
+                              _diff_value(what, key, change["b"])))
+        else:
+            lines.append(line(f"  {what}  ", ("~ ", "yellow"),
+                              f"{key}: {_plain(change['a'])} -> {_plain(change['b'])}"))
+    if not data["changes"]:
+        lines.append(line("  no differences in the rendered inputs"))
+    lines += [line(f"  {item}") for item in data["same"]]
+    return lines
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def init(result: Result) -> list[Line]:
     return [line(f"wrote {path}") for path in result.data["written"]] + [line(f"next: {result.data['next']}")]
 
@@ -355,6 +398,7 @@ VIEWS: dict[str, View] = {
     "validate": validate,
     "lanes": lanes,
     "render": render,
+    "diff": diff,
     "schema": schema,
     "patches.check": patches_check,
     "build": build,
