@@ -127,6 +127,25 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     assert gates and gates[-1]["verdict"] == "pass" and gates[-1]["promoted"] == "t-fast"
 
 
+def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-test",
+                       "--concurrency", "1", "--no-gpu", "--json", "--promote", "--out", str(tmp_path / "results"),
+                       state=state, timeout=600, extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["data"]
+    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate:t-flip", "candidate:t-fast", "control-2"]
+    verdicts = {c["candidate"]: c["verdict"] for c in report["candidates"]}
+    # Both decode 1.25x faster; t-flip drifts from the controls' outputs, so only t-fast may be promoted.
+    assert verdicts == {"t-flip": "fail", "t-fast": "pass"}, [c["reasons"] for c in report["candidates"]]
+    assert (report["best"], report["promoted"], report["order"]) == ("t-fast", "t-fast", "ABCA")
+    assert active(lanes, state) == "t-fast"
+    run_dir = Path(report["run_dir"])
+    assert run_dir.name.endswith("gate-t-flip+t-fast") and (run_dir / "ratios.png").stat().st_size > 1000
+    shown = lanes.cli("report", str(run_dir), state=state, check=True).stdout.splitlines()
+    assert "bracket: PASS (order ABCA, 2 candidates; best that passed: t-fast); promoted t-fast" in shown
+
+
 def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
     # Without the plot extra: the same verdict and exit code, the results written, no plot.

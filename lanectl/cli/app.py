@@ -424,14 +424,17 @@ def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (def
 
 
 @app.command()
-def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g. h2-REF.",
-                                                                   autocompletion=complete_lane)],
+def gate(candidates: Annotated[list[str], typer.Argument(
+             metavar="CANDIDATE...", help="The candidate lane(s), e.g. h2-REF; several share one bracket.",
+             autocompletion=complete_lane)],
          control: Annotated[str | None, typer.Option("--control", help="The control lane, e.g. h1-REF.",
                                                              autocompletion=complete_lane)] = None,
          bar: Annotated[float, typer.Option("--bar", help="Required candidate/control ratio, e.g. 1.025.")] = 1.025,
-         promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving.")] = False,
-         order: Annotated[str, typer.Option("--order", help="Arm order: ABA (control, candidate, control) or "
-                                                            "ABBA.")] = "ABA",
+         promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving (of several, "
+                                                               "the best that passed).")] = False,
+         order: Annotated[str, typer.Option("--order", help="Arm order: ABA (control, each candidate in turn, "
+                                                            "control) or ABBA (the candidates mirrored: A, C1, "
+                                                            "C2, C2, C1, A; one candidate: A, B, B, A).")] = "ABA",
          calibrate: Annotated[bool, typer.Option("--calibrate", help="Run CANDIDATE against itself (A/A) and "
                                                  "report the false-promotion rate and the smallest detectable "
                                                  "effect.")] = False,
@@ -439,12 +442,14 @@ def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g.
                                                             "the highest false-promotion rate that exits 0.")] = 0.05,
          workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
          lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
-    """A bracket (A/B/A by default): control, candidate, control; PASS only when a cell's 95% interval clears
-    the bar and teacher-forced fidelity holds. Exit 0 on PASS, 1 on FAIL or INCONCLUSIVE."""
+    """A bracket (A/B/A by default): control, candidate(s), control; a candidate PASSes only when a cell's 95%
+    interval clears the bar and teacher-forced fidelity holds. Every candidate is judged against the same two
+    control arms, with the same bar, fidelity reference and probes; --promote promotes the best that passed
+    (highest ratio). Exit 0 when a candidate PASSed, 1 when none did."""
     from lanectl.cli.progress import say
     from lanectl.commands.gate import gate as run_gate
 
-    show(run_gate(catalog(), candidate, control, workload, _levels(concurrency), bar, promote, out_dir,
+    show(run_gate(catalog(), candidates, control, workload, _levels(concurrency), bar, promote, out_dir,
                   _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err),
                   order=order.upper(), calibrate=calibrate, max_false_promotion=max_false_promotion), as_json)
 

@@ -281,6 +281,20 @@ def gate(result: Result) -> list[Line]:
     context, then per cell the arms, the 95% interval, decode, prompt-processing and first-token ratios
     and the verdict; teacher-forced fidelity per class with agent/tool prompts apart; the calibration."""
     report = result.data
+    if "candidates" not in report:
+        return [line(text) for text in _gate_lines(report)]
+    lines: list[Line] = []
+    for candidate in report["candidates"]:
+        lines.append(line((f"{candidate['candidate']} against {candidate['control']}:", "bold")))
+        lines += [line(text) for text in _gate_lines(candidate)]
+    best = f"; best that passed: {report['best']}" if report["best"] else "; none passed"
+    lines.append(line(f"bracket: {report['verdict'].upper()} (order {report['order']}, "
+                      f"{len(report['candidates'])} candidates{best})"
+                      + (f"; promoted {report['promoted']}" if report.get("promoted") else "")))
+    return lines + [line(f"  - {reason}") for reason in report["reasons"]]
+
+
+def _gate_lines(report: Mapping[str, Any]) -> list[str]:
     cells = report["cells"]
     lines: list[str] = []
     classes = list(dict.fromkeys(c["class"] for c in cells.values()))
@@ -330,7 +344,7 @@ def gate(result: Result) -> list[Line]:
     lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x, order {report.get('order', 'ABA')})"
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
-    return [line(text) for text in lines]
+    return lines
 
 
 def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
