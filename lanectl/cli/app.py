@@ -456,8 +456,27 @@ def gate(candidates: Annotated[list[str], typer.Argument(
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `lanectl gate --out`.")],
+           release_note: Annotated[bool, typer.Option("--release-note", help="The run's release note in Markdown "
+                                                      "(stdout, or --out FILE), written from results.json and "
+                                                      "the recipes.")] = False,
+           note_out: Annotated[Path | None, typer.Option("--out", help="With --release-note: write the Markdown "
+                                                         "here instead of stdout.")] = None,
            as_json: JsonOption = False) -> None:
-    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png)."""
+    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png); with --release-note,
+    the run's release note instead."""
+    if release_note:
+        from lanectl.commands.release_note import report_release_note
+
+        try:
+            recipes: Catalog | None = catalog()
+        except LanectlError as exc:
+            err.print(f"lanectl: the recipes could not be read ({exc}); the note leaves out what they say",
+                      markup=False)
+            recipes = None
+        show(report_release_note(recipes, run_dir, note_out), as_json)
+        return
+    if note_out is not None:
+        raise typer.BadParameter("--out writes the Markdown note: add --release-note")
     from lanectl.commands.gate import report as gate_report
 
     show(gate_report(run_dir), as_json)

@@ -398,6 +398,11 @@ def _plain(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def release_note(result: Result) -> list[Line]:
+    """The Markdown as written, on stdout; nothing when it went to a file."""
+    return text_lines(result.data["markdown"]) if result.text_only.get("print") else []
+
+
 def init(result: Result) -> list[Line]:
     return [line(f"wrote {path}") for path in result.data["written"]] + [line(f"next: {result.data['next']}")]
 
@@ -434,6 +439,7 @@ VIEWS: dict[str, View] = {
     "bench": bench,
     "gate": gate,
     "report": gate,
+    "release-note": release_note,
     "init": init,
     "import.jm": import_jm,
 }
