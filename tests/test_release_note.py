@@ -3,6 +3,7 @@
 The golden test renders a fixed results.json (a real demo bracket: `lanectl gate demo-h2 demo-h2-8 --control
 demo-h1 --workload demo --no-gpu`) with the repo's recipes to an exact Markdown file. Regenerate it after an
 intended change with `UPDATE_GOLDEN=1 pytest tests/test_release_note.py`, then read the diff before committing.
+The HTML is loaded in a real headless Chromium (Debian's, installed by scripts/setup-host.sh) and screenshotted.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from lanectl.bench.gate import LaneBench
 from lanectl.bench.release_note import release_note
+from lanectl.bench.release_note_html import note_html
 from lanectl.commands.release_note import note_inputs
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
@@ -133,3 +136,42 @@ def test_report_writes_the_note_whole_to_out_and_never_through_a_symlink(tmp_pat
 def test_report_of_a_folder_without_results_exits_2(tmp_path):
     result = lanectl("report", str(tmp_path), "--release-note", cwd=tmp_path)
     assert result.returncode == 2 and "no results.json" in result.stderr
+
+
+def test_the_html_escapes_text_and_carries_the_plot_inline():
+    page = note_html("# A <b>title</b>\n\n## Measured, this window\n\n| a | b |\n|---|---|\n| `x<y` | 1 \\| 2 |\n",
+                     b"\x89PNG fake")
+    assert "<h1>A &lt;b&gt;title&lt;/b&gt;</h1>" in page
+    assert "<td><code>x&lt;y</code></td><td>1 | 2</td>" in page
+    assert 'src="data:image/png;base64,iVBORyBmYWtl"' in page
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "no chromium: scripts/setup-host.sh installs Debian's (apt-get install chromium)"
+    return found
+
+
+def test_the_html_note_renders_in_a_headless_browser_with_its_plot(tmp_path):
+    import matplotlib.image
+
+    run = tmp_path / RUN.name
+    shutil.copytree(RUN, run)
+    page = tmp_path / "note.html"
+    result = lanectl("--recipes", str(REPO / "recipes"), "report", str(run), "--html", str(page), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    shot = tmp_path / "shot.png"
+    browser = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1100,3000",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    assert shot.is_file() and shot.stat().st_size > 10_000, browser.stderr
+    if os.environ.get("RELEASE_NOTE_SCREENSHOT"):  # to look at it
+        shutil.copy(shot, os.environ["RELEASE_NOTE_SCREENSHOT"])
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    # Not blank: many pixels are not the white background. And the plot's bars show (this run has failing
+    # cells, drawn in matplotlib's tab:red), so the embedded PNG was decoded and drawn, not just linked.
+    assert (pixels.sum(axis=2) < 2.9).mean() > 0.01
+    red = (abs(pixels[..., 0] - 214 / 255) < 0.05) & (abs(pixels[..., 1] - 39 / 255) < 0.05) & \
+        (abs(pixels[..., 2] - 40 / 255) < 0.05)
+    assert red.sum() > 200

@@ -461,19 +461,23 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
                                                       "the recipes.")] = False,
            note_out: Annotated[Path | None, typer.Option("--out", help="With --release-note: write the Markdown "
                                                          "here instead of stdout.")] = None,
+           html: Annotated[Path | None, typer.Option("--html", help="Write the release note as one HTML file, "
+                                                     "with the plot inside it.")] = None,
            as_json: JsonOption = False) -> None:
-    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png); with --release-note,
-    the run's release note instead."""
-    if release_note:
+    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png); with --release-note
+    or --html, the run's release note instead."""
+    if release_note or html is not None:
         from lanectl.commands.release_note import report_release_note
 
+        if note_out is not None and not release_note:
+            raise typer.BadParameter("--out writes the Markdown note: add --release-note")
         try:
             recipes: Catalog | None = catalog()
         except LanectlError as exc:
             err.print(f"lanectl: the recipes could not be read ({exc}); the note leaves out what they say",
                       markup=False)
             recipes = None
-        show(report_release_note(recipes, run_dir, note_out), as_json)
+        show(report_release_note(recipes, run_dir, note_out, html, print_markdown=release_note), as_json)
         return
     if note_out is not None:
         raise typer.BadParameter("--out writes the Markdown note: add --release-note")

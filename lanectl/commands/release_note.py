@@ -93,9 +93,10 @@ def write_note(path: Path, text: str) -> None:
     write_atomically(path, text.encode(), mode=0o644)
 
 
-def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None, *,
+def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None, html: Path | None, *,
                         print_markdown: bool = True) -> Result:
-    """The note as Markdown, on stdout or in `out`."""
+    """The note as Markdown (on stdout, or in `out`), and with `html` the same note as one HTML file
+    with the run's plot inside it."""
     results = load_gate_results(run_dir)
     arms = results["gate"].get("arms") or [{}]
     inputs = note_inputs(catalog, results, run_dir.name, earlier_gate_records(arms[0].get("started")),
@@ -105,6 +106,15 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
     if out is not None:
         write_note(out, markdown)
         messages += (info(f"wrote the release note to {out}"),)
+    if html is not None:
+        from lanectl.bench.release_note_html import note_html
+
+        plot = run_dir / "ratios.png"
+        picture = plot.read_bytes() if plot.is_file() else None
+        write_note(html, note_html(markdown, picture))
+        missing = "" if picture else f" (no plot: {plot} is missing; `lanectl report {run_dir}` draws it)"
+        messages += (info(f"wrote the release note as HTML to {html}{missing}"),)
     shown = print_markdown and out is None
-    return Result("release-note", {"markdown": markdown, "out": str(out) if out else None}, messages,
+    return Result("release-note", {"markdown": markdown, "out": str(out) if out else None,
+                                   "html": str(html) if html else None}, messages,
                   text_only={"print": shown})
