@@ -8,6 +8,7 @@ The HTML is loaded in a real headless Chromium (Debian's, installed by scripts/s
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -136,6 +137,19 @@ def test_report_writes_the_note_whole_to_out_and_never_through_a_symlink(tmp_pat
 def test_report_of_a_folder_without_results_exits_2(tmp_path):
     result = lanectl("report", str(tmp_path), "--release-note", cwd=tmp_path)
     assert result.returncode == 2 and "no results.json" in result.stderr
+
+
+def test_a_results_json_that_is_no_gate_run_exits_2_and_writes_nothing(tmp_path, results):
+    broken = copy.deepcopy(results)
+    del broken["gate"]["control"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps(broken))
+    result = lanectl("--recipes", str(REPO / "recipes"), "report", str(tmp_path / "run"), "--release-note",
+                     "--out", str(tmp_path / "note.md"), cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"lanectl: {tmp_path / 'run' / 'results.json'}: not a gate run as `lanectl "
+                                    "gate --out` writes it (KeyError: 'control'); nothing was written")
+    assert not (tmp_path / "note.md").exists()
 
 
 def test_the_html_escapes_text_and_carries_the_plot_inline():

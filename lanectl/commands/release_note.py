@@ -98,10 +98,20 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
     """The note as Markdown (on stdout, or in `out`), and with `html` the same note as one HTML file
     with the run's plot inside it."""
     results = load_gate_results(run_dir)
-    arms = results["gate"].get("arms") or [{}]
-    inputs = note_inputs(catalog, results, run_dir.name, earlier_gate_records(arms[0].get("started")),
-                         local_image_ids({arm.get("image", "") for arm in results["gate"].get("arms", [])}))
-    markdown = release_note(results, inputs)
+    try:
+        arms = [arm for arm in results["gate"].get("arms") or [] if isinstance(arm, dict)]
+        started = arms[0].get("started") if arms else None
+        inputs = note_inputs(catalog, results, run_dir.name,
+                             earlier_gate_records(started if isinstance(started, str) else None),
+                             local_image_ids({str(arm.get("image", "")) for arm in arms}))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise BadInput(f"{run_dir / 'results.json'}: not a gate run as `lanectl gate --out` writes it "
+                       f"({type(exc).__name__}: {exc}); nothing was written") from None
+    try:
+        markdown = release_note(results, inputs)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise BadInput(f"{run_dir / 'results.json'}: not a gate run as `lanectl gate --out` writes it "
+                       f"({type(exc).__name__}: {exc}); nothing was written") from None
     messages: tuple[Message, ...] = ()
     if out is not None:
         write_note(out, markdown)
