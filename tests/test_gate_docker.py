@@ -47,7 +47,7 @@ CANDIDATES = """
     engine:
       args: [/model, --served-model-name, demo-model, --max-model-len, "2048", --host, 0.0.0.0, --port, "8000"]
 """
-LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late", "t-leak"]
+LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late", "t-leak", "t-crash"]
 # The demo's probes, and the output fault of the stub that fails each.
 DEMO_PROBES = ["gauntlet", "thinking", "soak-demo", "needle-4k"]
 FAULT_FAILS = {"broken_tool_json": "gauntlet", "leak_reasoning": "thinking", "loop": "soak-demo",
@@ -144,6 +144,33 @@ def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(
     assert run_dir.name.endswith("gate-t-flip+t-fast") and (run_dir / "ratios.png").stat().st_size > 1000
     shown = lanes.cli("report", str(run_dir), state=state, check=True).stdout.splitlines()
     assert "bracket: PASS (order ABCA, 2 candidates; best that passed: t-fast); promoted t-fast" in shown
+
+
+def test_a_candidate_that_cannot_come_up_fails_alone_and_the_others_are_still_judged(lanes, state):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "t-crash", "t-fast", "--control", "demo-h1", "--workload", "gate-test",
+                       "--concurrency", "1", "--no-gpu", "--json", "--promote", state=state, timeout=600,
+                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["data"]
+    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate:t-fast", "control-2"]
+    crash, fast = report["candidates"]
+    assert (crash["candidate"], crash["verdict"], fast["candidate"], fast["verdict"]) == (
+        "t-crash", "fail", "t-fast", "pass"), fast["reasons"]
+    assert crash["reasons"][0].startswith("candidate:t-crash: could not bring t-crash up: t-crash failed its health "
+                                          "gate"), crash["reasons"]
+    assert report["promoted"] == "t-fast" and active(lanes, state) == "t-fast"
+
+
+def test_a_lane_not_built_is_refused_before_the_bracket_switches_anything(lanes, state):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "t-fast", "t-hang", "--control", "demo-h1", "--workload", "gate-test",
+                       "--concurrency", "1", "--no-gpu", state=state, timeout=120)
+    assert result.returncode == 1
+    assert "t-hang: image " in result.stderr and "is not built; run `lanectl build t-hang` first" in result.stderr
+    assert active(lanes, state) == "demo-h1"
+    history = json.loads(lanes.cli("history", "--json", state=state, check=True).stdout)["data"]["records"]
+    assert not [r for r in history if r["kind"] == "intent" and r.get("to") == "t-fast"]
 
 
 def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, state, tmp_path):

@@ -450,10 +450,18 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
     names = [lane.name for lane in chosen]
     journal_names = {"candidate": names[0]} if len(names) == 1 else {"candidates": names}
     arms: list[LaneBench] = []
+    unreachable: dict[str, str] = {}  # candidate -> why it could not be brought up
     for arm, candidate_name in bracket_arms(order, names):
+        if candidate_name in unreachable:
+            continue
         lane = control if candidate_name is None else chosen[names.index(candidate_name)]
         progress(f"{arm}: switching to {lane.name}")
         outcome = switcher.up(lane)
+        if outcome.result not in ("ok", "noop") and candidate_name is not None and len(names) > 1:
+            # One candidate that cannot come up fails alone; the controls still bracket the others.
+            unreachable[candidate_name] = f"{arm}: could not bring {lane.name} up: {outcome.message}"
+            progress(unreachable[candidate_name])
+            continue
         if outcome.result not in ("ok", "noop"):
             raise_message = f"{arm}: could not bring {lane.name} up: {outcome.message}"
             switcher.journal.append("gate", **journal_names, control=control.name, verdict="fail",
@@ -473,7 +481,15 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
         report = BracketReport(control=control.name, bar=bar, order=single.order, candidates=[single],
                                arms=single.arms)
     else:
-        report = judge_bracket(arms, bar, agent_classes=workload.agent_classes)
+        measured = [a for a in arms if a.lane not in unreachable or a.arm.startswith("control")]
+        report = judge_bracket(measured, bar, agent_classes=workload.agent_classes)
+        by_name = {r.candidate: r for r in report.candidates}
+        report.candidates = [by_name.get(name) or GateReport(
+            candidate=name, control=control.name, bar=bar, verdict=Verdict.FAIL, reasons=[unreachable[name]],
+            cells={}, fidelity={}, order=order, arms=[]) for name in names]
+        report.reasons = [*(f"{name}: FAIL ({why})" for name, why in unreachable.items()),
+                          *(r for r in report.reasons if r.split(":")[0] not in unreachable)]
+        report.arms = [a.summary() for a in arms]
     best = report.best
     if promote and best is not None and max_false_promotion is None:
         progress(f"PASS: promoting {best.candidate}")

@@ -77,6 +77,7 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
     from lanectl.bench.plot import plot
     from lanectl.commands.switch import switcher
     from lanectl.errors import BadInput
+    from lanectl.lanes.switcher import built_tag
 
     names = [candidate] if isinstance(candidate, str) else list(candidate)
     if order not in ORDERS:
@@ -110,6 +111,9 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                                                                                          *candidate_lanes)])
     command = f"lanectl gate {' '.join(names)} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
+        # Every image before the first switch: a refusal mid-bracket would leave a candidate serving.
+        for lane in (control_lane, *candidate_lanes):
+            built_tag(lanes.engine, lane)
         report = run_gate(lanes, candidate_lanes, control_lane, workload, concurrency, bar=bar,
                           promote=promote and not calibrate, kernel_log=_kernel_log(), order=order,
                           max_false_promotion=max_false_promotion if calibrate else None, progress=progress,
