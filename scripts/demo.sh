@@ -11,7 +11,7 @@ run() { say "lanectl $*"; $lanectl "$@"; }
 
 run validate
 run patches check
-run build demo-h1 demo-h2 demo-broken
+run build demo-h1 demo-h2 demo-h2-8 demo-broken
 run up demo-h1 --no-gpu
 say "lanectl up demo-h2 --no-gpu   # demo-h1 is not stopped: it waits asleep (vLLM sleep mode) as a standby"
 $lanectl up demo-h2 --no-gpu
@@ -28,5 +28,10 @@ say "lanectl watchdog check --kernel-log file:/dev/null   # one cron pass: it re
 $lanectl watchdog check --kernel-log file:/dev/null || echo "(exit code $?: the watchdog acted)"
 run watchdog status
 run history -n 12
+run diff demo-h1 demo-h2
+say "lanectl gate demo-h2 demo-h2-8 --control demo-h1 --workload demo --no-gpu --out results/   # one bracket, two candidates"
+$lanectl gate demo-h2 demo-h2-8 --control demo-h1 --workload demo --no-gpu --out results/ \
+  || echo "(exit code $?: no candidate passed)"
+run report "$(ls -d results/*-gate-demo-h2+demo-h2-8 | tail -n 1)" --release-note
 say "lanectl down   # the demo is over: the active lane and any standby stop; containers are kept for the next run"
 $lanectl down

@@ -15,6 +15,9 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)  # the fleet tests put a secon
 command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)  # scripts/registry.sh waits for the registry to answer
+# The release note's HTML is checked in a real headless browser (tests/test_release_note.py); Debian's
+# package, so CI has it too. It adds about a minute and ~300 MB to a fresh machine's set-up.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   if [ "$(id -u)" != 0 ]; then echo "setup: need root to install ${need[*]} (apt-get)" >&2; exit 1; fi

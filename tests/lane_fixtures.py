@@ -88,7 +88,8 @@ class LaneProject:
         return f"{self.prefix}-{lane}" + ("" if role == "primary" else f"-{role}")
 
 
-DEMO_PORTS = {"demo-h1": (18000, 18001), "demo-h2": (18010, 18011), "demo-broken": (18020, 18021)}
+DEMO_PORTS = {"demo-h1": (18000, 18001), "demo-h2": (18010, 18011), "demo-h2-8": (18040, 18041),
+              "demo-broken": (18020, 18021)}
 DEMO_GPUS = re.compile(r"^(?:    # As h1-REF/h2-REF: GPU .*\n)?\s+gpus: \{device_ids: \[\"[01]\"\]\}\n", re.MULTILINE)
 STANDBY_BLOCK = re.compile(r"^  # standby: begin\n.*^  # standby: end\n", re.MULTILINE | re.DOTALL)
 

@@ -71,7 +71,8 @@ def _append_lane(project: Path) -> None:
 def _new_recipe_file(project: Path) -> None:
     (project / "recipes" / "more.yaml").write_text(
         DEMO.replace("id: demo-stub", "id: more").replace("lanectl-demo-{lane}", "more-{lane}")
-        .replace("demo-h1:", "more-h1:").replace("demo-h2:", "more-h2:").replace("demo-broken:", "more-broken:")
+        .replace("demo-h1:", "more-h1:").replace("demo-h2:", "more-h2:").replace("demo-h2-8:", "more-h2-8:")
+        .replace("demo-broken:", "more-broken:")
         .replace("18000", "18100").replace("18001", "18101"))
 
 
@@ -101,7 +102,7 @@ def test_a_change_is_seen_by_the_next_load(demo, cache, validations, change, che
 def test_a_yaml_file_that_is_no_recipe_leaves_the_entry_valid(demo, cache, validations):
     load()
     (demo.parent / "workloads.yaml").write_text("notes: not a recipe\n")
-    assert sorted(load().lanes) == ["demo-broken", "demo-h1", "demo-h2"]
+    assert sorted(load().lanes) == ["demo-broken", "demo-h1", "demo-h2", "demo-h2-8"]
     assert len(validations) == 1
 
 
@@ -151,14 +152,14 @@ def test_a_torn_entry_is_a_miss(demo, cache, validations):
     load()
     [entry] = cache.glob("*.pickle")
     entry.write_bytes(entry.read_bytes()[:100])
-    assert sorted(load().lanes) == ["demo-broken", "demo-h1", "demo-h2"]
+    assert sorted(load().lanes) == ["demo-broken", "demo-h1", "demo-h2", "demo-h2-8"]
     assert len(validations) == 2
 
 
 def test_a_cache_that_cannot_be_written_costs_only_speed(demo, tmp_path, monkeypatch, validations):
     (tmp_path / "not-a-folder").write_text("")
     monkeypatch.setenv("LANECTL_CACHE_DIR", str(tmp_path / "not-a-folder"))
-    assert sorted(load().lanes) == sorted(load().lanes) == ["demo-broken", "demo-h1", "demo-h2"]
+    assert sorted(load().lanes) == sorted(load().lanes) == ["demo-broken", "demo-h1", "demo-h2", "demo-h2-8"]
     assert len(validations) == 2
 
 

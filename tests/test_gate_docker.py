@@ -47,7 +47,7 @@ CANDIDATES = """
     engine:
       args: [/model, --served-model-name, demo-model, --max-model-len, "2048", --host, 0.0.0.0, --port, "8000"]
 """
-LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late", "t-leak"]
+LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late", "t-leak", "t-crash"]
 # The demo's probes, and the output fault of the stub that fails each.
 DEMO_PROBES = ["gauntlet", "thinking", "soak-demo", "needle-4k"]
 FAULT_FAILS = {"broken_tool_json": "gauntlet", "leak_reasoning": "thinking", "loop": "soak-demo",
@@ -125,6 +125,52 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     history = lanes.cli("history", "--json", state=state, check=True)
     gates = [r for r in json.loads(history.stdout)["data"]["records"] if r["kind"] == "gate"]
     assert gates and gates[-1]["verdict"] == "pass" and gates[-1]["promoted"] == "t-fast"
+
+
+def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-test",
+                       "--concurrency", "1", "--no-gpu", "--json", "--promote", "--out", str(tmp_path / "results"),
+                       state=state, timeout=600, extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["data"]
+    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate:t-flip", "candidate:t-fast", "control-2"]
+    verdicts = {c["candidate"]: c["verdict"] for c in report["candidates"]}
+    # Both decode 1.25x faster; t-flip drifts from the controls' outputs, so only t-fast may be promoted.
+    assert verdicts == {"t-flip": "fail", "t-fast": "pass"}, [c["reasons"] for c in report["candidates"]]
+    assert (report["best"], report["promoted"], report["order"]) == ("t-fast", "t-fast", "ABCA")
+    assert active(lanes, state) == "t-fast"
+    run_dir = Path(report["run_dir"])
+    assert run_dir.name.endswith("gate-t-flip+t-fast") and (run_dir / "ratios.png").stat().st_size > 1000
+    shown = lanes.cli("report", str(run_dir), state=state, check=True).stdout.splitlines()
+    assert "bracket: PASS (order ABCA, 2 candidates; best that passed: t-fast); promoted t-fast" in shown
+
+
+def test_a_candidate_that_cannot_come_up_fails_alone_and_the_others_are_still_judged(lanes, state):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "t-crash", "t-fast", "--control", "demo-h1", "--workload", "gate-test",
+                       "--concurrency", "1", "--no-gpu", "--json", "--promote", state=state, timeout=600,
+                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["data"]
+    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate:t-fast", "control-2"]
+    crash, fast = report["candidates"]
+    assert (crash["candidate"], crash["verdict"], fast["candidate"], fast["verdict"]) == (
+        "t-crash", "fail", "t-fast", "pass"), fast["reasons"]
+    assert crash["reasons"][0].startswith("candidate:t-crash: could not bring t-crash up: t-crash failed its health "
+                                          "gate"), crash["reasons"]
+    assert report["promoted"] == "t-fast" and active(lanes, state) == "t-fast"
+
+
+def test_a_lane_not_built_is_refused_before_the_bracket_switches_anything(lanes, state):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.cli("gate", "t-fast", "t-hang", "--control", "demo-h1", "--workload", "gate-test",
+                       "--concurrency", "1", "--no-gpu", state=state, timeout=120)
+    assert result.returncode == 1
+    assert "t-hang: image " in result.stderr and "is not built; run `lanectl build t-hang` first" in result.stderr
+    assert active(lanes, state) == "demo-h1"
+    history = json.loads(lanes.cli("history", "--json", state=state, check=True).stdout)["data"]["records"]
+    assert not [r for r in history if r["kind"] == "intent" and r.get("to") == "t-fast"]
 
 
 def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, state, tmp_path):

@@ -59,6 +59,23 @@ ORDERS = {"ABA": ("control-1", "candidate", "control-2"),
           "ABBA": ("control-1", "candidate-1", "candidate-2", "control-2")}
 
 
+def bracket_arms(order: str, candidates: Sequence[str]) -> list[tuple[str, str | None]]:
+    """(arm name, candidate lane; None for the control) in the order the bracket runs them.
+
+    One candidate: the names of ORDERS. Several: ABA is A, C1, C2, ..., A and ABBA mirrors it
+    (A, C1, C2, C2, C1, A), so every candidate sits as far from each control on average; each
+    candidate arm's name carries its lane (`candidate:demo-h2`, `candidate-2:demo-h2`)."""
+    if len(candidates) == 1:
+        return [(arm, None if arm.startswith("control") else candidates[0]) for arm in ORDERS[order]]
+    arms: list[tuple[str, str | None]] = [("control-1", None)]
+    if order == "ABA":
+        arms += [(f"candidate:{lane}", lane) for lane in candidates]
+    else:
+        arms += [(f"candidate-1:{lane}", lane) for lane in candidates]
+        arms += [(f"candidate-2:{lane}", lane) for lane in reversed(candidates)]
+    return [*arms, ("control-2", None)]
+
+
 def cell_key(klass: str, streams: int, context: int) -> str:
     """`prose@8`, or `prose@8/64K` for a prompt padded to 65536 tokens."""
     if not context:
@@ -201,6 +218,68 @@ class GateReport:
                 "order": self.order, "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity,
                 "arms": self.arms, "promoted": self.promoted, "calibration": self.calibration, "probes": self.probes,
                 "host": self.host}
+
+
+def overall_ratio(report: GateReport) -> float | None:
+    """The geometric mean of a candidate's cell ratios: how `--promote` ranks candidates that passed."""
+    ratios = [cell["ratio"] for cell in report.cells.values() if cell["ratio"] > 0]
+    return math.exp(math.fsum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+
+
+@dataclass
+class BracketReport:
+    """Several candidates judged in one bracket against the same two control arms, each by `judge`."""
+
+    control: str
+    bar: float
+    order: str
+    candidates: list[GateReport]
+    arms: list[dict[str, Any]]
+    promoted: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> GateReport | None:
+        """The candidate that passed with the highest overall ratio; None when none passed."""
+        passed = [r for r in self.candidates if r.verdict == Verdict.PASS]
+        return max(passed, key=lambda r: overall_ratio(r) or 0.0) if passed else None
+
+    @property
+    def verdict(self) -> Verdict:
+        """PASS when any candidate passed; FAIL when every one failed; INCONCLUSIVE otherwise."""
+        verdicts = {r.verdict for r in self.candidates}
+        if Verdict.PASS in verdicts:
+            return Verdict.PASS
+        return Verdict.FAIL if verdicts == {Verdict.FAIL} else Verdict.INCONCLUSIVE
+
+    def as_dict(self) -> dict[str, Any]:
+        """One candidate: exactly the one-candidate form. Several: each candidate's own form under
+        `candidates`, with the bracket's arms, order, verdict and promotion beside them."""
+        if len(self.candidates) == 1:
+            return {**self.candidates[0].as_dict(), "promoted": self.promoted}
+        best = self.best
+        return {"control": self.control, "bar": self.bar, "order": self.order, "verdict": self.verdict.value,
+                "best": best.candidate if best else None, "promoted": self.promoted, "reasons": self.reasons,
+                "candidates": [r.as_dict() for r in self.candidates], "arms": self.arms,
+                "host": self.candidates[0].host}
+
+
+def judge_bracket(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str] = (),
+                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> BracketReport:
+    """Pure: each candidate lane judged by `judge` on the control arms and its own arms only, so all
+    share the controls, the bar, the fidelity reference (control-1's outputs) and the probes."""
+    controls = [a for a in arms if a.arm.startswith("control")]
+    lanes = list(dict.fromkeys(a.lane for a in arms if a.arm.startswith("candidate")))
+    # In the bracket's order, so each candidate's own order reads as it ran: ABA, or ABBA.
+    reports = [judge([a for a in arms if a.arm.startswith("control") or a.lane == lane], bar,
+                     agent_classes=agent_classes, resamples=resamples, seed=seed) for lane in lanes]
+    order = "".join("A" if a.arm.startswith("control") else chr(ord("B") + lanes.index(a.lane)) for a in arms)
+    bracket = BracketReport(control=controls[0].lane, bar=bar, order=order, candidates=reports,
+                            arms=[a.summary() for a in arms])
+    bracket.reasons = [f"{r.candidate}: {r.verdict.value.upper()}"
+                       + (f" (overall {ratio:.3f}x)" if (ratio := overall_ratio(r)) is not None else "")
+                       for r in reports]
+    return bracket
 
 
 def _mean_of(values: Sequence[float | None]) -> float | None:
@@ -376,49 +455,79 @@ def probe_table(arms: Sequence[LaneBench]) -> dict[str, dict[str, Any]]:
             for name in dict.fromkeys(name for arm in arms for name in arm.probes)}
 
 
-def run_gate(switcher: LaneSwitcher, candidate: Lane, control: Lane, workload: Workload, concurrency: list[int], *,
-             bar: float, promote: bool, kernel_log: Any | None, order: str = "ABA",
+def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control: Lane, workload: Workload,
+             concurrency: list[int], *, bar: float, promote: bool, kernel_log: Any | None, order: str = "ABA",
              max_false_promotion: float | None = None,
-             progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> GateReport:
-    """The bracket in `order` (ABA: control, candidate, control; ABBA: control, candidate twice, control);
-    each switch through the lanes code path and its gate. The first control arm's greedy outputs are the
-    continuations every later arm scores.
+             progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> BracketReport:
+    """The bracket in `order` (`bracket_arms`: ABA is control, each candidate, control; ABBA mirrors the
+    candidates); each switch through the lanes code path and its gate. The first control arm's greedy
+    outputs are the continuations every later arm scores.
 
     The caller holds the host lock for the whole bracket. The control is serving at the end, unless
-    `promote` and the verdict is PASS: then the candidate is. A calibration (`max_false_promotion`
-    set, candidate = control) never promotes.
+    `promote` and a candidate PASSed: then the best that passed (highest overall ratio) is. A calibration
+    (`max_false_promotion` set, one candidate = control) never promotes.
     """
+    chosen = [candidates] if isinstance(candidates, Lane) else list(candidates)
+    names = [lane.name for lane in chosen]
+    journal_names = {"candidate": names[0]} if len(names) == 1 else {"candidates": names}
     arms: list[LaneBench] = []
-    for arm in ORDERS[order]:
-        lane = control if arm.startswith("control") else candidate
+    unreachable: dict[str, str] = {}  # candidate -> why it could not be brought up
+    for arm, candidate_name in bracket_arms(order, names):
+        if candidate_name in unreachable:
+            continue
+        lane = control if candidate_name is None else chosen[names.index(candidate_name)]
         progress(f"{arm}: switching to {lane.name}")
         outcome = switcher.up(lane)
+        if outcome.result not in ("ok", "noop") and candidate_name is not None and len(names) > 1:
+            # One candidate that cannot come up fails alone; the controls still bracket the others.
+            unreachable[candidate_name] = f"{arm}: could not bring {lane.name} up: {outcome.message}"
+            progress(unreachable[candidate_name])
+            continue
         if outcome.result not in ("ok", "noop"):
             raise_message = f"{arm}: could not bring {lane.name} up: {outcome.message}"
-            switcher.journal.append("gate", candidate=candidate.name, control=control.name, verdict="fail",
+            switcher.journal.append("gate", **journal_names, control=control.name, verdict="fail",
                                     reasons=[raise_message])
             if outcome.lane != control.name:
                 switcher.up(control)
-            return GateReport(candidate=candidate.name, control=control.name, bar=bar, verdict=Verdict.FAIL,
-                              reasons=[raise_message], cells={}, fidelity={}, order=order,
-                              arms=[a.summary() for a in arms])
+            failed = [GateReport(candidate=name, control=control.name, bar=bar, verdict=Verdict.FAIL,
+                                 reasons=[raise_message], cells={}, fidelity={}, order=order,
+                                 arms=[a.summary() for a in arms]) for name in names]
+            return BracketReport(control=control.name, bar=bar, order=order, candidates=failed,
+                                 arms=[a.summary() for a in arms], reasons=[raise_message])
         arms.append(bench_lane(switcher.engine, lane, workload, concurrency, arm=arm, kernel_log=kernel_log,
                                reference=arms[0].continuations if arms else None, progress=progress,
                                probes=probes))
-    report = judge(arms, bar, agent_classes=workload.agent_classes, max_false_promotion=max_false_promotion)
-    if promote and report.verdict == Verdict.PASS and max_false_promotion is None:
-        progress(f"PASS: promoting {candidate.name}")
-        outcome = switcher.up(candidate, why=f"gate PASS against {control.name}")
-        report.promoted = candidate.name if outcome.result in ("ok", "noop") else None
+    if len(names) == 1:
+        single = judge(arms, bar, agent_classes=workload.agent_classes, max_false_promotion=max_false_promotion)
+        report = BracketReport(control=control.name, bar=bar, order=single.order, candidates=[single],
+                               arms=single.arms)
+    else:
+        measured = [a for a in arms if a.lane not in unreachable or a.arm.startswith("control")]
+        report = judge_bracket(measured, bar, agent_classes=workload.agent_classes)
+        by_name = {r.candidate: r for r in report.candidates}
+        report.candidates = [by_name.get(name) or GateReport(
+            candidate=name, control=control.name, bar=bar, verdict=Verdict.FAIL, reasons=[unreachable[name]],
+            cells={}, fidelity={}, order=order, arms=[]) for name in names]
+        report.reasons = [*(f"{name}: FAIL ({why})" for name, why in unreachable.items()),
+                          *(r for r in report.reasons if r.split(":")[0] not in unreachable)]
+        report.arms = [a.summary() for a in arms]
+    best = report.best
+    if promote and best is not None and max_false_promotion is None:
+        progress(f"PASS: promoting {best.candidate}")
+        outcome = switcher.up(chosen[names.index(best.candidate)], why=f"gate PASS against {control.name}")
+        report.promoted = best.candidate if outcome.result in ("ok", "noop") else None
+        best.promoted = report.promoted
         if report.promoted is None:
-            report.reasons.append(f"promotion failed: {outcome.message}")
-    switcher.journal.append("gate", candidate=candidate.name, control=control.name, verdict=report.verdict.value,
-                            bar=bar, order=order, reasons=report.reasons, promoted=report.promoted,
-                            cells={k: {"ratio": round(c["ratio"], 4), "low": round(c["low"], 4),
-                                       "high": round(c["high"], 4), "verdict": c["verdict"]}
-                                   for k, c in report.cells.items()},
-                            fidelity={k: v for k, v in report.fidelity.items() if k != "classes"},
-                            calibration=report.calibration)
+            best.reasons.append(f"promotion failed: {outcome.message}")
+    for judged in report.candidates:
+        switcher.journal.append("gate", candidate=judged.candidate, control=control.name,
+                                verdict=judged.verdict.value, bar=bar, order=report.order, reasons=judged.reasons,
+                                promoted=judged.promoted,
+                                cells={k: {"ratio": round(c["ratio"], 4), "low": round(c["low"], 4),
+                                           "high": round(c["high"], 4), "verdict": c["verdict"]}
+                                       for k, c in judged.cells.items()},
+                                fidelity={k: v for k, v in judged.fidelity.items() if k != "classes"},
+                                calibration=judged.calibration)
     return report
 
 

@@ -27,7 +27,7 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     matplotlib.use("Agg")  # no display on a server
     import matplotlib.pyplot as plt
 
-    cells = report["cells"]
+    cells = plotted_cells(report)
     if not cells:
         return None
     keys = list(cells)
@@ -41,11 +41,21 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     low = min(min(cells[k]["low"] for k in keys), 1.0)
     high = max(max(cells[k]["high"] for k in keys), report["bar"])
     axes.set_ylim(low - 0.02, high + 0.02)
-    axes.set_ylabel(f"{report['candidate']} / {report['control']} controls, per-request tok/s")
-    axes.set_title(f"gate {report['candidate']} vs {report['control']}: {report['verdict'].upper()}")
+    candidates = ", ".join(c["candidate"] for c in report.get("candidates", [report]))
+    # A bracket's candidates are named on the x axis; the label would not fit them all.
+    who = "candidate" if "candidates" in report else candidates
+    axes.set_ylabel(f"{who} / {report['control']} controls, per-request tok/s")
+    axes.set_title(f"gate {candidates} vs {report['control']}: {report['verdict'].upper()}")
     axes.legend()
     plt.setp(axes.get_xticklabels(), rotation=45, ha="right")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return None
+
+
+def plotted_cells(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A gate's cells; a bracket of several candidates' cells side by side, each named `lane: cell`."""
+    if "candidates" not in report:
+        return dict(report["cells"])
+    return {f"{c['candidate']}: {key}": cell for c in report["candidates"] for key, cell in c["cells"].items()}

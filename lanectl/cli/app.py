@@ -142,6 +142,17 @@ def render(lane: Annotated[str, typer.Argument(help="Lane name, e.g. h2-REF.", a
 
 
 @app.command()
+def diff(a: Annotated[str, typer.Argument(help="The lane to compare from, e.g. h1-REF.", autocompletion=complete_lane)],
+         b: Annotated[str, typer.Argument(help="The lane to compare to, e.g. h2-REF.", autocompletion=complete_lane)],
+         as_json: JsonOption = False) -> None:
+    """What differs between two lanes' rendered inputs (image, kernels, patches, serve flags, env, ports, volumes,
+    companions, health, standby), and what is the same. Nothing is built."""
+    from lanectl.commands.diff import diff as diff_lanes
+
+    show(diff_lanes(catalog(), a, b), as_json)
+
+
+@app.command()
 def schema() -> None:
     """The JSON Schema of the recipe format, for editors (yaml-language-server)."""
     from lanectl.commands.schema import recipe_schema
@@ -413,14 +424,17 @@ def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (def
 
 
 @app.command()
-def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g. h2-REF.",
-                                                                   autocompletion=complete_lane)],
+def gate(candidates: Annotated[list[str], typer.Argument(
+             metavar="CANDIDATE...", help="The candidate lane(s), e.g. h2-REF; several share one bracket.",
+             autocompletion=complete_lane)],
          control: Annotated[str | None, typer.Option("--control", help="The control lane, e.g. h1-REF.",
                                                              autocompletion=complete_lane)] = None,
          bar: Annotated[float, typer.Option("--bar", help="Required candidate/control ratio, e.g. 1.025.")] = 1.025,
-         promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving.")] = False,
-         order: Annotated[str, typer.Option("--order", help="Arm order: ABA (control, candidate, control) or "
-                                                            "ABBA.")] = "ABA",
+         promote: Annotated[bool, typer.Option("--promote", help="On PASS leave the candidate serving (of several, "
+                                                               "the best that passed).")] = False,
+         order: Annotated[str, typer.Option("--order", help="Arm order: ABA (control, each candidate in turn, "
+                                                            "control) or ABBA (the candidates mirrored: A, C1, "
+                                                            "C2, C2, C1, A; one candidate: A, B, B, A).")] = "ABA",
          calibrate: Annotated[bool, typer.Option("--calibrate", help="Run CANDIDATE against itself (A/A) and "
                                                  "report the false-promotion rate and the smallest detectable "
                                                  "effect.")] = False,
@@ -428,20 +442,45 @@ def gate(candidate: Annotated[str, typer.Argument(help="The candidate lane, e.g.
                                                             "the highest false-promotion rate that exits 0.")] = 0.05,
          workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
          lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
-    """A bracket (A/B/A by default): control, candidate, control; PASS only when a cell's 95% interval clears
-    the bar and teacher-forced fidelity holds. Exit 0 on PASS, 1 on FAIL or INCONCLUSIVE."""
+    """A bracket (A/B/A by default): control, candidate(s), control; a candidate PASSes only when a cell's 95%
+    interval clears the bar and teacher-forced fidelity holds. Every candidate is judged against the same two
+    control arms, with the same bar, fidelity reference and probes; --promote promotes the best that passed
+    (highest ratio). Exit 0 when a candidate PASSed, 1 when none did."""
     from lanectl.cli.progress import say
     from lanectl.commands.gate import gate as run_gate
 
-    show(run_gate(catalog(), candidate, control, workload, _levels(concurrency), bar, promote, out_dir,
+    show(run_gate(catalog(), candidates, control, workload, _levels(concurrency), bar, promote, out_dir,
                   _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err),
                   order=order.upper(), calibrate=calibrate, max_false_promotion=max_false_promotion), as_json)
 
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `lanectl gate --out`.")],
+           release_note: Annotated[bool, typer.Option("--release-note", help="The run's release note in Markdown "
+                                                      "(stdout, or --out FILE), written from results.json and "
+                                                      "the recipes.")] = False,
+           note_out: Annotated[Path | None, typer.Option("--out", help="With --release-note: write the Markdown "
+                                                         "here instead of stdout.")] = None,
+           html: Annotated[Path | None, typer.Option("--html", help="Write the release note as one HTML file, "
+                                                     "with the plot inside it.")] = None,
            as_json: JsonOption = False) -> None:
-    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png)."""
+    """The tables of a gate run again (text, or --json), and its plot redrawn (ratios.png); with --release-note
+    or --html, the run's release note instead."""
+    if release_note or html is not None:
+        from lanectl.commands.release_note import report_release_note
+
+        if note_out is not None and not release_note:
+            raise typer.BadParameter("--out writes the Markdown note: add --release-note")
+        try:
+            recipes: Catalog | None = catalog()
+        except LanectlError as exc:
+            err.print(f"lanectl: the recipes could not be read ({exc}); the note leaves out what they say",
+                      markup=False)
+            recipes = None
+        show(report_release_note(recipes, run_dir, note_out, html, print_markdown=release_note), as_json)
+        return
+    if note_out is not None:
+        raise typer.BadParameter("--out writes the Markdown note: add --release-note")
     from lanectl.commands.gate import report as gate_report
 
     show(gate_report(run_dir), as_json)

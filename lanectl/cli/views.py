@@ -281,6 +281,20 @@ def gate(result: Result) -> list[Line]:
     context, then per cell the arms, the 95% interval, decode, prompt-processing and first-token ratios
     and the verdict; teacher-forced fidelity per class with agent/tool prompts apart; the calibration."""
     report = result.data
+    if "candidates" not in report:
+        return [line(text) for text in _gate_lines(report)]
+    lines: list[Line] = []
+    for candidate in report["candidates"]:
+        lines.append(line((f"{candidate['candidate']} against {candidate['control']}:", "bold")))
+        lines += [line(text) for text in _gate_lines(candidate)]
+    best = f"; best that passed: {report['best']}" if report["best"] else "; none passed"
+    lines.append(line(f"bracket: {report['verdict'].upper()} (order {report['order']}, "
+                      f"{len(report['candidates'])} candidates{best})"
+                      + (f"; promoted {report['promoted']}" if report.get("promoted") else "")))
+    return lines + [line(f"  - {reason}") for reason in report["reasons"]]
+
+
+def _gate_lines(report: Mapping[str, Any]) -> list[str]:
     cells = report["cells"]
     lines: list[str] = []
     classes = list(dict.fromkeys(c["class"] for c in cells.values()))
@@ -330,7 +344,7 @@ def gate(result: Result) -> list[Line]:
     lines.append(f"verdict: {report['verdict'].upper()} (bar {report['bar']:.3f}x, order {report.get('order', 'ABA')})"
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
-    return [line(text) for text in lines]
+    return lines
 
 
 def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
@@ -339,6 +353,54 @@ def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
     # Three significant figures: the demo's 4k needle answers in milliseconds, the production one in tens of seconds.
     timed = f" in {seconds:.3g} s" if seconds is not None else ""
     return f"{arm} {probe['passed']}/{probe['total']}{timed}{'' if probe['ok'] else ' FAIL'}"
+
+
+def _diff_value(what: str, key: str, value: Any) -> str:
+    """A changed thing in one line: a kernel's source and module, a patch's sha256 and upstream link."""
+    if what == "kernel":
+        text = f"{key}: {value['source']}, installed as {value['module']} beside {value['beside']}"
+        return text + (f"; upstream {value['upstream']}" if value["upstream"] else "")
+    if what == "patch":
+        upstream = value["upstream"] or "no Upstream: header"
+        return f"{key} (sha256 {value['sha256'][:12]}): {value['subject'] or 'no Subject: header'}; upstream {upstream}"
+    if what.startswith("engine arg"):
+        return key if value is None else f"{key} {value}"
+    if what.startswith(("port", "volume", "secret env", "companion")):
+        return key
+    return f"{key}={_plain(value)}"
+
+
+def diff(result: Result) -> list[Line]:
+    """`- A`, `+ B` and `~ A -> B` per difference, grouped by what it is; then what is the same."""
+    data = result.data
+    a, b = data["a"], data["b"]
+    lines = [line((f"{a['lane']} -> {b['lane']}", "bold")),
+             line(f"  image  {a['image']} -> {b['image']}")]
+    for change in data["changes"]:
+        what, key = change["what"], change["key"]
+        if change["change"] == "added":
+            lines.append(line(f"  {what}  ", ("+ ", "green"), _diff_value(what, key, change["b"])))
+        elif change["change"] == "removed":
+            lines.append(line(f"  {what}  ", ("- ", "red"), _diff_value(what, key, change["a"])))
+        elif what in ("kernel", "patch"):
+            lines.append(line(f"  {what}  ", ("~ ", "yellow"), _diff_value(what, key, change["a"]), " -> ",
+                              _diff_value(what, key, change["b"])))
+        else:
+            lines.append(line(f"  {what}  ", ("~ ", "yellow"),
+                              f"{key}: {_plain(change['a'])} -> {_plain(change['b'])}"))
+    if not data["changes"]:
+        lines.append(line("  no differences in the rendered inputs"))
+    lines += [line(f"  {item}") for item in data["same"]]
+    return lines
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def release_note(result: Result) -> list[Line]:
+    """The Markdown as written, on stdout; nothing when it went to a file."""
+    return text_lines(result.data["markdown"]) if result.text_only.get("print") else []
 
 
 def init(result: Result) -> list[Line]:
@@ -355,6 +417,7 @@ VIEWS: dict[str, View] = {
     "validate": validate,
     "lanes": lanes,
     "render": render,
+    "diff": diff,
     "schema": schema,
     "patches.check": patches_check,
     "build": build,
@@ -376,6 +439,7 @@ VIEWS: dict[str, View] = {
     "bench": bench,
     "gate": gate,
     "report": gate,
+    "release-note": release_note,
     "init": init,
     "import.jm": import_jm,
 }

@@ -126,6 +126,11 @@ def test_selection_and_step_time_logic() -> None:
     assert not on.engages(5, 1) and on.step_factor(5, 1) == 1.0
     assert not on.engages(7, 1) and not on.engages(6, 2) and on.step_factor(6, 2) == 1.0
 
+    # Beyond 4 splits the partials cost every step that does not split: 8 splits are slower when batched.
+    eight = splitkv.select(8, 6, lambda: _fake(halve))
+    assert eight.step_factor(6, 1) == 0.5 and eight.step_factor(6, 8) == pytest.approx(1.06)
+    assert on.step_factor(6, 8) == 1.0
+
     # Engine steps: 1 running request has 1 + k = 6 query tokens; at 2 nothing splits.
     eng = _engine(on)
     assert eng.step_time(1) == (pytest.approx(0.005), True)

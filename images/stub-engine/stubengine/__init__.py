@@ -48,7 +48,8 @@ Environment (stub knobs; all optional):
 
 Split-KV engages when the extension imports and its `decode` has a `mega_num_splits` argument,
 VLLM_DSV41_MEGA_SPLITKV > 1, exactly one request is running and 1 + k == MAX_TOKENS; the step time is
-then multiplied by the extension's factor (4 splits: 0.96, 8 splits: 0.975).
+then multiplied by the extension's factor (4 splits: 0.96, 8 splits: 0.975); beyond 4 splits every unsplit step pays
+1.5% per extra split (8 splits: 1.06 at 2+ requests).
 
 Startup log lines, in order (vLLM format "LEVEL MM-DD HH:MM:SS [file.py:line] message", FlashInfer
 format "YYYY-MM-DD HH:MM:SS,mmm - INFO - autotuner.py:N - flashinfer.jit: message", uvicorn format

@@ -21,6 +21,12 @@ from . import attention
 EXTENSION = "stubengine._stub_splitkv_C"
 STOCK = "stubengine.attention"
 LOG_PREFIX = "split-KV overlay:"
+# The per-split fp32 partials are sized at warm-up for the configured split count and live beside the
+# KV blocks for every step. Up to this many splits they fit; each split beyond it costs every step that
+# does not split (every batched step) this share of its time. Fitted to the release note: 4 splits cost
+# a batched step nothing, 8 splits are faster alone but slower in the server ("eight splits lost").
+SPLITS_FREE = 4
+UNSPLIT_COST_PER_EXTRA_SPLIT = 0.015
 
 
 def _off(reason: str) -> str:
@@ -49,7 +55,8 @@ class DecodeAttention:
     def step_factor(self, num_tokens: int, num_requests: int) -> float:
         if self._split_decode is not None and self.engages(num_tokens, num_requests):
             return float(self._split_decode(num_tokens, num_requests, self.num_splits))
-        return attention.decode(num_tokens, num_requests)
+        extra = max(0, self.num_splits - SPLITS_FREE) if self._split_decode is not None else 0
+        return attention.decode(num_tokens, num_requests) * (1.0 + UNSPLIT_COST_PER_EXTRA_SPLIT * extra)
 
 
 def _import_extension() -> ModuleType:
