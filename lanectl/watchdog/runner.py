@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import threading
 import time
 from collections import deque
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
-from lanectl.health.gate import FATAL_ENGINE_LINES
+from lanectl.health.engine_log import fatal_engine_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 from lanectl.lanes.standby import lost_standbys
@@ -249,10 +248,9 @@ class Watchdog:
         fatal: list[str] = []
         if primary is not None:
             since = record.log_since if record.log_since and started and record.log_since > started else started
-            patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
-            for line in self.engine.logs(lane.container_name(), since=since).splitlines() if since else []:
-                if any(p.search(line) for p in patterns):
-                    fatal.append(line)
+            if since:
+                fatal = fatal_engine_lines(self.engine.logs(lane.container_name(), since=since).splitlines(),
+                                           lane.spec.watchdog.fatal_log_lines)
         xids, record = self._read_xids(record)
         xids, xid_notes, record = self._xids_on_lane(lane, xids, record)
         memory = record.memory.for_lane(lane.name)
