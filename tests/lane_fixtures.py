@@ -53,8 +53,10 @@ FAULT_LANES = """
     health:
       startup_log:
         stall:
-          - {after: "^\\[Autotuner\\]: Autotuning process starts", until: "^\\[Autotuner\\]: Autotuning process ends",
-             minutes: 0.05, name: autotune}
+          - after: "^\\\\[Autotuner\\\\]: Autotuning process starts"
+            until: "^\\\\[Autotuner\\\\]: Autotuning process ends"
+            minutes: 0.05
+            name: autotune
   t-hang:
     description: /health 200 but never generates a token
     engine:

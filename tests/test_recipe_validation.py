@@ -158,14 +158,6 @@ def test_the_good_recipe_loads(project, write_recipe):
         id="stall-without-until"),
     pytest.param(
         ("    served_model_name: m\n",
-         "    served_model_name: m\n    startup_log:\n      stall:\n"
-         "        - {after: \"Autotuning process starts\", until: \"ends\", minutes: 5, name: autotune}\n"),
-        ["recipes/r.yaml:14:5: defaults.health: startup_log.stall autotune allows 5 min, not less than "
-         "startup_budget_minutes (1): the budget would end the start first; lower the stall's minutes or raise "
-         "the budget"],
-        id="stall-longer-than-budget"),
-    pytest.param(
-        ("    served_model_name: m\n",
          "    served_model_name: m\n    generation_probe: {max_tokens: 50}\n"),
         ["recipes/r.yaml:16:36: defaults.health.generation_probe.max_tokens: Input should be less than or "
          "equal to 3, got 50"],

@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.dockerapi.containers import ContainerEngine, ContainerState
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
+from lanectl.health.engine_exit import ENGINE_EXIT_0
 from lanectl.health.engine_log import fatal_engine_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
 # has disarmed the watchdog anyway); past it the pass skips acting and says so.
 ACT_LOCK_WAIT_SECONDS = 5.0
 RUN_DEFAULT_INTERVAL_SECONDS = 5.0
+
+
+def _exit(state: ContainerState) -> str:
+    """`exited (exit code 137)`; an exit 0 says why it is a death all the same (the engine core died)."""
+    code = f"exit code {state.exit_code}"
+    return f"{state.status} ({code}: {ENGINE_EXIT_0})" if state.exit_code == 0 else f"{state.status} ({code})"
 
 
 @dataclass(frozen=True)
@@ -225,8 +232,7 @@ class Watchdog:
                  probe: bool) -> tuple[Observation, WatchdogRecord]:
         states = {role: self.engine.container(lane.container_name(role)) for role in lane.roles}
         down = [(role, s) for role, s in states.items() if s is None or not s.running]
-        container_detail = "; ".join(
-            f"{role} {'is gone' if s is None else f'{s.status} (exit code {s.exit_code})'}" for role, s in down)
+        container_detail = "; ".join(f"{role} {'is gone' if s is None else _exit(s)}" for role, s in down)
         primary = states[ROLE_PRIMARY]
         started = primary.started_epoch if primary else None
         health_ok = generation_ok = None
