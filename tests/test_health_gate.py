@@ -499,3 +499,16 @@ def test_an_expected_text_in_an_access_line_does_not_satisfy_the_rule() -> None:
 
     assert result.failed_check == "startup-budget"
     assert result.missing == (f"startup log line matching '{EXPECT_CONFIGS}'",)
+
+
+def test_an_exit_with_code_0_is_reported_as_the_engine_death_it_is() -> None:
+    from lanectl.health.engine_exit import exit_detail
+
+    assert exit_detail("exited", 0) == "exited with code 0 (vLLM exits 0 when its engine core dies)"
+    assert exit_detail("exited", 137) == "exited with code 137"
+    clock = FakeClock()
+    container = FakeContainer(clock, exits_at=3, exit_code=0, detail=exit_detail("exited", 0))
+    result = gate(health(), clock, FakeEngine(clock, listening_at=600), container=container).wait()
+    assert (result.failed_check, result.exit_code) == ("container-exited", 0)
+    assert result.detail == ("container exited with code 0 (vLLM exits 0 when its engine core dies) after 5 s, "
+                             "before the lane was ready")
