@@ -47,9 +47,16 @@ FAULT_LANES = """
     health:
       startup_budget_minutes: 0.1
   t-autotune:
-    description: logs a forbidden line (the 74-minute retune) and stalls
+    description: starts the autotune and goes silent (the 74-minute retune)
     engine:
       env: {STUB_AUTOTUNE_STALL: "1"}
+    health:
+      startup_log:
+        stall:
+          - after: "^\\\\[Autotuner\\\\]: Autotuning process starts"
+            until: "^\\\\[Autotuner\\\\]: Autotuning process ends"
+            minutes: 0.05
+            name: autotune
   t-hang:
     description: /health 200 but never generates a token
     engine:

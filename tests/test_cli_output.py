@@ -147,6 +147,22 @@ def test_status_text_of_a_quiet_host():
     assert streams(render_text(Result("status", quiet))) == (["watchdog: armed", "known-good: -"], [])
 
 
+def test_status_names_an_active_lane_whose_engine_exited_0_as_dead():
+    lane = {"lane": "h2-REF", "recipe": "dsv41", "active": True, "known_good": True, "image": "lanectl/dsv41:h2-REF-b",
+            "built": True, "health": None, "provenance": {}, "pushed": None, "standby": None,
+            "dead": "primary exited with code 0 (vLLM exits 0 when its engine core dies)",
+            "containers": [{"name": "dsv41-h2-REF", "role": "primary", "status": "exited", "exit_code": 0,
+                            "image": "lanectl/dsv41:h2-REF-b", "current_build": True, "uptime_seconds": None,
+                            "restarts": 0}]}
+    quiet = {**STATUS, "unfinished_switch": None, "journal_problems": [], "unknown_containers": [], "lanes": [lane]}
+    out, _ = streams(render_text(Result("status", quiet)))
+    assert out[:3] == [
+        "h2-REF  active known-good lanectl/dsv41:h2-REF-b",
+        "    dead     primary exited with code 0 (vLLM exits 0 when its engine core dies)",
+        "    primary  dsv41-h2-REF                             exited         restarts 0",
+    ]
+
+
 def test_status_styles_what_needs_attention():
     lines = render_text(Result("status", STATUS))
     assert lines[2].spans[:3] == (("h2-REF", "bold"), ("  ", ""), ("active", "bold green"))

@@ -139,6 +139,18 @@ def test_a_role_is_one_replica_pinned_to_its_node_with_a_stop_first_self_rolling
                                               "PublishMode": "host"}]
 
 
+def test_swarm_restarts_a_task_whatever_its_exit_code_within_the_watchdogs_cap(catalog):
+    # vLLM's API server exits 0 after its engine core died: "on-failure" would leave that task dead for good.
+    policy = service_specs(catalog, "f1")["primary"]["TaskTemplate"]["RestartPolicy"]
+    assert policy["Condition"] == "any"
+    assert policy["MaxAttempts"] == catalog.lane("f1").spec.watchdog.restart.max_restarts
+
+
+def test_a_task_that_completed_is_a_dead_engine_not_a_finished_job():
+    assert task_problem([task("complete", exit_code=0, message="finished")]) == (
+        "task complete (exit code 0: vLLM exits 0 when its engine core dies): finished")
+
+
 def test_the_recipe_health_check_waits_out_the_startup_budget(catalog):
     check = service_specs(catalog, "f1")["primary"]["TaskTemplate"]["ContainerSpec"]["Healthcheck"]
     assert check["Test"][:2] == ["CMD", "python3"] and "http://127.0.0.1:8000/health" in check["Test"][3]

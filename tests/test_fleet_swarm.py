@@ -226,6 +226,40 @@ def test_a_failure_on_a_later_node_rolls_back_the_canary_too(fleet):
     assert {lanes["primary"] for lanes in lanes_by_node(data).values()} == {"demo-h1"}
 
 
+def test_swarm_restarts_a_task_whose_vllm_exited_0_after_its_engine_core_died(fleet):
+    """vLLM's API server exits 0 when its engine core dies (the GPU record); with Condition on-failure Swarm
+    left that task complete and the node without a lane for good."""
+    project, cluster, state, references = fleet
+    node = cluster.worker_hostname
+    service = service_of(project, "primary", node)
+    client = docker.from_env()
+
+    def tasks() -> list[dict]:
+        return client.api.tasks(filters={"service": service["ID"]})
+
+    before = {t["ID"] for t in tasks()}
+    url = f"http://{cluster.worker_addr}:{project_port(project)}"
+    httpx.post(url + "/admin/fault", json={"fault": "crash"}, timeout=5).raise_for_status()
+    deadline = time.monotonic() + 120
+    while True:
+        done = [t for t in tasks() if t["ID"] in before and t["Status"]["State"] == "complete"]
+        fresh = [t for t in tasks() if t["ID"] not in before and t["Status"]["State"] == "running"]
+        if done and fresh or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert done, "the crashed task never completed: " + repr([t["Status"] for t in tasks()])
+    assert done[0]["Status"]["ContainerStatus"]["ExitCode"] == 0, "vLLM's exit code after its engine core died"
+    assert fresh, "Swarm did not restart a task that exited 0: " + repr([t["Status"] for t in tasks()])
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert served_model(cluster.worker_addr, project) == "demo-model"
+            break
+        except (httpx.HTTPError, AssertionError):
+            assert time.monotonic() < deadline, "the restarted task never served"
+            time.sleep(0.5)
+
+
 def test_a_stopped_node_engine_shows_in_fleet_status_and_blocks_a_rollout_to_it(fleet):
     project, cluster, state, references = fleet
     cluster.stop_worker_engine()

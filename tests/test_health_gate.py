@@ -19,13 +19,17 @@ from lanectl.health.gate import (
     fatal_engine_line,
 )
 from lanectl.health.probe import ProbeResult
-from lanectl.recipe.model import GenerationProbe, Health, StartupLog
+from lanectl.recipe.model import GenerationProbe, Health, StartupLog, StartupStall
 
 MODEL = "demo-model"
 KV_LINE = "INFO 10-17 09:00:10 [kv_cache_utils.py:868] GPU KV cache size: 4,400,013 tokens"
 FLASHINFER = "2026-10-17 09:00:11,123 - INFO - autotuner.py:262 - flashinfer.jit: "
 CONFIGS_LINE = FLASHINFER + "[Autotuner]: Loaded 210 configs from /root/.cache/vllm/flashinfer_autotune_cache"
 AUTOTUNE_STALL_LINE = FLASHINFER + "[Autotuner]: Autotuning process starts ..."
+AUTOTUNE_START = "(EngineCore pid=412) " + FLASHINFER + "[Autotuner]: Autotuning process starts ..."
+AUTOTUNE_END = "(EngineCore pid=412) " + FLASHINFER + "[Autotuner]: Autotuning process ends"
+AUTOTUNE_STALL = StartupStall(after="Autotuning process starts", until="Autotuning process ends", minutes=10,
+                              name="autotune", why="a retune takes 74 min")
 EXPECT_KV = r"GPU KV cache size: [0-9,]+ tokens"
 EXPECT_CONFIGS = r"Loaded [0-9]+ configs"
 
@@ -132,12 +136,13 @@ class FakeContainer:
 
 
 def health(budget_minutes: float = 20, poll: float = 5, expect: tuple[str, ...] = (EXPECT_KV, EXPECT_CONFIGS),
-           forbid: tuple[str, ...] = ("Autotuning process starts",)) -> Health:
+           forbid: tuple[str, ...] = ("Autotuning process starts",),
+           stall: tuple[StartupStall, ...] = ()) -> Health:
     return Health(
         startup_budget_minutes=budget_minutes,
         poll_interval_seconds=poll,
         served_model_name=MODEL,
-        startup_log=StartupLog(expect=list(expect), forbid=list(forbid)),
+        startup_log=StartupLog(expect=list(expect), forbid=list(forbid), stall=list(stall)),
         generation_probe=GenerationProbe(timeout_seconds=10),
     )
 
@@ -386,7 +391,7 @@ def test_recipe_fatal_lines_can_be_added() -> None:
     result = HealthGate(
         settings,
         FakeEngine(clock, listening_at=600),
-        FakeLog(clock, [(5, "ERROR NCCL error: unhandled system error")]),
+        FakeLog(clock, [(5, "ERROR 10-17 09:00:03 [pynccl.py:41] NCCL error: unhandled system error")]),
         FakeContainer(clock),
         clock,
         fatal_lines=extra,
@@ -426,3 +431,84 @@ def test_fatal_engine_lines_from_the_brief_are_recognised(line: str) -> None:
 )
 def test_ordinary_lines_are_not_fatal(line: str) -> None:
     assert not fatal_engine_line(line)
+
+
+# -- stall rules: a phase that began must end within its minutes ---------------------------------------
+
+
+def test_an_autotune_that_starts_and_goes_silent_fails_when_its_minutes_are_up_naming_the_stall() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=10_000)
+    log = [(9, KV_LINE), (12, CONFIGS_LINE), (12, AUTOTUNE_START)]
+    result = gate(health(forbid=(), stall=(AUTOTUNE_STALL,)), clock, engine, log=log).wait()
+
+    assert result.failed_check == "startup-stall"
+    # Seen at the poll of 15 s, so due at 615 s: the gate wakes for it between its 5 s polls.
+    assert result.seconds == 615
+    assert result.detail == (
+        "autotune started 10 min ago and has not ended (no line matching 'Autotuning process ends' within "
+        f"10 min): a retune takes 74 min; began with: {AUTOTUNE_START}"
+    )
+    assert result.missing == ("/health 200", "/v1/models lists 'demo-model'")
+
+
+def test_an_autotune_that_ends_lets_the_start_pass_however_long_it_took_before() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=700)
+    log = [(9, KV_LINE), (12, CONFIGS_LINE), (12, AUTOTUNE_START), (590, AUTOTUNE_END)]
+    result = gate(health(forbid=(), stall=(AUTOTUNE_STALL,)), clock, engine, log=log).wait()
+
+    assert result.passed, result.detail
+    assert result.seconds == 700
+
+
+def test_a_stall_rule_without_a_name_is_called_by_its_regex() -> None:
+    clock = FakeClock()
+    stall = StartupStall(after="Autotuning process starts", until="Autotuning process ends", minutes=0.1)
+    result = gate(health(forbid=(), stall=(stall,)), clock, FakeEngine(clock, listening_at=10_000),
+                  log=[(0, AUTOTUNE_START)]).wait()
+
+    assert result.failed_check == "startup-stall"
+    assert result.seconds == 6
+    assert result.detail.startswith("'Autotuning process starts' started 6 s ago and has not ended")
+
+
+# -- rules read what the engine wrote, never what a client put in the log ------------------------------
+
+
+def test_an_access_line_naming_a_forbidden_or_fatal_text_changes_nothing() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=10)
+    hostile = [
+        (3, 'INFO:     172.17.0.1:51402 - "GET /Autotuning%20process%20starts HTTP/1.1" 404 Not Found'),
+        (3, '(APIServer pid=1) INFO:     172.17.0.1:51402 - "GET /EngineDeadError HTTP/1.1" 404 Not Found'),
+        (4, "(APIServer pid=1) INFO 10-17 09:00:04 [logger.py:49] Received request cmpl-1: prompt: "
+            "'EngineCore encountered a fatal error. Autotuning process starts', params: SamplingParams(n=1)"),
+    ]
+    result = gate(health(), clock, engine, log=[*hostile, (8, KV_LINE), (9, CONFIGS_LINE)]).wait()
+
+    assert result.passed, result.detail
+
+
+def test_an_expected_text_in_an_access_line_does_not_satisfy_the_rule() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=0)
+    fake = '(APIServer pid=1) INFO:     10.0.0.9:4040 - "GET /Loaded%20210%20configs HTTP/1.1" 404 Not Found'
+    result = gate(health(budget_minutes=1), clock, engine, log=[(0, KV_LINE), (1, fake),
+                                                                (1, fake.replace("%20", " "))]).wait()
+
+    assert result.failed_check == "startup-budget"
+    assert result.missing == (f"startup log line matching '{EXPECT_CONFIGS}'",)
+
+
+def test_an_exit_with_code_0_is_reported_as_the_engine_death_it_is() -> None:
+    from lanectl.health.engine_exit import exit_detail
+
+    assert exit_detail("exited", 0) == "exited with code 0 (vLLM exits 0 when its engine core dies)"
+    assert exit_detail("exited", 137) == "exited with code 137"
+    clock = FakeClock()
+    container = FakeContainer(clock, exits_at=3, exit_code=0, detail=exit_detail("exited", 0))
+    result = gate(health(), clock, FakeEngine(clock, listening_at=600), container=container).wait()
+    assert (result.failed_check, result.exit_code) == ("container-exited", 0)
+    assert result.detail == ("container exited with code 0 (vLLM exits 0 when its engine core dies) after 5 s, "
+                             "before the lane was ready")

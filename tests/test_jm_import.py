@@ -8,6 +8,7 @@ on purpose (DELIBERATE, each with its reason).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ def test_the_gb300_recipe_is_the_import_of_its_jm_recipe_except_where_deliberate
                 "engine.volumes", "engine.ipc", "engine.shm_size", "engine.gpus.device_ids", "health.models_path",
                 "health.health_path",
                 "health.served_model_name", "health.startup_budget_minutes", "health.startup_log.expect",
-                "health.startup_log.forbid"):
+                "health.startup_log.forbid", "health.startup_log.stall"):
         assert imported[key] == shipped[key], key
 
 
@@ -102,6 +103,30 @@ def test_import_round_trips_into_a_recipe_that_validates(project):
     assert lanectl("validate", cwd=project).stdout == "ok: 1 lanes in 1 recipes (main)\n"
     again = lanectl("import", "jm", str(FIXTURE / "recipe.yaml"), cwd=project)
     assert again.stdout == out.read_text()
+
+
+def test_jms_log_rules_are_mapped_to_what_vllm_0_31_0_prints():
+    """jm forbids `Autotuning process starts` (which every 0.31.0 start logs) and expects `[Oo]ffload.*GiB`
+    (which the UVA offload line never matches); the import maps both to what they meant."""
+    log = import_jm(load_yaml(RECIPE_YAML, "recipe.yaml"), LAUNCH, "launch-command.txt").recipe["defaults"][
+        "health"]["startup_log"]
+    assert log == {
+        "expect": ["^Total CPU offloaded parameters: 60(\\.0+)?$", "^Engram table offloaded to pinned host memory: ",
+                   "KV cache size: [0-9,]+ tokens", "Loaded 210 configs"],
+        "stall": [{"after": "Autotuning process starts", "until": "Autotuning process ends", "minutes": 10,
+                   "name": "autotune", "why": "a cold-cache retune takes 74 min; warm the flashinfer autotune cache"}],
+    }
+    uva = re.compile(log["expect"][0])
+    assert uva.search("Total CPU offloaded parameters: 60.0")
+    assert not uva.search("Total CPU offloaded parameters: 0.01"), "an offload that did nothing fails the gate"
+
+
+def test_without_a_cpu_offload_flag_jms_offload_rule_is_kept_as_written():
+    launch = LAUNCH.replace("--cpu-offload-gb 60", "")
+    assert "--cpu-offload-gb" not in launch
+    log = import_jm(load_yaml(RECIPE_YAML, "recipe.yaml"), launch, "launch-command.txt").recipe["defaults"][
+        "health"]["startup_log"]
+    assert log["expect"][0] == "[Oo]ffload.*GiB"
 
 
 def test_every_field_left_out_is_listed_with_its_location():

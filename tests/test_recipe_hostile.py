@@ -89,6 +89,10 @@ SLOTS: dict[str, dict[Slot, str]] = {
         ("health", "served_model_name"): "not rendered (must equal --served-model-name)",
         ("health", "startup_log", "expect", "[]"): "not rendered (a regex)",
         ("health", "startup_log", "forbid", "[]"): "not rendered (a regex)",
+        ("health", "startup_log", "stall", "[]", "after"): "not rendered (a regex)",
+        ("health", "startup_log", "stall", "[]", "until"): "not rendered (a regex)",
+        ("health", "startup_log", "stall", "[]", "name"): "no control characters (not rendered; in the gate's failure)",
+        ("health", "startup_log", "stall", "[]", "why"): "no control characters (not rendered; in the gate's failure)",
         ("health", "generation_probe", "prompt"): "not rendered",
         ("watchdog", "fatal_log_lines", "[]"): "not rendered (a regex)",
         ("watchdog", "alert", "webhook_url_env"): "grammar: environment name (not rendered)",
@@ -138,6 +142,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "Companion": {"engine": {}},
     "GpuRequest": {"device_ids": ["0"]},
     "OpSchemaCheck": {"op": "stubengine.attention.decode", "argument": "x"},
+    "StartupStall": {"after": "Autotuning process starts", "until": "Autotuning process ends", "minutes": 0.5},
 }
 DEFAULTS = {
     "image": {"template": "stub-engine", "base": "lanectl/base-python:bookworm", "local_base": True,

@@ -139,9 +139,23 @@ def test_the_good_recipe_loads(project, write_recipe):
     pytest.param(
         ("    served_model_name: m\n",
          "    served_model_name: m\n    startup_log: {expect: [\"KV cache (\"]}\n"),
-        ["recipes/r.yaml:16:27: defaults.health.startup_log.expect: 'KV cache (' is not a valid regular "
+        ["recipes/r.yaml:16:28: defaults.health.startup_log.expect[0]: 'KV cache (' is not a valid regular "
          "expression: missing ), unterminated subpattern at position 9"],
         id="bad-regex"),
+    pytest.param(
+        ("    served_model_name: m\n",
+         "    served_model_name: m\n    startup_log:\n      stall:\n"
+         "        - {after: \"Autotuning process starts\", until: \"ends (\", minutes: 10}\n"),
+        ["recipes/r.yaml:18:55: defaults.health.startup_log.stall[0].until: 'ends (' is not a valid regular "
+         "expression: missing ), unterminated subpattern at position 5"],
+        id="bad-stall-regex"),
+    pytest.param(
+        ("    served_model_name: m\n",
+         "    served_model_name: m\n    startup_log:\n      stall:\n"
+         "        - {after: \"Autotuning process starts\", minutes: 10}\n"),
+        ["recipes/r.yaml:20:6: lanes.a.health.startup_log.stall[0].until: required key is missing",
+         "recipes/r.yaml:22:5: lanes.b.health.startup_log.stall[0].until: required key is missing"],
+        id="stall-without-until"),
     pytest.param(
         ("    served_model_name: m\n",
          "    served_model_name: m\n    generation_probe: {max_tokens: 50}\n"),

@@ -90,6 +90,11 @@ def admin(lanes: LaneProject, fault: str) -> None:
     httpx.post(f"http://127.0.0.1:{port}/admin/fault", json={"fault": fault}, timeout=5).raise_for_status()
 
 
+def lane_url(lanes: LaneProject) -> str:
+    recipe = (lanes.root / "recipes" / "lanes.yaml").read_text()
+    return f"http://127.0.0.1:{int(recipe.split('host: ', 1)[1].split(',', 1)[0])}"
+
+
 def primary_running(lanes: LaneProject, lane: str) -> bool:
     return docker.from_env().containers.get(lanes.container(lane)).status == "running"
 
@@ -179,6 +184,37 @@ def test_a_fatal_engine_line_is_restarted(lanes, state, tmp_path):
     data = check(lanes, state, kernel_log=kernel_log)
     assert data["action"] == "restart"
     assert "fatal engine line" in data["reason"] and "illegal memory access" in data["reason"]
+
+
+def test_a_request_for_a_path_naming_a_fatal_line_leaves_a_healthy_lane_alone(lanes, state, tmp_path):
+    """uvicorn's access line carries the path a client chose; before the rules read only the engine's own
+    records, `GET /EngineDeadError` made this check restart a healthy lane (issue 23)."""
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    url = lane_url(lanes)
+    for path in ("/EngineDeadError", "/EngineCore%20encountered%20a%20fatal%20error.",
+                 "/v1/CUDA%20error:%20an%20illegal%20memory%20access%20was%20encountered",
+                 "/engine core exited unexpectedly"):
+        assert httpx.get(url + path, timeout=5).status_code == 404
+    logs = lanes.cli("logs", "demo-h1", state=state, check=True).stdout
+    assert "GET /EngineDeadError HTTP/1.1" in logs, "the access line is in the log the watchdog reads"
+    data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
+    assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
+    assert primary_running(lanes, "demo-h1")
+
+
+def test_an_engine_core_death_that_exits_0_is_a_dead_lane_and_is_restarted(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    admin(lanes, "crash")
+    container = docker.from_env().containers.get(lanes.container("demo-h1"))
+    assert container.wait(timeout=30)["StatusCode"] == 0, "vLLM's API server exits 0 after its engine core died"
+    row = next(r for r in json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]["lanes"]
+               if r["lane"] == "demo-h1")
+    assert row["active"] and row["dead"] == "primary exited with code 0 (vLLM exits 0 when its engine core dies)"
+    data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
+    assert data["action"] == "restart", data
+    assert data["reason"].startswith("primary exited (exit code 0: vLLM exits 0 when its engine core dies)")
+    assert data["outcome"].startswith("ok: demo-h1 restarted and passed its gate")
+    assert primary_running(lanes, "demo-h1")
 
 
 class KmsgFeed:

@@ -44,7 +44,7 @@ from lanectl.bench.stats import (
 )
 from lanectl.bench.workload import Workload, padded, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
-from lanectl.health.gate import FATAL_ENGINE_LINES
+from lanectl.health.engine_log import fatal_engine_lines
 from lanectl.health.probe import probe_base_url
 from lanectl.host.xid import believed_xid
 from lanectl.lanes.switcher import LaneSwitcher
@@ -157,10 +157,9 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
     for probe in probes:
         progress(f"{lane.name} [{arm}] probe {probe.name}")
         result.probes[probe.name] = run_probe(base_url, model, probe).summary()
-    patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
     for name in (lane.container_name(role) for role in lane.roles):
-        result.fatal_lines += [line for line in engine.logs(name, since=log_since).splitlines()
-                               if any(p.search(line) for p in patterns)]
+        result.fatal_lines += fatal_engine_lines(engine.logs(name, since=log_since).splitlines(),
+                                                 lane.spec.watchdog.fatal_log_lines)
     if kernel_log is not None:
         lines, _ = kernel_log.read_new(kernel_cursor)
         result.xid_lines = [line.text for line in lines if believed_xid(line) is not None]

@@ -121,6 +121,8 @@ def status(result: Result) -> list[Line]:
             active.append((f"standby {standby['seconds']} s{resident}{gone} ", "bold cyan"))
         lines.append(line((lane["lane"], "bold"), "  ", *active, "known-good " if lane["known_good"] else "",
                           f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"))
+        if lane.get("dead"):
+            lines.append(line(("    dead     ", "bold red"), (lane["dead"], "red")))
         if lane["pushed"]:
             lines.append(line(f"    pushed   {lane['pushed']['reference']}"))
         for c in lane["containers"]:

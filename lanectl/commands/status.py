@@ -4,9 +4,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine, ContainerState
+from lanectl.health.engine_exit import exit_detail
 from lanectl.image.render import plan_image
 from lanectl.output import Result
-from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import StateFiles, state_dir
@@ -33,6 +34,8 @@ def lane_status(catalog: Catalog) -> Result:
     for container in containers:
         by_lane.setdefault((container.recipe, container.lane), []).append(container)
     now = datetime.now(UTC)
+    # Mid-switch the active lane is stopped on purpose (stop-first); `unfinished_switch` says so instead.
+    switching = _unfinished(journal) is not None
     lanes = []
     for lane in sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name)):
         tag = plan_image(lane).tag
@@ -52,6 +55,7 @@ def lane_status(catalog: Catalog) -> Result:
             "image": tag,
             "built": engine.image_labels(tag) is not None,
             "health": health,
+            "dead": _dead(lane, own) if state.active == lane.name and not switching else None,
             "standby": _standby(standbys.standby(lane.name), now, primary),
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
@@ -100,6 +104,16 @@ def _standby(record: StandbyRecord | None, now: datetime, primary: ContainerStat
     since = datetime.fromisoformat(record.since)
     return {"since": record.since, "seconds": round((now - since).total_seconds()), "resident_gib": record.resident_gib,
             "fingerprint_recorded": record.fingerprint.recorded, "alive": primary is not None and primary.running}
+
+
+def _dead(lane: Lane, own: list[ContainerState]) -> str | None:
+    """Why the active lane is not serving when one of its containers is not running: lanectl moves `active` when
+    it stops a lane, so an exit here is a death, whatever its code (vLLM exits 0 when its engine core dies)."""
+    running = {c.role for c in own if c.running}
+    by_role = {c.role: c for c in own}
+    down = [f"{role} {'is gone' if role not in by_role else exit_detail(by_role[role].status, by_role[role].exit_code)}"
+            for role in lane.roles if role not in running]
+    return "; ".join(down) or None
 
 
 def _container(state: ContainerState, tag: str, now: datetime) -> dict[str, Any]:

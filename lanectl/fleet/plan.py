@@ -22,6 +22,7 @@ from lanectl.dockerapi.containers import ContainerSpec
 from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX
 from lanectl.dockerapi.swarm import NodeInfo, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
+from lanectl.health.engine_exit import ENGINE_EXIT_0
 from lanectl.recipe.catalog import Lane
 
 SECOND_NS = 1_000_000_000
@@ -114,8 +115,10 @@ def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: 
         "Placement": {"Constraints": [f"node.hostname=={node}",
                                       *(f"node.labels.{k}=={v}" for k, v in sorted(placement.node_labels.items()))],
                       "MaxReplicas": 1},
-        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget.
-        "RestartPolicy": {"Condition": "on-failure",
+        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget. "any", not
+        # "on-failure": vLLM's API server exits 0 when its engine core dies, and on-failure never restarts an
+        # exit 0. A task Swarm itself stops (an update, a rollback, a removal) is not restarted either way.
+        "RestartPolicy": {"Condition": "any",
                           "Delay": int(lane.spec.watchdog.restart.backoff_initial_seconds * SECOND_NS),
                           "MaxAttempts": lane.spec.watchdog.restart.max_restarts,
                           "Window": int(lane.spec.watchdog.restart.window_minutes * 60 * SECOND_NS)},
@@ -241,6 +244,9 @@ def task_problem(tasks: Sequence[TaskInfo]) -> str | None:
                                                              == "running"):
         code = f" (exit code {task.exit_code})" if task.exit_code not in (None, 0) else ""
         return f"task {task.state}{code}: {task.error or task.message}"
+    if task.state == "complete":
+        # A serving engine never completes: an exit 0 is vLLM's after its engine core died.
+        return f"task complete (exit code 0: {ENGINE_EXIT_0}): {task.error or task.message}"
     return None
 
 

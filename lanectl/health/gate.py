@@ -4,7 +4,10 @@ Pure decision logic over four small interfaces (the engine's endpoints, its log,
 clock), so the rules are unit-tested with in-memory fakes and integration-tested against the stub engine.
 
 Each poll, in this order:
-1. A log line matching a `startup_log.forbid` regex, or one of vLLM's fatal lines, fails the gate at once.
+1. A log record matching a `startup_log.forbid` regex, or one of vLLM's fatal lines, fails the gate at once.
+   Rules read only what the engine itself wrote (`engine_log`): never an access-log or request-log line.
+   A `startup_log.stall` phase that began (its `after` record) and has not ended (`until`) within its
+   minutes fails the gate, naming the phase; the clock runs from the poll that first saw the record.
 2. A container that is no longer running fails the gate at once.
 3. The lane is *ready* when `/health` answers 200, `/v1/models` lists the served model and every
    `startup_log.expect` regex has matched some line so far. Connection refused is normal until then:
@@ -28,21 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lanectl.health.engine_log import FATAL_ENGINE_LINES, fatal_engine_line, startup_match
 from lanectl.health.probe import COMPLETIONS_PATH, ProbeResult
-from lanectl.recipe.model import Health
-
-# vLLM's own lines for a dead engine (see the product brief, section 4). The watchdog reuses them.
-FATAL_ENGINE_LINES: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(pattern)
-    for pattern in (
-        r"EngineCore encountered a fatal error\.",
-        r"EngineCore failed to start\.",
-        r"EngineDeadError",
-        r"Worker proc \S.* died unexpectedly",
-        r"engine core exited unexpectedly",
-        r"CUDA error: an illegal memory access was encountered",
-    )
-)
+from lanectl.recipe.model import Health, StartupStall
 
 GENERATION_ATTEMPTS = 3
 LOG_TAIL_LINES = 30
@@ -50,13 +41,10 @@ PROBE_ACCESS_LINE = re.compile(r'"(GET|POST) /(health|v1/models|v1/completions) 
 
 STARTUP_LOG_FORBIDDEN = "startup-log-forbidden"
 FATAL_ENGINE_LINE = "fatal-engine-line"
+STARTUP_STALL = "startup-stall"
 CONTAINER_EXITED = "container-exited"
 GENERATION = "generation"
 STARTUP_BUDGET = "startup-budget"
-
-
-def fatal_engine_line(line: str, patterns: Sequence[re.Pattern[str]] = FATAL_ENGINE_LINES) -> bool:
-    return any(pattern.search(line) for pattern in patterns)
 
 
 class Endpoints(Protocol):
@@ -143,6 +131,7 @@ class HealthGate:
         self.budget = health.startup_budget_minutes * 60
         self.forbid = [re.compile(pattern) for pattern in health.startup_log.forbid]
         self.expect = {pattern: re.compile(pattern) for pattern in health.startup_log.expect}
+        self.stalls = [_StallWatch(stall) for stall in health.startup_log.stall]
 
         self.health_requirement = f"{health.health_path} 200"
         self.models_requirement = f"{health.models_path} lists '{health.served_model_name}'"
@@ -174,15 +163,22 @@ class HealthGate:
             seen.tail.extend(line for line in lines if not PROBE_ACCESS_LINE.search(line))
             exit_code = None if status.running else status.exit_code
             exited = "" if status.running else f"; container {status.detail}"
+            seen_at = self.clock.monotonic()
             for line in lines:
-                forbidden = next((p for p in self.forbid if p.search(line)), None)
+                forbidden = next((p for p in self.forbid if startup_match(p, line)), None)
                 if forbidden is not None:
                     detail = f"startup log line matches forbidden '{forbidden.pattern}': {line.strip()}{exited}"
                     return result(STARTUP_LOG_FORBIDDEN, detail, self._missing(seen), exit_code)
                 if fatal_engine_line(line, self.fatal_lines):
                     detail = f"the engine logged a fatal line: {line.strip()}{exited}"
                     return result(FATAL_ENGINE_LINE, detail, self._missing(seen), exit_code)
-                seen.expected.update(pattern for pattern, regex in self.expect.items() if regex.search(line))
+                seen.expected.update(pattern for pattern, regex in self.expect.items() if startup_match(regex, line))
+                for watch in self.stalls:
+                    watch.see(line, seen_at)
+            stalled = next((w for w in self.stalls if w.overdue(seen_at)), None)
+            if stalled is not None:
+                detail = stalled.failure(seen_at) + exited
+                return result(STARTUP_STALL, detail, self._missing(seen), exit_code)
             if not status.running:
                 elapsed = _seconds(self.clock.monotonic() - start)
                 detail = f"container {status.detail} after {elapsed} s, before the lane was ready"
@@ -229,7 +225,8 @@ class HealthGate:
             # a poll that overran skips the ticks it missed rather than firing them back to back. The last
             # poll lands on the deadline itself, so a lane gets all of its budget.
             interval = self.health.poll_interval_seconds
-            next_poll = min(start + (math.floor((now - start) / interval) + 1) * interval, deadline)
+            next_poll = min(start + (math.floor((now - start) / interval) + 1) * interval, deadline,
+                            *(w.deadline for w in self.stalls if w.deadline is not None))
             self.clock.sleep(next_poll - now)
 
     def _readiness_requirements(self) -> list[str]:
@@ -265,6 +262,44 @@ class _Seen:
     health: ProbeResult | None = None
     models: ProbeResult | None = None
     generation_failures: int = 0
+
+
+class _StallWatch:
+    """One `startup_log.stall` rule over one gate run: open from its `after` record until its `until` record."""
+
+    def __init__(self, stall: StartupStall) -> None:
+        self.stall = stall
+        self.after = re.compile(stall.after)
+        self.until = re.compile(stall.until)
+        self.began: float | None = None
+        self.line = ""
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.began is None else self.began + self.stall.minutes * 60
+
+    def see(self, line: str, at: float) -> None:
+        if self.began is not None and startup_match(self.until, line):
+            self.began = None
+        elif self.began is None and startup_match(self.after, line):
+            self.began, self.line = at, line.strip()
+
+    def overdue(self, now: float) -> bool:
+        deadline = self.deadline
+        return deadline is not None and now >= deadline
+
+    def failure(self, now: float) -> str:
+        assert self.began is not None
+        detail = (f"{self.stall.label} started {_minutes(now - self.began)} ago and has not ended "
+                  f"(no line matching '{self.stall.until}' within {self.stall.minutes:g} min)")
+        if self.stall.why:
+            detail += f": {self.stall.why}"
+        return f"{detail}; began with: {self.line}"
+
+
+def _minutes(seconds: float) -> str:
+    """600 -> "10 min", 6.2 -> "6.2 s": minutes when the rule is in minutes, seconds for the short test rules."""
+    return f"{round(seconds / 60, 1):g} min" if seconds >= 60 else f"{round(seconds, 1):g} s"
 
 
 def _expect_requirement(pattern: str) -> str:

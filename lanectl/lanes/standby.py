@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.health.engine_exit import ENGINE_EXIT_0
 from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import Engine
@@ -120,7 +121,8 @@ def _why_lost(catalog: Catalog, engine: ContainerEngine, name: str) -> str | Non
         if state is None:
             return f"its {role} container was removed while asleep"
         if not state.running:
-            return f"its {role} container {state.status} while asleep (exit code {state.exit_code})"
+            why = f": {ENGINE_EXIT_0}" if state.exit_code == 0 else ""
+            return f"its {role} container {state.status} while asleep (exit code {state.exit_code}{why})"
         if role == ROLE_PRIMARY and state.image != plan_image(lane).tag:
             return "the lane was rebuilt since it fell asleep; the sleeping container runs the old build"
     return None

@@ -18,7 +18,15 @@ from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import ContainerEngine, ContainerSpec, ContainerState, DockerEngine, NoGpuRuntime
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
+from lanectl.health.engine_exit import exit_detail
+from lanectl.health.gate import (
+    PROBE_ACCESS_LINE,
+    ContainerStatus,
+    GateProgress,
+    GateResult,
+    HealthGate,
+    MonotonicClock,
+)
 from lanectl.host.gpu_memory import memory_mib
 from lanectl.host.host_memory import available_gib
 from lanectl.image.containers import plan_containers
@@ -94,7 +102,7 @@ class DockerContainerWatch:
         if state.running:
             return ContainerStatus(running=True, exit_code=None, detail="running")
         return ContainerStatus(running=False, exit_code=state.exit_code,
-                               detail=f"{state.status} with code {state.exit_code}")
+                               detail=exit_detail(state.status, state.exit_code))
 
 
 def built_tag(engine: DockerEngine, lane: Lane) -> str:

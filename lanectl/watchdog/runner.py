@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import threading
 import time
 from collections import deque
@@ -17,9 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.dockerapi.containers import ContainerEngine, ContainerState
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
-from lanectl.health.gate import FATAL_ENGINE_LINES
+from lanectl.health.engine_exit import ENGINE_EXIT_0
+from lanectl.health.engine_log import fatal_engine_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 from lanectl.lanes.standby import lost_standbys
@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 # has disarmed the watchdog anyway); past it the pass skips acting and says so.
 ACT_LOCK_WAIT_SECONDS = 5.0
 RUN_DEFAULT_INTERVAL_SECONDS = 5.0
+
+
+def _exit(state: ContainerState) -> str:
+    """`exited (exit code 137)`; an exit 0 says why it is a death all the same (the engine core died)."""
+    code = f"exit code {state.exit_code}"
+    return f"{state.status} ({code}: {ENGINE_EXIT_0})" if state.exit_code == 0 else f"{state.status} ({code})"
 
 
 @dataclass(frozen=True)
@@ -226,8 +232,7 @@ class Watchdog:
                  probe: bool) -> tuple[Observation, WatchdogRecord]:
         states = {role: self.engine.container(lane.container_name(role)) for role in lane.roles}
         down = [(role, s) for role, s in states.items() if s is None or not s.running]
-        container_detail = "; ".join(
-            f"{role} {'is gone' if s is None else f'{s.status} (exit code {s.exit_code})'}" for role, s in down)
+        container_detail = "; ".join(f"{role} {'is gone' if s is None else _exit(s)}" for role, s in down)
         primary = states[ROLE_PRIMARY]
         started = primary.started_epoch if primary else None
         health_ok = generation_ok = None
@@ -249,10 +254,9 @@ class Watchdog:
         fatal: list[str] = []
         if primary is not None:
             since = record.log_since if record.log_since and started and record.log_since > started else started
-            patterns = [*FATAL_ENGINE_LINES, *(re.compile(p) for p in lane.spec.watchdog.fatal_log_lines)]
-            for line in self.engine.logs(lane.container_name(), since=since).splitlines() if since else []:
-                if any(p.search(line) for p in patterns):
-                    fatal.append(line)
+            if since:
+                fatal = fatal_engine_lines(self.engine.logs(lane.container_name(), since=since).splitlines(),
+                                           lane.spec.watchdog.fatal_log_lines)
         xids, record = self._read_xids(record)
         xids, xid_notes, record = self._xids_on_lane(lane, xids, record)
         memory = record.memory.for_lane(lane.name)

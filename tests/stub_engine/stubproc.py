@@ -24,6 +24,12 @@ if str(STUB_DIR) not in sys.path:
     sys.path.insert(0, str(STUB_DIR))
 
 READY = re.compile(r"Uvicorn running on http://([\d.]+):(\d+) ")
+# vLLM's stdout prefixing: every line a process writes starts with it (test_stub_log.py holds the stub to that).
+PROCESS_PREFIX = re.compile(r"^\((?:APIServer|EngineCore) pid=\d+\) ")
+
+
+def unprefixed(line: str) -> str:
+    return PROCESS_PREFIX.sub("", line, count=1)
 
 
 def free_port() -> int:
@@ -90,14 +96,16 @@ class StubProcess:
         with self._cond:
             return "\n".join(self.lines)
 
-    def wait_line(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+    def wait_line(self, pattern: str, timeout: float = 10.0, *, prefixed: bool = False) -> re.Match[str]:
+        """The first line matching `pattern`, searched after the process prefix (in the whole line with
+        `prefixed`), so `^INFO` means a record's start."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         seen = 0
         with self._cond:
             while True:
                 for line in self.lines[seen:]:
-                    m = regex.search(line)
+                    m = regex.search(line if prefixed else unprefixed(line))
                     if m:
                         return m
                 seen = len(self.lines)

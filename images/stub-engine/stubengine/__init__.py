@@ -10,7 +10,7 @@ Command line (vLLM's)::
 
     python3 -m stubengine serve MODEL_PATH [--served-model-name NAME ...] [--host 0.0.0.0]
         [--port 8000] [--max-model-len 32768] [--max-num-seqs 256]
-        [--cpu-offload-gb GB] [--cpu-offload-params NAME ...] [--enable-sleep-mode]
+        [--cpu-offload-gb GB] [--cpu-offload-params NAME ...] [--engram-config JSON] [--enable-sleep-mode]
         [any other vLLM flag ...]
 
 Any other `--flag`, `--flag value ...` or `--flag=value` is accepted and listed once at startup.
@@ -26,6 +26,7 @@ Environment (stub knobs; all optional):
     STUB_KV_CACHE_TOKENS=4400013   reported in "GPU KV cache size" and used for kv_cache_usage_perc
     STUB_AUTOTUNE_CONFIGS=210      N in "[Autotuner]: Loaded N configs from ..."
     STUB_AUTOTUNE_STALL=0          1: log "Autotuning process starts ..." and never finish loading
+    STUB_VLLM_VERSION=0.31.0       0.26.0: the lines the GPU record's vLLM printed differently (two KV lines)
     STUB_TOKEN_SEED=0              changes every token (a candidate whose outputs differ)
     STUB_FLIP_EVERY=0              N > 0: at every Nth position (1-based) where the model is
                                    confident, emit the runner-up token instead (a "confident flip")
@@ -33,7 +34,8 @@ Environment (stub knobs; all optional):
                                    | wake_fail | wake_altered | die_asleep (sleep mode: see sleep.py)
                                    | broken_tool_json | leak_reasoning | loop | miss_needle (output
                                    faults, each failing one of lanectl's probes: see faults.py, answers.py)
-    STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready;
+    STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready (crash: the
+                                   engine core dies, the process exits 0 a second later, as vLLM's does);
                                    die_asleep this long after falling asleep
     STUB_SLOW_START_SECONDS=30     load time under STUB_FAULT=slow_start
     STUB_ADMIN=0                   1: enable POST /admin/fault {"fault": crash|hang|unhealthy|fatal_log|clear}
@@ -51,36 +53,46 @@ VLLM_DSV41_MEGA_SPLITKV > 1, exactly one request is running and 1 + k == MAX_TOK
 then multiplied by the extension's factor (4 splits: 0.96, 8 splits: 0.975); beyond 4 splits every unsplit step pays
 1.5% per extra split (8 splits: 1.06 at 2+ requests).
 
-Startup log lines, in order (vLLM format "LEVEL MM-DD HH:MM:SS [file.py:line] message", FlashInfer
-format "YYYY-MM-DD HH:MM:SS,mmm - INFO - autotuner.py:N - flashinfer.jit: message", uvicorn format
-"INFO:     message"); [..] lines are conditional:
+Log lines are vLLM 0.31.0's (SHAPE.md; where each message comes from is `logs.SITES`). Every line starts
+with the writing process's prefix, `(APIServer pid=P) ` or `(EngineCore pid=P+1) ` (tracebacks and uvicorn's
+lines too), then vLLM's format "LEVEL MM-DD HH:MM:SS [file.py:line] message", flashinfer's
+"YYYY-MM-DD HH:MM:SS,mmm - INFO - autotuner.py:N - flashinfer.jit: message" or uvicorn's "INFO:     message".
+Startup, in order ([..] lines are conditional):
 
-    INFO  Starting vLLM API server (stub engine) pid=P model=MODEL served_model_name=NAME
-    [WARNING SECURITY WARNING: Development endpoints are enabled! ...  (VLLM_SERVER_DEV_MODE=1)]
-    [INFO Ignoring vLLM flags the stub engine does not model: --flag value, ...]
-    INFO  split-KV overlay: on, S splits at 1 request x T query tokens via stubengine._stub_splitkv_C; ...
-       or split-KV overlay: off (REASON); every call unsplit on stubengine.attention
-                                                          (WARNING if splits were requested)
-    [WARNING split-KV overlay: will never engage: a single request's step has Q query tokens, ...]
-    INFO  Starting to load model MODEL...
-    INFO  Loading weights took 1.00 seconds
-    [INFO Offloaded 60.0 GiB of parameters to CPU (routed_experts.w13_weight, routed_experts.w2_weight)]
-    INFO  Model loading took 12.3 GiB memory and 1.100000 seconds
-    INFO  GPU KV cache size: 4,400,013 tokens
-    INFO  Maximum concurrency for 32,768 tokens per request: 134.28x
-    flashinfer  [Autotuner]: Loaded 210 configs from /root/.cache/vllm/flashinfer_autotune_cache/...
-    INFO  init engine (profile, create kv cache, warmup model) took 2.00 seconds
-    INFO:     Started server process [P]
-    INFO:     Waiting for application startup.
-    INFO:     Application startup complete.
-    INFO:     Uvicorn running on http://HOST:PORT (Press CTRL+C to quit)
+    (APIServer)  INFO [api_server.py] Starting vLLM API server (stub engine) pid=P model=MODEL served_model_name=NAME
+    [(APIServer) WARNING SECURITY WARNING: Development endpoints are enabled! ...  (VLLM_SERVER_DEV_MODE=1)]
+    [(APIServer) INFO Ignoring vLLM flags the stub engine does not model: --flag value, ...]
+    (APIServer)  INFO split-KV overlay: on, S splits ... | split-KV overlay: off (REASON); ...
+    [(APIServer) WARNING split-KV overlay: will never engage: ...]
+    (EngineCore) INFO [gpu_model_runner.py] Starting to load model MODEL...
+    (EngineCore) INFO [default_loader.py] Loading weights took 1.00 seconds
+    [(EngineCore) INFO [uva.py] Total CPU offloaded parameters: 60.0          (--cpu-offload-gb 60)]
+    [(EngineCore) INFO [engram.py] Engram table offloaded to pinned host memory: 48002473 rows x 256, 11.80 GiB
+                  per rank                               (--engram-config '{"cpu_offload": true}')]
+    (EngineCore) INFO [gpu_model_runner.py] Model loading took 12.3000 GiB memory and 1.100000 seconds
+    (EngineCore) INFO [kv_cache_utils.py] GPU KV cache size: 4,400,013 tokens, Maximum concurrency for 32,768
+                  tokens per request: 134.28x   (STUB_VLLM_VERSION=0.26.0: two lines, "GPU KV cache size: ..."
+                  and "Maximum concurrency for ...", as the GPU record shows)
+    (EngineCore) flashinfer [Autotuner]: Loaded 210 configs from /root/.cache/vllm/flashinfer_autotune_cache/...
+    (EngineCore) flashinfer [Autotuner]: Autotuning process starts ...
+    (EngineCore) flashinfer [Autotuner]: Autotuning process ends     (STUB_AUTOTUNE_STALL=1: never; the log stops)
+    (EngineCore) INFO [core.py] init engine (profile, create kv cache, warmup model) took 2.00 seconds
+    (APIServer)  INFO:     Started server process [P]
+    (APIServer)  INFO:     Waiting for application startup.
+    (APIServer)  INFO:     Application startup complete.
+    (APIServer)  INFO:     Uvicorn running on http://HOST:PORT (Press CTRL+C to quit)
 
-Fault lines: "ERROR ... EngineCore encountered a fatal error." + traceback (crash, exit 1);
-"ERROR ... EngineCore failed to start." + traceback (crash_on_start, exit 1, after "Starting to load
-model"); "ERROR ... CUDA error: an illegal memory access was encountered" (fatal_log, keeps serving);
-"WARNING ... Stub engine marked unhealthy (...)" (unhealthy); nothing at all for hang. The unpatched
-sampler logs "WARNING ... rejection sampler read past draft buffer (...)". SIGTERM/SIGINT:
-"INFO:     Shutting down", "INFO:     Finished server process [P]", exit 0.
+Fault lines: crash (and die_asleep) -> "(EngineCore) ERROR [core.py] EngineCore encountered a fatal error." +
+traceback; "(APIServer) WARNING [core_client.py] [shutdown] MPClient: engine core exited unexpectedly; starting
+cleanup"; "(APIServer) ERROR [async_llm.py] AsyncLLM output_handler failed." + a traceback ending in
+"vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the
+root cause."; for CORE_DEATH_SECONDS /health answers 200 and completions 500 with that message
+(InternalServerError); then uvicorn's shutdown lines and **exit 0**, as vLLM's API server exits. crash_on_start
+-> after "Starting to load model", "ERROR ... EngineCore failed to start." + traceback, exit 1; fatal_log ->
+"ERROR ... CUDA error: an illegal memory access was encountered", keeps serving; unhealthy -> "WARNING ... Stub
+engine marked unhealthy (...)"; nothing at all for hang. The unpatched sampler logs "WARNING ... rejection
+sampler read past draft buffer (...)". SIGTERM/SIGINT: "INFO:     Shutting down", "INFO:     Finished server
+process [P]", exit 0.
 """
 
 __version__ = "0.31.0+stub"

@@ -7,6 +7,7 @@ failing the launch the way an unknown flag would fail argparse.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ class Config:
     max_num_seqs: int = 256
     cpu_offload_gb: float | None = None
     cpu_offload_params: list[str] = field(default_factory=list)
+    # --engram-config '{"cpu_offload": true}': the Engram table lives in pinned host memory.
+    engram_cpu_offload: bool = False
     ignored_flags: list[tuple[str, list[str]]] = field(default_factory=list)
     # vLLM's sleep mode: the allocator that can release memory is chosen at start (--enable-sleep-mode),
     # and the routes that drive it are mounted only in development mode (VLLM_SERVER_DEV_MODE=1).
@@ -48,6 +51,8 @@ class Config:
     kv_cache_tokens: int = 4_400_013
     autotune_configs: int = 210
     autotune_stall: bool = False
+    # The vLLM whose log lines the stub prints: 0.31.0 (the recipes' pin) or 0.26.0 (the GPU record's).
+    vllm_version: str = "0.31.0"
     token_seed: int = 0
     flip_every: int = 0
     prefill_flip_from: int = 0
@@ -68,7 +73,9 @@ class Config:
 
 
 # Flags whose values the stub uses; everything else is collected as ignored.
-_SINGLE = ("--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--cpu-offload-gb")
+_SINGLE = ("--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--cpu-offload-gb",
+           "--engram-config")
+VLLM_VERSIONS = ("0.31.0", "0.26.0")
 _MULTI = ("--served-model-name", "--cpu-offload-params")
 _BOOLEAN = ("--enable-sleep-mode",)
 
@@ -180,6 +187,15 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         )
     except ValueError as exc:
         raise ConfigError(f"bad flag value: {exc}") from None
+    engram = single.get("--engram-config")
+    if engram is not None:
+        try:
+            engram_config = json.loads(engram)
+        except ValueError as exc:
+            raise ConfigError(f"--engram-config {engram!r} is not JSON: {exc}") from None
+        if not isinstance(engram_config, dict):
+            raise ConfigError(f"--engram-config {engram!r} must be a JSON object")
+        cfg.engram_cpu_offload = engram_config.get("cpu_offload") is True
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"--port {cfg.port} out of range")
     if cfg.max_model_len < 1 or cfg.max_num_seqs < 1:
@@ -194,6 +210,10 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.kv_cache_tokens = _int(env, "STUB_KV_CACHE_TOKENS", 4_400_013, minimum=1)
     cfg.autotune_configs = _int(env, "STUB_AUTOTUNE_CONFIGS", 210)
     cfg.autotune_stall = _flag(env, "STUB_AUTOTUNE_STALL")
+    version = env.get("STUB_VLLM_VERSION", "").strip() or "0.31.0"
+    if version not in VLLM_VERSIONS:
+        raise ConfigError(f"STUB_VLLM_VERSION={version!r}: expected one of {', '.join(VLLM_VERSIONS)}")
+    cfg.vllm_version = version
     cfg.token_seed = _int(env, "STUB_TOKEN_SEED", 0, minimum=-(2**63))
     cfg.flip_every = _int(env, "STUB_FLIP_EVERY", 0)
     cfg.prefill_flip_from = _int(env, "STUB_PREFILL_FLIP_FROM", 0)

@@ -1,6 +1,10 @@
 """Injected failures, each reproducing one way a real vLLM lane fails, with vLLM's own log lines.
 
-- crash:          the engine core dies ("EngineCore encountered a fatal error."), the process exits 1.
+- crash:          the engine core dies ("EngineCore encountered a fatal error."), in the order a real vLLM
+                  showed it (BRIEF §8, SHAPE.md): for CORE_DEATH_SECONDS /health still answers 200 while
+                  completions answer 500 ("EngineCore encountered an issue. See stack trace (above) for the
+                  root cause."), the API server logs that the engine core exited and an EngineDeadError
+                  traceback, then the port closes and the process **exits 0**.
 - crash_on_start: the engine core dies while loading ("EngineCore failed to start."), exit 1.
 - hang:           the engine loop stops stepping while /health and /v1/models keep answering 200
                   (vllm#39863): only a probe that generates a token notices.
@@ -27,12 +31,12 @@ from __future__ import annotations
 
 import os
 import threading
-import traceback
 from collections.abc import Callable
 
 from . import logs
 
 log = logs.get("core")
+api_log = logs.get("api_server")
 
 OUTPUT_FAULTS = ("broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 RUNTIME_FAULTS = ("crash", "hang", "unhealthy", "fatal_log", *OUTPUT_FAULTS, "clear")
@@ -41,39 +45,47 @@ SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep")
 FATAL_CUDA_LINE = "CUDA error: an illegal memory access was encountered"
 
 
-def _traceback(message: str) -> str:
-    def run_engine_core() -> None:
-        raise RuntimeError(message)
-
-    try:
-        run_engine_core()
-    except RuntimeError:
-        return traceback.format_exc()
-    return ""  # unreachable: keeps type checkers content
+# How long the API server outlives its engine core: the record saw /health 200 at 0.3 s, the port closed at 1.3 s.
+CORE_DEATH_SECONDS = 1.0
+CORE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+_VLLM = "/usr/local/lib/python3.12/dist-packages/vllm"
 
 
-def die(headline: str, message: str, trailer: str) -> None:
-    """Log like a dying vLLM engine core and exit 1 at once: no cleanup that could hang the exit."""
-    log.error("%s\n%s%s", headline, _traceback(message), trailer)
-    os._exit(1)
-
-
-def crash(reason: str) -> None:
-    die(
-        "EngineCore encountered a fatal error.",
-        f"stub engine: injected crash ({reason})",
-        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
-        "See stack trace (above) for the root cause.",
+def _core_traceback(error: str) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        f'  File "{_VLLM}/v1/engine/core.py", line 1015, in run_engine_core\n'
+        "    engine_core.run_busy_loop()\n"
+        f'  File "{_VLLM}/v1/engine/core.py", line 1042, in run_busy_loop\n'
+        "    self._process_engine_step()\n"
+        f"{error}"
     )
+
+
+_DEAD_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    f'  File "{_VLLM}/v1/engine/async_llm.py", line 650, in output_handler\n'
+    "    outputs = await engine_core.get_output_async()\n"
+    f'  File "{_VLLM}/v1/engine/core_client.py", line 890, in get_output_async\n'
+    "    raise self._format_exception(outputs) from None\n"
+    f"vllm.v1.engine.exceptions.EngineDeadError: {CORE_DEAD_MESSAGE}"
+)
 
 
 def crash_on_start(reason: str) -> None:
-    die(
-        "EngineCore failed to start.",
-        f"stub engine: injected start failure ({reason})",
-        "RuntimeError: Engine core initialization failed. See root cause above. "
-        "Failed core proc(s): {'EngineCore_DP0': 1}",
-    )
+    """The engine core fails while loading: its error and traceback, then the API server gives up (exit 1)."""
+    log.error("EngineCore failed to start.\n%s", _core_traceback(f"RuntimeError: stub engine: injected start "
+                                                                  f"failure ({reason})"))
+    api_log.error("%s", "RuntimeError: Engine core initialization failed. See root cause above. "
+                        "Failed core proc(s): {'EngineCore': 1}")
+    os._exit(1)
+
+
+def _exit_after_core_death() -> None:
+    for message in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                    f"Finished server process [{os.getpid()}]"):
+        logs.uvicorn.info(message)
+    os._exit(0)  # vLLM's API server exits 0 after its engine core died: only the log says otherwise
 
 
 class FaultState:
@@ -81,7 +93,7 @@ class FaultState:
 
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self._lock = threading.Lock()
-        self.mode = "ok"  # ok | hang | unhealthy
+        self.mode = "ok"  # ok | hang | unhealthy | core_dead
         self.output: str | None = None  # one of OUTPUT_FAULTS while injected
         self.on_change = on_change
 
@@ -91,11 +103,38 @@ class FaultState:
 
     @property
     def dead(self) -> bool:
-        return self.mode == "unhealthy"
+        """The engine takes no requests: unhealthy, or its engine core died (crash)."""
+        return self.mode in ("unhealthy", "core_dead")
+
+    @property
+    def health_status(self) -> int:
+        # vLLM's /health asks the engine client, which learns of a dead core only at its next poll.
+        return 503 if self.mode == "unhealthy" else 200
+
+    def dead_error(self, message: str) -> tuple[int, str, str]:
+        """Status, message and error type a request gets from a dead engine."""
+        if self.mode == "core_dead":
+            return 500, CORE_DEAD_MESSAGE, "InternalServerError"
+        return 503, message, "EngineDeadError"
+
+    def crash(self, reason: str) -> None:
+        """The engine core dies, and the API server follows it CORE_DEATH_SECONDS later with exit code 0."""
+        with self._lock:
+            if self.mode == "core_dead":
+                return
+            self.mode = "core_dead"
+        log.error("EngineCore encountered a fatal error.\n%s",
+                  _core_traceback(f"RuntimeError: stub engine: injected crash ({reason})"))
+        self.on_change()
+        api_log.warning("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+        api_log.error("AsyncLLM output_handler failed.\n%s", _DEAD_TRACEBACK)
+        timer = threading.Timer(CORE_DEATH_SECONDS, _exit_after_core_death)
+        timer.daemon = True
+        timer.start()
 
     def apply(self, fault: str, reason: str) -> None:
         if fault == "crash":
-            crash(reason)
+            self.crash(reason)
         elif fault == "fatal_log":
             log.error(FATAL_CUDA_LINE)
         elif fault in OUTPUT_FAULTS:

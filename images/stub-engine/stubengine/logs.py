@@ -1,27 +1,114 @@
-"""Log output in the three formats a real vLLM container mixes on stdout.
+"""Log output as a vLLM 0.31.0 container writes it on stdout (see SHAPE.md).
 
-lanectl's health gate and watchdog read these lines with regexes, so the formats are part of the
-stub's interface (see the package docstring for the exact lines).
+Every physical line carries the writing process's prefix, `(APIServer pid=N) ` or `(EngineCore pid=N) `:
+vLLM prefixes each line a child process writes, tracebacks and third-party loggers included. Then one of
+three formats: vLLM's own loggers (`LEVEL MM-DD hh:mm:ss [file.py:NNN] message`), flashinfer's
+(`YYYY-MM-DD hh:mm:ss,mmm - LEVEL - autotuner.py:NNN - flashinfer.jit: message`) and uvicorn's
+(`INFO:     message`, the access log included).
+
+Where vLLM prints a message from (process, file, line) is one table, `SITES`, keyed by the message's
+format string, so the stub's modules log with plain `log.info(FORMAT, ...)` and the contract suite can
+read the table. A message not in the table is printed from its logger's default site.
+lanectl's health gate and watchdog read these lines, so the formats are part of the stub's interface.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from dataclasses import dataclass
 
-# vLLM's own logger format (vllm/logger.py): "INFO 11-30 08:30:01 [module.py:123] message".
-VLLM_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+API_SERVER = "APIServer"
+ENGINE_CORE = "EngineCore"
+
+# vLLM's own logger format (vllm/logger.py) and date format.
+VLLM_FORMAT = "%(levelname)s %(asctime)s [%(vllm_file)s:%(vllm_line)d] %(message)s"
 VLLM_DATEFMT = "%m-%d %H:%M:%S"
-# FlashInfer's autotuner logs through its own logger, with its own format.
-FLASHINFER_FORMAT = "%(asctime)s - %(levelname)s - %(filename)s:%(lineno)d - flashinfer.jit: %(message)s"
+# FlashInfer's autotuner logs through flashinfer's own logger, with its own format.
+FLASHINFER_FORMAT = "%(asctime)s - %(levelname)s - %(vllm_file)s:%(vllm_line)d - flashinfer.jit: %(message)s"
+
+
+@dataclass(frozen=True)
+class Site:
+    process: str
+    file: str
+    line: int
+
+
+# The module vLLM 0.31.0 prints each message from; line numbers are fixed and plausible, never read.
+SITES: dict[str, Site] = {
+    "Starting to load model %s...": Site(ENGINE_CORE, "gpu_model_runner.py", 3617),
+    "Loading weights took %.2f seconds": Site(ENGINE_CORE, "default_loader.py", 291),
+    "Total CPU offloaded parameters: %s": Site(ENGINE_CORE, "uva.py", 65),
+    "Engram table offloaded to pinned host memory: %d rows x %d, %.2f GiB %s": Site(ENGINE_CORE, "engram.py", 693),
+    "Model loading took %.4f GiB memory and %.6f seconds": Site(ENGINE_CORE, "gpu_model_runner.py", 3714),
+    "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx":
+        Site(ENGINE_CORE, "kv_cache_utils.py", 1348),
+    # vLLM 0.26.0 (the GPU record) printed the two halves on two lines.
+    "GPU KV cache size: %s tokens": Site(ENGINE_CORE, "kv_cache_utils.py", 1087),
+    "Maximum concurrency for %s tokens per request: %.2fx": Site(ENGINE_CORE, "kv_cache_utils.py", 1091),
+    "[Autotuner]: Loaded %d configs from %s": Site(ENGINE_CORE, "autotuner.py", 431),
+    "[Autotuner]: Autotuning process starts ...": Site(ENGINE_CORE, "autotuner.py", 446),
+    "[Autotuner]: Autotuning process ends": Site(ENGINE_CORE, "autotuner.py", 455),
+    "init engine (profile, create kv cache, warmup model) took %.2f seconds": Site(ENGINE_CORE, "core.py", 259),
+    # A record with its traceback: the message, then the traceback's lines, each with the prefix.
+    "EngineCore encountered a fatal error.\n%s": Site(ENGINE_CORE, "core.py", 1024),
+    "EngineCore failed to start.\n%s": Site(ENGINE_CORE, "core.py", 1015),
+    "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup": Site(API_SERVER, "core_client.py", 712),
+    "AsyncLLM output_handler failed.\n%s": Site(API_SERVER, "async_llm.py", 689),
+    "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+    "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: 0.0%%":
+        Site(API_SERVER, "loggers.py", 257),
+    "Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.": Site(ENGINE_CORE, "gpu_worker.py", 131),
+    "It took %.6f seconds to fall asleep.": Site(ENGINE_CORE, "core.py", 433),
+    "It took %.6f seconds to wake up tags %s.": Site(ENGINE_CORE, "core.py", 452),
+    "wake up the engine with tags: %s": Site(API_SERVER, "api_server.py", 1071),
+}
+
+# Where a logger's other messages come from (the stub's own lines: split-KV overlay, ignored flags, ...).
+_DEFAULT_SITES = {
+    "startup": Site(API_SERVER, "api_server.py", 1899),
+    "api_server": Site(API_SERVER, "api_server.py", 1899),
+    "core": Site(ENGINE_CORE, "core.py", 1024),
+    "engine": Site(ENGINE_CORE, "gpu_model_runner.py", 2470),
+    "executor": Site(ENGINE_CORE, "gpu_worker.py", 131),
+    "flashinfer": Site(ENGINE_CORE, "autotuner.py", 446),
+}
+
+
+def process_pid(process: str) -> int:
+    """The stub is one process; the engine core's lines carry a pid of their own, as vLLM's child process does."""
+    return os.getpid() + (1 if process == ENGINE_CORE else 0)
+
+
+def prefix(process: str) -> str:
+    return f"({process} pid={process_pid(process)}) "
+
+
+def prefixed(process: str, text: str) -> str:
+    """Every physical line of `text` with the process prefix, as vLLM's stdout prefixing writes them."""
+    head = prefix(process)
+    return "\n".join(head + line for line in text.split("\n"))
+
+
+class _SiteFormatter(logging.Formatter):
+    def __init__(self, fmt: str, datefmt: str | None, default: Site) -> None:
+        super().__init__(fmt, datefmt)
+        self.default = default
+
+    def format(self, record: logging.LogRecord) -> str:
+        site = SITES.get(str(record.msg), getattr(record, "site", None) or self.default)
+        record.vllm_file, record.vllm_line = site.file, site.line
+        return prefixed(site.process, super().format(record))
 
 
 class _UvicornFormatter(logging.Formatter):
     """Uvicorn pads the level so messages line up: "INFO:     Application startup complete."."""
 
     def format(self, record: logging.LogRecord) -> str:
-        prefix = f"{record.levelname}:".ljust(9)
-        return f"{prefix} {record.getMessage()}"
+        head = f"{record.levelname}:".ljust(9)
+        return prefixed(API_SERVER, f"{head} {record.getMessage()}")
 
 
 def _logger(name: str, formatter: logging.Formatter) -> logging.Logger:
@@ -41,13 +128,16 @@ def setup() -> None:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     except (AttributeError, ValueError):
         pass
-    _logger("stubengine", logging.Formatter(VLLM_FORMAT, VLLM_DATEFMT))
-    _logger("stubengine.flashinfer", logging.Formatter(FLASHINFER_FORMAT))
+    for name, site in _DEFAULT_SITES.items():
+        fmt = FLASHINFER_FORMAT if name == "flashinfer" else VLLM_FORMAT
+        _logger(f"stubengine.{name}", _SiteFormatter(fmt, None if name == "flashinfer" else VLLM_DATEFMT, site))
     _logger("stubengine.uvicorn", _UvicornFormatter())
 
 
 def get(name: str) -> logging.Logger:
-    """A vLLM-format logger; `name` is the module's short name."""
+    """A vLLM-format logger; `name` is one of the stub's module short names (see `_DEFAULT_SITES`)."""
+    if name not in _DEFAULT_SITES:
+        raise KeyError(f"no default site for logger {name!r}: add it to logs._DEFAULT_SITES")
     return logging.getLogger(f"stubengine.{name}")
 
 
@@ -55,7 +145,7 @@ flashinfer = logging.getLogger("stubengine.flashinfer")
 uvicorn = logging.getLogger("stubengine.uvicorn")
 
 
-def raw(text: str) -> None:
-    """Unformatted lines, such as the traceback that follows a vLLM ERROR line."""
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+def raw(text: str, process: str = API_SERVER) -> None:
+    """Lines outside any logger, such as a traceback that follows an ERROR record; prefixed all the same."""
+    sys.stdout.write(prefixed(process, text.rstrip("\n")) + "\n")
     sys.stdout.flush()

@@ -95,7 +95,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/health":
-            self._send(503 if self.server.faults.dead else 200, b"")
+            self._send(self.server.faults.health_status, b"")
         elif path == "/v1/models":
             self._json(200, self._models())
         elif path == "/metrics":
@@ -203,7 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             srv.engine.submit(req)
         except EngineDeadError as exc:
-            raise protocol.ApiError(503, str(exc), "EngineDeadError") from None
+            raise protocol.ApiError(*srv.faults.dead_error(str(exc))) from None
         except EngineSleepingError as exc:
             raise protocol.ApiError(503, str(exc), "EngineSleepingError") from None
         render = protocol.Renderer(gen, request_id, tokens, answer)
@@ -216,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
         while True:
             event = req.events.get()
             if event[0] == "error":
-                raise _engine_error(event[1])
+                raise _engine_error(event[1], self.server.faults)
             _, index, finish = event
             if finish is not None:
                 self._json(200, render.response(index + 1, finish))
@@ -240,7 +240,7 @@ class Handler(BaseHTTPRequestHandler):
             while True:
                 event = req.events.get()
                 if event[0] == "error":
-                    self._sse(_engine_error(event[1]).body())
+                    self._sse(_engine_error(event[1], self.server.faults).body())
                     break
                 _, index, finish = event
                 if first and render.gen.chat:
@@ -259,7 +259,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-def _engine_error(message: str) -> protocol.ApiError:
-    """A request the engine ended: put to sleep under it, or the engine died."""
-    kind = "EngineSleepingError" if message == SLEEPING_MESSAGE else "EngineDeadError"
-    return protocol.ApiError(503, message, kind)
+def _engine_error(message: str, faults: FaultState) -> protocol.ApiError:
+    """A request the engine ended: put to sleep under it, or the engine died (500 when its core died)."""
+    if message == SLEEPING_MESSAGE:
+        return protocol.ApiError(503, message, "EngineSleepingError")
+    return protocol.ApiError(*faults.dead_error(message))

@@ -18,10 +18,16 @@ from .metrics import Metrics
 from .server import StubHTTPServer
 from .sleep import Sleeper
 
-log = logs.get("startup")
+log = logs.get("startup")  # sites by message: logs.SITES
 
 MODEL_GIB = 12.3
-AUTOTUNE_CACHE = "/root/.cache/vllm/flashinfer_autotune_cache/autotune_configs.json"
+# flashinfer keys its cache by workspace and config hash (kernel_warmup.py).
+AUTOTUNE_CACHE = ("/root/.cache/vllm/flashinfer_autotune_cache/ws-0/ws/5f0c2a91d3e4b7a6/"
+                  "autotune_configs.json")
+# The Engram table of DeepSeek-V4.1-Flash, as the production lane logs it (one rank).
+ENGRAM_ROWS = 48_002_473
+ENGRAM_DIM = 256
+ENGRAM_GIB = 11.80
 
 
 def _describe_flags(ignored: list[tuple[str, list[str]]]) -> str:
@@ -55,7 +61,7 @@ def announce(cfg: Config, attention: splitkv.DecodeAttention) -> None:
 
 
 def load(cfg: Config) -> None:
-    """Sleep through the load phase, logging vLLM's milestones; may inject a start failure or a stall."""
+    """Sleep through the load phase, logging vLLM 0.31.0's milestones; may inject a start failure or a stall."""
     total = cfg.slow_start_seconds if cfg.fault == "slow_start" else cfg.load_seconds
     t0 = time.monotonic()
 
@@ -70,28 +76,30 @@ def load(cfg: Config) -> None:
     if cfg.fault == "crash_on_start":
         faults.crash_on_start("STUB_FAULT=crash_on_start")
     log.info("Loading weights took %.2f seconds", elapsed)
-    if cfg.cpu_offload_gb is not None or cfg.cpu_offload_params:
-        log.info(
-            "Offloaded %.1f GiB of parameters to CPU (%s)",
-            cfg.cpu_offload_gb or 0.0,
-            ", ".join(cfg.cpu_offload_params) or "all parameters",
-        )
-    log.info("Model loading took %.1f GiB memory and %.6f seconds", MODEL_GIB, until(0.55))
+    if cfg.cpu_offload_gb:
+        # model_executor/offloader/uva.py: format_gib prints a bare number of GiB, no unit.
+        log.info("Total CPU offloaded parameters: %s", round(cfg.cpu_offload_gb, 2))
+    if cfg.engram_cpu_offload:
+        log.info("Engram table offloaded to pinned host memory: %d rows x %d, %.2f GiB %s",
+                 ENGRAM_ROWS, ENGRAM_DIM, ENGRAM_GIB, "per rank")
+    log.info("Model loading took %.4f GiB memory and %.6f seconds", MODEL_GIB, until(0.55))
     until(0.7)
-    log.info("GPU KV cache size: %s tokens", f"{cfg.kv_cache_tokens:,}")
-    log.info(
-        "Maximum concurrency for %s tokens per request: %.2fx",
-        f"{cfg.max_model_len:,}",
-        cfg.kv_cache_tokens / cfg.max_model_len,
-    )
+    tokens, max_len = f"{cfg.kv_cache_tokens:,}", f"{cfg.max_model_len:,}"
+    concurrency = cfg.kv_cache_tokens / cfg.max_model_len
+    if cfg.vllm_version == "0.26.0":
+        log.info("GPU KV cache size: %s tokens", tokens)
+        log.info("Maximum concurrency for %s tokens per request: %.2fx", max_len, concurrency)
+    else:
+        log.info("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
+                 "GPU", tokens, max_len, concurrency)
     until(0.8)
-    if cfg.autotune_stall:
-        # A cache miss: FlashInfer retunes from scratch and the log goes silent for over an hour.
-        logs.flashinfer.info("[Autotuner]: Autotuning process starts ...")
-        threading.Event().wait()
-    # A cache hit loads the tuned configs and skips the tuning run, so "Autotuning process starts"
-    # appears only in the stall: a health rule may then forbid that line outright.
+    # kernel_warmup.py's flashinfer_autotune(): the cache is loaded, then autotune(tune_mode=True) runs
+    # on every start; a warm cache ends it at once, a cold one retunes for over an hour.
     logs.flashinfer.info("[Autotuner]: Loaded %d configs from %s", cfg.autotune_configs, AUTOTUNE_CACHE)
+    logs.flashinfer.info("[Autotuner]: Autotuning process starts ...")
+    if cfg.autotune_stall:
+        threading.Event().wait()
+    logs.flashinfer.info("[Autotuner]: Autotuning process ends")
     until(0.9)
     log.info("init engine (profile, create kv cache, warmup model) took %.2f seconds", until(1.0))
 

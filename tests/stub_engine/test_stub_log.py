@@ -1,0 +1,91 @@
+"""The stub's log as vLLM 0.31.0 writes it (SHAPE.md): the process prefix on every line, vLLM's and flashinfer's
+record formats, the real message texts, and the 0.26.0 difference the GPU record shows (two KV lines).
+
+Every line is also read through lanectl's own parser (lanectl.health.engine_log), so what the stub prints and
+what lanectl's rules believe cannot drift apart without a red test here.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+from stubengine import logs
+
+from lanectl.health.engine_log import OTHER, RECORD, TRACEBACK, parse
+
+from .stubproc import PROCESS_PREFIX, unprefixed
+
+ONE_KV_LINE = "GPU KV cache size: 4,400,013 tokens, Maximum concurrency for 32,768 tokens per request: 134.28x"
+
+
+def _records(lines: list[str]) -> list[tuple[str | None, str | None, str]]:
+    """(process, file, message) of each engine record."""
+    parsed = [parse(line) for line in lines]
+    return [(p.process, p.source.split(":")[0] if p.source else None, p.message) for p in parsed if p.kind == RECORD]
+
+
+def test_every_line_carries_its_process_prefix_and_parses_as_lanectl_reads_it(spawn) -> None:
+    p = spawn(env={"STUB_ADMIN": "1"})
+    assert httpx.get(p.url + "/EngineDeadError").status_code == 404
+    assert httpx.post(p.url + "/admin/fault", json={"fault": "crash"}).status_code == 200
+    assert p.wait_exit(5) == 0
+    lines = list(p.lines)
+
+    assert lines and all(PROCESS_PREFIX.match(line) for line in lines), [
+        line for line in lines if not PROCESS_PREFIX.match(line)]
+    kinds = {unprefixed(line): parse(line).kind for line in lines}
+    # uvicorn's lines, the access log included, are never engine records.
+    assert all(kind == OTHER for text, kind in kinds.items() if text.startswith("INFO:     "))
+    assert any("GET /EngineDeadError HTTP/1.1" in text for text in kinds)
+    assert kinds["Traceback (most recent call last):"] == TRACEBACK
+    records = _records(lines)
+    assert ("EngineCore", "kv_cache_utils.py", ONE_KV_LINE) in records
+    assert ("EngineCore", "autotuner.py", "[Autotuner]: Autotuning process ends") in records
+    assert ("EngineCore", "core.py", "EngineCore encountered a fatal error.") in records
+    assert ("APIServer", "core_client.py",
+            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup") in records
+    # The two processes have different pids, as vLLM's API server and engine core do.
+    assert len({parse(line).pid for line in lines}) == 2
+
+
+def test_each_message_is_printed_from_the_module_vllm_prints_it_from(spawn) -> None:
+    p = spawn(args=["--cpu-offload-gb", "60", "--engram-config", '{"cpu_offload": true}'])
+    p.signal(signal.SIGTERM)
+    p.wait_exit(5)
+    by_text = {message: (process, file) for process, file, message in _records(list(p.lines))}
+
+    assert by_text["Total CPU offloaded parameters: 60.0"] == ("EngineCore", "uva.py")
+    engram = next(m for m in by_text if m.startswith("Engram table offloaded to pinned host memory: "))
+    assert engram == "Engram table offloaded to pinned host memory: 48002473 rows x 256, 11.80 GiB per rank"
+    assert by_text[ONE_KV_LINE] == ("EngineCore", "kv_cache_utils.py")
+    for fmt, site in logs.SITES.items():
+        head = fmt.split("%", 1)[0].split("\n", 1)[0]
+        for message, (process, file) in by_text.items():
+            if head and message.startswith(head):
+                assert (process, file) == (site.process, site.file), message
+
+
+def test_no_offload_line_without_the_flags_that_ask_for_it(spawn) -> None:
+    p = spawn(args=["--engram-config", '{"cpu_offload": false}'])
+    out = p.output
+    assert "Total CPU offloaded parameters" not in out
+    assert "Engram table offloaded" not in out
+    assert "Offloaded" not in out  # the stub's old, invented line
+
+
+def test_vllm_0_26_0_prints_kv_size_and_concurrency_on_two_lines(spawn) -> None:
+    p = spawn(env={"STUB_VLLM_VERSION": "0.26.0"})
+    messages = [message for _, _, message in _records(list(p.lines))]
+
+    assert "GPU KV cache size: 4,400,013 tokens" in messages
+    assert "Maximum concurrency for 32,768 tokens per request: 134.28x" in messages
+    assert ONE_KV_LINE not in messages
+    # Nothing else differs.
+    assert "[Autotuner]: Autotuning process ends" in messages
+
+
+def test_an_unknown_vllm_version_is_refused(spawn) -> None:
+    p = spawn(env={"STUB_VLLM_VERSION": "0.30.0"}, ready=False)
+    assert p.wait_exit(5) == 2
+    assert "STUB_VLLM_VERSION='0.30.0': expected one of 0.31.0, 0.26.0" in p.output
