@@ -12,8 +12,8 @@ from lanectl.cli.views import render_text
 from lanectl.output import Result
 from tests.test_probes import timed_cell
 
-REFERENCE = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}),)
-AGREED = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95)),)
+REFERENCE = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}, token_id=0),)
+AGREED = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95), token_id=0, top_token_id=0),)
 
 
 def measured(arm: str, lane: str, rate: float, *, xid: bool = False) -> LaneBench:
