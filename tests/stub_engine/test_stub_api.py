@@ -285,7 +285,6 @@ def test_metrics_names_labels_and_counts(stub) -> None:
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
         "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total",
         "vllm:time_to_first_token_seconds_count",
@@ -293,6 +292,11 @@ def test_metrics_names_labels_and_counts(stub) -> None:
         "stub:splitkv_steps_total",
     ):
         metric(before, name, **label)
+    # vLLM 0.31.0 removed the old name; its sleep-state gauge is there without development mode too.
+    assert "vllm:gpu_cache_usage_perc" not in before
+    assert metric(before, "vllm:engine_sleep_state", sleep_state="awake", **label) == 1
+    assert metric(before, "vllm:engine_sleep_state", sleep_state="weights_offloaded", **label) == 0
+    assert metric(before, "vllm:engine_sleep_state", sleep_state="discard_all", **label) == 0
     httpx.post(stub.url + "/v1/completions", json={"prompt": "count me", "max_tokens": 11})
     after = httpx.get(stub.url + "/metrics").text
     assert metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total") == 11

@@ -31,6 +31,7 @@ Environment (stub knobs; all optional):
                                    confident, emit the runner-up token instead (a "confident flip")
     STUB_FAULT=                    crash | crash_on_start | hang | unhealthy | fatal_log | slow_start
                                    | wake_fail | wake_altered | die_asleep (sleep mode: see sleep.py)
+                                   | prefix_cache_held (POST /reset_prefix_cache answers {"success": false})
                                    | broken_tool_json | leak_reasoning | loop | miss_needle (output
                                    faults, each failing one of lanectl's probes: see faults.py, answers.py)
     STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready;
@@ -40,6 +41,8 @@ Environment (stub knobs; all optional):
     STUB_OOB_LOG_EVERY=100         log the first stray sampler read, then one per this many
     STUB_SLEEP_SECONDS=0.5         how long POST /sleep takes (sleep mode)
     STUB_WAKE_SECONDS=1            how long POST /wake_up takes
+    STUB_SLEEP_REFUSES=0           1: a request sent while asleep is refused at once (503 EngineSleepingError);
+                                   by default it is queued and served once woken, as vLLM does
     VLLM_SERVER_DEV_MODE=0         1: mount /sleep, /wake_up, /is_sleeping, /reset_prefix_cache (vLLM's
                                    development routes; sleep itself also needs --enable-sleep-mode)
     STUB_STATS_INTERVAL_S=10       period of the "Engine 000: Avg ..." stats line (0: never)

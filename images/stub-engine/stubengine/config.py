@@ -17,7 +17,7 @@ USAGE = (
 )
 
 FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start",
-          "wake_fail", "wake_altered", "die_asleep",
+          "wake_fail", "wake_altered", "die_asleep", "prefix_cache_held",
           "broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 
 
@@ -58,6 +58,7 @@ class Config:
     stats_interval_s: float = 10.0
     sleep_seconds: float = 0.5
     wake_seconds: float = 1.0
+    sleep_refuses: bool = False
     # Split-KV overlay, read under the real vLLM names (#57711).
     mega_splitkv: int = 0
     mega_splitkv_max_tokens: int = 8
@@ -203,6 +204,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.stats_interval_s = _num(env, "STUB_STATS_INTERVAL_S", 10.0)
     cfg.sleep_seconds = _num(env, "STUB_SLEEP_SECONDS", 0.5)
     cfg.wake_seconds = _num(env, "STUB_WAKE_SECONDS", 1.0)
+    cfg.sleep_refuses = _flag(env, "STUB_SLEEP_REFUSES")
     cfg.dev_mode = _flag(env, "VLLM_SERVER_DEV_MODE")
     fault = env.get("STUB_FAULT", "").strip().lower()
     if fault and fault != "none":

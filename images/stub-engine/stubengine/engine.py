@@ -33,11 +33,16 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineSleepingError(RuntimeError):
-    """The engine is asleep (sleep mode): generation is refused until POST /wake_up."""
+    """The engine is asleep and STUB_SLEEP_REFUSES=1 asks it to refuse new requests (vLLM queues them)."""
 
 
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace for the root cause."
 SLEEPING_MESSAGE = "The engine is sleeping: POST /wake_up before generating"
+
+# vLLM 0.31.0's pause modes (`EngineCore.pause_scheduler`), each queueing new requests until resumed:
+# abort ends the requests in flight with finish_reason "abort"; wait lets them finish first; keep holds
+# them where they are and continues them once resumed.
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 @dataclass(eq=False)
@@ -47,7 +52,8 @@ class Request:
     max_tokens: int
     stream: decoding.TokenStream
     arrival: float = field(default_factory=time.monotonic)
-    # ("token", index, finish_reason | None) or ("error", message), consumed by the HTTP thread.
+    # ("token", index, finish_reason | None), ("abort", generated) or ("error", message), consumed by
+    # the HTTP thread.
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: int = 0
     aborted: bool = False
@@ -93,7 +99,11 @@ class Engine:
         self._running: list[Request] = []
         self._thread = threading.Thread(target=self._loop, name="EngineCore", daemon=True)
         self._ids = itertools.count()
-        self.sleeping = False
+        # None, or the pause mode in force: every mode queues new requests; only "wait" keeps stepping.
+        self.paused: str | None = None
+        # STUB_SLEEP_REFUSES=1: answer a request sent while paused at once with 503, the stub's old shape,
+        # for a test of a client that must give up on a silent engine.
+        self.refuse_while_paused = False
         metrics.gauges = self.gauges
 
     def start(self) -> None:
@@ -106,7 +116,7 @@ class Engine:
         with self._cond:
             if self.faults.dead:
                 raise EngineDeadError(DEAD_MESSAGE)
-            if self.sleeping:
+            if self.paused is not None and self.refuse_while_paused:
                 raise EngineSleepingError(SLEEPING_MESSAGE)
             self._waiting.append(req)
             self._cond.notify_all()
@@ -114,10 +124,28 @@ class Engine:
     def abort(self, req: Request) -> None:
         req.aborted = True
 
-    def set_sleeping(self, sleeping: bool) -> None:
-        """Sleep mode: while asleep every request, in flight or new, ends with an error."""
+    def pause(self, mode: str) -> None:
+        """Stop scheduling as vLLM's pause_scheduler does, and return once the pause is complete: at once for
+        abort and keep, after the requests in flight finished for wait. New requests queue meanwhile."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"Invalid pause mode: {mode}")
         with self._cond:
-            self.sleeping = sleeping
+            self.paused = mode
+            if mode == "abort":
+                for req in itertools.chain(self._running, self._waiting):
+                    req.aborted = True
+                    req.events.put(("abort", req.generated))
+                    self.metrics.finished("abort")
+                self._running.clear()
+                self._waiting.clear()
+            self._cond.notify_all()
+            while mode == "wait" and self._running and not self.faults.dead:
+                self._cond.wait(0.1)
+
+    def resume(self) -> None:
+        """Resume scheduling: the requests queued while paused (and those kept) run."""
+        with self._cond:
+            self.paused = None
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -149,16 +177,16 @@ class Engine:
         while True:
             if self.faults.dead:
                 self._fail_all(DEAD_MESSAGE)
-            elif self.sleeping:
-                self._fail_all(SLEEPING_MESSAGE)
-            elif not self.faults.stuck and (self._running or self._waiting):
+            elif self.faults.stuck or self.paused in ("abort", "keep"):
+                pass  # no step runs; queued requests wait for a resume
+            elif self._running or (self._waiting and self.paused is None):
                 break
             self._cond.wait()
         still = [r for r in self._running if not r.aborted]
         dropped = len(self._running) - len(still)
         self._running = still
         admitted = 0
-        while self._waiting and len(self._running) < self.max_num_seqs:
+        while self._waiting and self.paused is None and len(self._running) < self.max_num_seqs:
             req = self._waiting.popleft()
             if req.aborted:
                 dropped += 1
@@ -196,7 +224,7 @@ class Engine:
             if delay > 0:
                 time.sleep(delay)
             with self._cond:
-                if self.faults.stuck or self.faults.dead or self.sleeping:
+                if self.faults.stuck or self.faults.dead or self.paused in ("abort", "keep"):
                     continue  # the step never completes; the loop parks in _schedule
                 emitted = self._emit(batch)
             self.metrics.add(generation_tokens=emitted, engine_steps=1, splitkv_steps=int(split))
