@@ -41,6 +41,8 @@ def fault_lanes() -> str:
         _lane("t-wakefail", {"STUB_FAULT": "wake_fail"}),
         _lane("t-altered", {"STUB_FAULT": "wake_altered"}),
         _lane("t-dies", {"STUB_FAULT": "die_asleep", "STUB_FAULT_AFTER_S": "0.5"}),
+        # POST /reset_prefix_cache answers 200 {"success": false}, as vLLM 0.31.0 does while blocks are held.
+        _lane("t-heldcache", {"STUB_FAULT": "prefix_cache_held"}),
         # Its wake takes longer than its recipe allows.
         _lane("t-slowwake", {"STUB_WAKE_SECONDS": "5"}, "    standby: {wake_timeout_seconds: 1}\n"),
         # Asks for more host memory for its weights than any test machine has.
@@ -48,7 +50,8 @@ def fault_lanes() -> str:
     ])
 
 
-LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy"]
+LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy",
+         "t-heldcache"]
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +218,19 @@ def test_too_little_host_memory_stops_the_lane_instead(lanes, state):
     data = status(lanes, state)
     assert row(data, "t-heavy")["standby"] is None
     assert [c["status"] for c in row(data, "t-heavy")["containers"]] == ["exited", "exited"]
+
+
+def test_a_sleep_whose_prefix_cache_reset_failed_stops_the_lane_instead(lanes, state):
+    up(lanes, state, "t-heldcache")
+    switched = up(lanes, state, "demo-h2")
+    assert ('t-heldcache is stopped instead of left asleep: sleep failed: ' in switched.stderr
+            and 'POST /reset_prefix_cache answered 200 {"success": false}' in switched.stderr), switched.stderr
+    assert "waits asleep" not in switched.stdout
+    data = status(lanes, state)
+    assert row(data, "t-heldcache")["standby"] is None
+    assert [c["status"] for c in row(data, "t-heldcache")["containers"]] == ["exited", "exited"]
+    notes = [r for r in records(lanes, state) if r["kind"] == "note" and r.get("lane") == "t-heldcache"]
+    assert any('{"success": false}' in r["message"] for r in notes), notes
 
 
 def test_down_stops_the_standbys_too(lanes, state):
