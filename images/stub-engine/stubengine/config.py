@@ -21,6 +21,16 @@ FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_sta
           "broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 
 
+# The share of draft tokens the stub's target model agrees with (engine._draft_agrees).
+DRAFT_ACCEPTANCE_PERCENT = 70
+
+
+def mean_tokens_per_step(num_speculative_tokens: int) -> float:
+    """Tokens a single stream's decode step yields on average: 1 + the expected run of accepted drafts."""
+    p = DRAFT_ACCEPTANCE_PERCENT / 100
+    return 1 + sum(p**j for j in range(1, num_speculative_tokens + 1))
+
+
 class ConfigError(ValueError):
     """A flag or environment value the stub cannot run with."""
 
@@ -190,8 +200,11 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.slow_start_seconds = _num(env, "STUB_SLOW_START_SECONDS", 30.0)
     rate = _num(env, "STUB_DECODE_TOKENS_PER_S", 100.0, minimum=1e-6)
     step_ms = env.get("STUB_STEP_MS", "").strip()
-    cfg.step_seconds = _num(env, "STUB_STEP_MS", 0.0, minimum=1e-6) / 1000.0 if step_ms else 1.0 / rate
     cfg.num_speculative_tokens = _int(env, "STUB_NUM_SPECULATIVE_TOKENS", 5)
+    # The rate is a single stream's tokens per second; a speculative step carries several tokens, so a step
+    # lasts as long as its mean number of tokens takes at that rate.
+    per_step = mean_tokens_per_step(cfg.num_speculative_tokens)
+    cfg.step_seconds = _num(env, "STUB_STEP_MS", 0.0, minimum=1e-6) / 1000.0 if step_ms else per_step / rate
     cfg.kv_cache_tokens = _int(env, "STUB_KV_CACHE_TOKENS", 4_400_013, minimum=1)
     cfg.autotune_configs = _int(env, "STUB_AUTOTUNE_CONFIGS", 210)
     cfg.autotune_stall = _flag(env, "STUB_AUTOTUNE_STALL")

@@ -1,9 +1,12 @@
 """The engine loop: one thread that runs batched steps, like vLLM's EngineCore busy loop.
 
-Each step emits one token for every running request, so aggregate throughput grows with concurrency
-while the per-stream rate stays at 1 / step time. Steps are scheduled against a monotonic deadline
-rather than sleeping a fixed time after the work, so per-step overhead and wake-up jitter do not
-accumulate into drift: benchmark numbers must reflect the configured rate, not the stub's overhead.
+Each step emits, for every running request, the tokens that step accepted: under speculative decoding
+(k > 0) one plus the draft tokens the rejection sampler accepted (1 to k + 1), all in one stream chunk, as
+vLLM sends them; a request's first step (its prefill) has no drafts yet and emits one. So aggregate
+throughput grows with concurrency while the per-stream rate stays at tokens per step / step time.
+Steps are scheduled against a monotonic deadline rather than sleeping a fixed time after the work, so
+per-step overhead and wake-up jitter do not accumulate into drift: benchmark numbers must reflect the
+configured rate, not the stub's overhead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import decoding, logs
+from .config import DRAFT_ACCEPTANCE_PERCENT
 from .faults import FaultState
 from .metrics import Gauges, Metrics
 from .rejection_sampler import rejection_sample
@@ -52,8 +56,8 @@ class Request:
     max_tokens: int
     stream: decoding.TokenStream
     arrival: float = field(default_factory=time.monotonic)
-    # ("token", index, finish_reason | None), ("abort", generated) or ("error", message), consumed by
-    # the HTTP thread.
+    # ("tokens", first index, count, finish_reason | None), ("abort", generated) or ("error", message),
+    # consumed by the HTTP thread.
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: int = 0
     aborted: bool = False
@@ -68,7 +72,7 @@ def draft_steps(num_running: int, num_speculative_tokens: int) -> int:
 
 def _draft_agrees(token_id: int, position: int) -> bool:
     # A fixed ~70% acceptance pattern; any deterministic rule will do, the sampler only needs drafts.
-    return (token_id * 2654435761 + position * 40503) % 100 < 70
+    return (token_id * 2654435761 + position * 40503) % 100 < DRAFT_ACCEPTANCE_PERCENT
 
 
 class Engine:
@@ -219,14 +223,14 @@ class Engine:
             if deadline is None or was_idle or now - deadline > max(CATCH_UP_S, step):
                 deadline = now
             deadline += step
-            self._speculate(batch)
+            accepted = self._speculate(batch)
             delay = deadline - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             with self._cond:
                 if self.faults.stuck or self.faults.dead or self.paused in ("abort", "keep"):
                     continue  # the step never completes; the loop parks in _schedule
-                emitted = self._emit(batch)
+                emitted = self._emit(batch, accepted)
             self.metrics.add(generation_tokens=emitted, engine_steps=1, splitkv_steps=int(split))
             stats_tokens[1] += emitted
             if self.stats_interval_s > 0 and deadline - last_stats >= self.stats_interval_s:
@@ -234,33 +238,38 @@ class Engine:
                 last_stats = deadline
                 stats_tokens = [0, 0]
 
-    def _emit(self, batch: Sequence[Request]) -> int:
+    def _emit(self, batch: Sequence[Request], accepted: dict[int, int]) -> int:
+        """Hand each request its tokens of this step, in one event: 1 + the drafts it accepted, cut at max_tokens."""
         now = time.monotonic()
         emitted = 0
         for req in batch:
             if req.aborted:
                 continue
-            emitted += 1
             index = req.generated
-            req.generated += 1
+            count = min(1 + accepted.get(id(req), 0), req.max_tokens - index)
+            emitted += count
+            req.generated += count
             if index == 0:
                 self.metrics.observe_ttft(now - req.arrival)
             done = req.generated >= req.max_tokens
-            req.events.put(("token", index, "length" if done else None))
+            req.events.put(("tokens", index, count, "length" if done else None))
             if done:
                 self._running.remove(req)
                 self.metrics.finished("length")
         return emitted
 
-    def _speculate(self, batch: Sequence[Request]) -> None:
-        """Run the rejection sampler over this step's drafts, as the GPU step would."""
-        if self.k <= 0:
-            return
+    def _speculate(self, batch: Sequence[Request]) -> dict[int, int]:
+        """Run the rejection sampler over this step's drafts, as the GPU step would. Returns the draft tokens
+        each request accepted (by id(request)); a request in its prefill step has no drafts yet."""
+        drafted = [req for req in batch if req.generated > 0]
+        if self.k <= 0 or not drafted:
+            return {}
+        # The schedule is set by every running request, the drafts exist only for those past their prefill.
         steps = draft_steps(len(batch), self.k)
         target: list[int] = []
         drafts: list[int] = []
         cu_num_logits = [0]
-        for req in batch:
+        for req in drafted:
             pos = req.generated
             row = [req.stream.token(pos + j) for j in range(steps + 1)]
             target.extend(row)
@@ -270,10 +279,13 @@ class Engine:
                 drafts.append(tok if _draft_agrees(tok, pos + j) else (tok + 1) % decoding.V)
             cu_num_logits.append(len(target))
         out = rejection_sample(target, drafts, cu_num_logits, self.k)
+        # The unpatched sampler (#60945) can take the bonus position for a draft when fewer steps run than
+        # configured; a step still has only steps + 1 tokens to give.
+        accepted = [min(n, steps) for n in out.num_accepted]
         self.metrics.add(
-            spec_drafts=len(batch),
-            spec_draft_tokens=steps * len(batch),
-            spec_accepted_tokens=sum(out.num_accepted),
+            spec_drafts=len(drafted),
+            spec_draft_tokens=steps * len(drafted),
+            spec_accepted_tokens=sum(accepted),
         )
         if out.oob_reads:
             before = self.metrics.oob_draft_reads
@@ -291,6 +303,7 @@ class Engine:
                     len(batch),
                     total,
                 )
+        return {id(req): n for req, n in zip(drafted, accepted, strict=True)}
 
     def _log_stats(self, interval: float, tokens: list[int]) -> None:
         g = self.gauges()

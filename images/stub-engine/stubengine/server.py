@@ -2,7 +2,7 @@
 
 Threads rather than asyncio because http.server gives correct HTTP/1.1 parsing and keep-alive for
 free, and a handler thread that only blocks on its request's event queue costs nothing while it
-waits; the timing that matters (one token per stream per step) lives in the engine thread.
+waits; the timing that matters (one chunk per stream per step) lives in the engine thread.
 """
 
 from __future__ import annotations
@@ -240,9 +240,9 @@ class Handler(BaseHTTPRequestHandler):
             if event[0] == "abort":
                 self._json(200, render.response(event[1], "abort"))
                 return
-            _, index, finish = event
+            _, index, count, finish = event
             if finish is not None:
-                self._json(200, render.response(index + 1, finish))
+                self._json(200, render.response(index + count, finish))
                 return
 
     def _chunk(self, data: bytes) -> None:
@@ -274,14 +274,14 @@ class Handler(BaseHTTPRequestHandler):
                     if render.gen.include_usage:
                         self._sse(render.usage_chunk(event[1]))
                     break
-                _, index, finish = event
+                _, index, count, finish = event
                 if first and render.gen.chat:
                     self._sse(render.role_chunk())
                 first = False
-                self._sse(render.token_chunk(index, finish))
+                self._sse(render.token_chunk(index, finish, count))
                 if finish is not None:
                     if render.gen.include_usage:
-                        self._sse(render.usage_chunk(index + 1))
+                        self._sse(render.usage_chunk(index + count))
                     break
             self._chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
