@@ -149,6 +149,27 @@ def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
     assert "wake-check:demo-h1" in keys
 
 
+def test_a_request_to_a_sleeping_lane_waits_and_is_served_once_it_is_woken(lanes, state):
+    """vLLM queues a request sent to a sleeping engine (no answer, no refusal); the stub lanes do the same."""
+    import threading
+
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    url = f"http://127.0.0.1:{port(lanes, 'demo-h1')}"
+    answers: list[httpx.Response] = []
+    request = threading.Thread(target=lambda: answers.append(httpx.post(
+        url + "/v1/completions", json={"prompt": "queued", "max_tokens": 3}, timeout=120)))
+    request.start()
+    request.join(2)
+    assert request.is_alive() and not answers, "a sleeping lane answers nothing"
+    assert httpx.get(url + "/health", timeout=5).status_code == 200
+    assert 'vllm:num_requests_waiting{engine="0",model_name="demo-model"} 1.0' in httpx.get(url + "/metrics").text
+    assert "requests to it wait unanswered until a wake" in lanes.cli("status", state=state, check=True).stdout
+    rollback(lanes, state)
+    request.join(30)
+    assert [a.status_code for a in answers] == [200]
+
+
 @pytest.mark.parametrize(("lane", "cause"), [
     ("t-wakefail", "POST /wake_up answered 500: CUDA error: out of memory"),
     ("t-altered", "wake check: greedy output"),

@@ -20,11 +20,12 @@ Environment (stub knobs; all optional):
 
     STUB_LOAD_SECONDS=2            load delay; the port is bound only once loading is done
     STUB_DECODE_TOKENS_PER_S=100   single-stream decode rate in tokens/s; one step = (mean tokens per
-                                   step) / rate seconds: 2.94 tokens at k=5 (1 + 0.7 + ... + 0.7^5)
+                                   step) / rate seconds: 2.9 tokens at k=5
     STUB_STEP_MS=                  step time in ms; overrides STUB_DECODE_TOKENS_PER_S
     STUB_NUM_SPECULATIVE_TOKENS=5  configured draft steps k (3 run while 9-32 requests are running);
-                                   each step's stream chunk carries 1 + the drafts it accepted (about 70 %
-                                   of drafts agree), up to k + 1 tokens; 0: one token per chunk;
+                                   each step's stream chunk carries 1 + the drafts it accepted (a fixed
+                                   cycle 2,0,3,2,1,5,2,1,2,1 capped at the draft steps run: mean acceptance
+                                   length 2.9 at k=5), up to k + 1 tokens; 0: one token per chunk;
                                    query tokens per step = 1 + draft steps
     STUB_KV_CACHE_TOKENS=4400013   reported in "GPU KV cache size" and used for kv_cache_usage_perc
     STUB_AUTOTUNE_CONFIGS=210      N in "[Autotuner]: Loaded N configs from ..."

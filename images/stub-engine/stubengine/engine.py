@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import decoding, logs
-from .config import DRAFT_ACCEPTANCE_PERCENT
+from .config import ACCEPTED_DRAFTS_CYCLE
 from .faults import FaultState
 from .metrics import Gauges, Metrics
 from .rejection_sampler import rejection_sample
@@ -60,6 +60,7 @@ class Request:
     # consumed by the HTTP thread.
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: int = 0
+    decode_steps: int = 0  # steps that drafted for it (every step after its prefill)
     aborted: bool = False
 
 
@@ -70,9 +71,11 @@ def draft_steps(num_running: int, num_speculative_tokens: int) -> int:
     return num_speculative_tokens
 
 
-def _draft_agrees(token_id: int, position: int) -> bool:
-    # A fixed ~70% acceptance pattern; any deterministic rule will do, the sampler only needs drafts.
-    return (token_id * 2654435761 + position * 40503) % 100 < DRAFT_ACCEPTANCE_PERCENT
+def _drafts(row: Sequence[int], decode_step: int) -> list[int]:
+    """A request's draft tokens for one step: the first n agree with the target (n from the fixed cycle),
+    the next does not, so the rejection sampler accepts exactly n; the rest never count."""
+    agree = ACCEPTED_DRAFTS_CYCLE[decode_step % len(ACCEPTED_DRAFTS_CYCLE)]
+    return [tok if j < agree else (tok + 1) % decoding.V for j, tok in enumerate(row)]
 
 
 class Engine:
@@ -274,9 +277,8 @@ class Engine:
             row = [req.stream.token(pos + j) for j in range(steps + 1)]
             target.extend(row)
             drafts.append(req.stream.token(pos - 1) if pos > 0 else 0)
-            for j in range(steps):
-                tok = row[j]
-                drafts.append(tok if _draft_agrees(tok, pos + j) else (tok + 1) % decoding.V)
+            drafts.extend(_drafts(row[:steps], req.decode_steps))
+            req.decode_steps += 1
             cu_num_logits.append(len(target))
         out = rejection_sample(target, drafts, cu_num_logits, self.k)
         # The unpatched sampler (#60945) can take the bonus position for a draft when fewer steps run than
