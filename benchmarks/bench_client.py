@@ -139,7 +139,9 @@ def splitkv_speedup() -> None:
 
 
 def main() -> None:
-    stub = StubProcess({"STUB_STEP_MS": str(STEP_MS), "STUB_STATS_INTERVAL_S": "0"}, [], STUB_DIR, 0)
+    # No drafts: one token per step, so the configured step time is also the configured token rate.
+    stub = StubProcess({"STUB_STEP_MS": str(STEP_MS), "STUB_STATS_INTERVAL_S": "0", "STUB_NUM_SPECULATIVE_TOKENS": "0"},
+                       [], STUB_DIR, 0)
     try:
         url = stub.wait_ready()
         run_arm(url, MODEL_NAME, PROMPTS, concurrency=1, requests=1, max_tokens=4, warmup=0)  # imports, sockets

@@ -16,6 +16,12 @@ run up demo-h1 --no-gpu
 say "lanectl up demo-h2 --no-gpu   # demo-h1 is not stopped: it waits asleep (vLLM sleep mode) as a standby"
 $lanectl up demo-h2 --no-gpu
 run status
+say "curl -m 3 http://127.0.0.1:18000/v1/completions ...   # demo-h1 sleeps: vLLM queues the request, nothing answers it"
+curl -sS -m 3 http://127.0.0.1:18000/v1/completions -H 'Content-Type: application/json' \
+  -d '{"prompt": "Are you there?", "max_tokens": 4}' \
+  || echo "(no answer in 3 s: a sleeping lane queues requests until a wake; /health answers $(curl -s -o /dev/null \
+-w '%{http_code}' http://127.0.0.1:18000/health) all the while, so only GET /is_sleeping tells: \
+$(curl -s http://127.0.0.1:18000/is_sleeping))"
 say "lanectl rollback --no-gpu   # wakes demo-h1 in seconds instead of loading it again"
 $lanectl rollback --no-gpu
 run up demo-h2 --no-gpu

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -49,6 +50,24 @@ def test_cut_streams_count_their_chunks_inside_the_window() -> None:
     assert arm.output_tokens == 12
     assert arm.output_tok_per_s == pytest.approx(24.0)
     assert arm.results == tuple(finished)
+
+
+def test_cut_streams_whose_logprobs_told_count_their_own_tokens() -> None:
+    """A chunk's logprobs say how many tokens it carried: a cut stream's in-window chunks are then summed,
+    not scaled by the finished requests' average (2 per chunk here)."""
+    finished = [request(0, (0.1, 0.2, 0.3), 6)]
+    cut = [replace(request(1, (0.25, 0.35, 0.45, 0.55), 0, started=0.2), chunk_tokens=(1, 6, 4, 3))]
+    arm = summarize(finished, wall_time_s=0.5, concurrency=2, cut_streams=cut)
+    assert arm.cut_output_tokens == 11  # 1 + 6 + 4 before 0.5 s; the 3 at 0.55 s fall outside
+    assert arm.output_tokens == 17
+
+
+def test_decode_tokens_leave_out_what_the_first_chunk_carried() -> None:
+    """decode tok/s counts the tokens after the prefill's chunk: one unless the chunk's logprobs say more."""
+    plain = request(0, (0.1, 0.2, 0.3), 9)
+    told = replace(plain, chunk_tokens=(3, 3, 3))
+    assert summarize([plain], wall_time_s=1, concurrency=1).decode_tok_per_s == pytest.approx(8 / 0.2)
+    assert summarize([told], wall_time_s=1, concurrency=1).decode_tok_per_s == pytest.approx(6 / 0.2)
 
 
 def test_summary_without_any_success() -> None:
@@ -117,6 +136,7 @@ def test_logprobs_become_token_choices() -> None:
     lp = {"tokens": [" a", " b"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{" a": -0.1, " x": -2.5},
                                                                                 {" b": -0.2, " y": -1.9}]}
     r = one_request(streaming(sse(chunk(" a b", logprobs=lp), usage(2), b"[DONE]")), logprobs=2)
+    assert r.chunk_tokens == (2,)  # one chunk of a speculative step: two tokens, by its logprobs
     assert [(c.token, c.logprob, dict(c.top)) for c in r.choices] == [
         (" a", -0.1, {" a": -0.1, " x": -2.5}),
         (" b", -0.2, {" b": -0.2, " y": -1.9}),

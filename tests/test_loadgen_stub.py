@@ -44,9 +44,10 @@ def _counters(url: str) -> tuple[float, float]:
 
 
 def _assert_figures_come_from_its_chunks(arm: ArmResult, tokens: int) -> None:
-    """Every token arrived in its own timed chunk, and each figure is the arithmetic on those times."""
+    """Every token arrived in a timed chunk (several to a chunk: a speculative step's accepted tokens), the
+    usage chunk gave the count, and each figure is the arithmetic on those times."""
     for r in arm.results:
-        assert r.output_tokens == len(r.chunk_times_s) == tokens
+        assert r.output_tokens == tokens and len(r.chunk_times_s) < tokens
         assert r.started_s <= r.chunk_times_s[0]
         assert list(r.chunk_times_s) == sorted(r.chunk_times_s) and r.chunk_times_s[-1] <= r.finished_s
         assert r.finished_s <= arm.wall_time_s + 1e-6  # the window closed at the last finish
@@ -68,8 +69,9 @@ def test_one_and_eight_streams_measure_the_configured_rate(spawn: Spawn) -> None
     assert (one.failed, one.requests, one.cut) == (0, 2, 0)
     assert [r.output_tokens for r in one.results] == [100, 100]
     _assert_figures_come_from_its_chunks(one, 100)
-    # One stream: every engine step made exactly one token, warm-up (1 request) included.
-    assert (tokens1 - tokens0, steps1 - steps0) == (300, 300)
+    # One stream: every engine step made one chunk of one or more tokens, warm-up (1 request) included.
+    assert tokens1 - tokens0 == 300
+    assert sum(len(r.chunk_times_s) for r in one.results) < steps1 - steps0 < 300
     # The stub never runs a step in under its 10 ms and load only slows it down, so a per-stream rate far
     # above 100 tok/s, or far below it, is a client that times or counts the wrong thing (a unit, a clock,
     # tokens of all streams over one stream's time), not a busy machine.
@@ -81,13 +83,39 @@ def test_one_and_eight_streams_measure_the_configured_rate(spawn: Spawn) -> None
     assert {r.prompt_index for r in eight.results} == set(range(8))
     _assert_figures_come_from_its_chunks(eight, 100)
     # Concurrent streams share engine steps: 16 requests of 100 tokens (plus the streams cut at each
-    # phase's close) took a few hundred steps, not 1600. Each phase's eight requests start together, so
-    # it is 100 steps if they all arrive in the same step; 400 would take arrivals a second apart.
+    # phase's close) took as many steps as a few streams have chunks, not as all 16 have. Each phase's
+    # eight requests start together, so it is one stream's chunks if they all arrive in the same step.
     assert tokens2 - tokens1 >= 1600
-    assert 200 <= steps2 - steps1 < 400
+    chunks = [len(r.chunk_times_s) for r in eight.results]
+    assert 2 * min(chunks) <= steps2 - steps1 < sum(chunks)
     # So every stream keeps the single-stream step, and all eight together deliver several times one stream.
     assert eight.decode_tok_per_s is not None and 100 / 5 < eight.decode_tok_per_s < 100 * 1.5
     assert eight.output_tok_per_s > 2 * one.output_tok_per_s
+
+
+def test_multi_token_chunks_are_counted_as_their_tokens(spawn: Spawn) -> None:
+    """A speculative engine sends a step's accepted tokens in one chunk: decode tok/s and the token counts
+    come from the tokens (usage, logprobs entries), ms/step from the chunks. Counting chunks as tokens would
+    report a third of the rate."""
+    stub = spawn({"STUB_DECODE_TOKENS_PER_S": "100"})
+    arm = run_arm(stub.url, MODEL_NAME, PROMPTS, concurrency=1, requests=2, max_tokens=100, warmup=0, logprobs=0)
+    assert arm.failed == 0
+    for r in arm.results:
+        assert r.output_tokens == sum(r.chunk_tokens) == 100 and r.chunk_tokens[0] == r.first_chunk_tokens == 1
+        assert max(r.chunk_tokens) > 1 and len(r.chunk_times_s) < 50
+    decoded = sum(r.output_tokens - r.chunk_tokens[0] for r in arm.results)
+    decode_time = sum(r.decode_time_s for r in arm.results)
+    steps = sum(len(r.chunk_times_s) - 1 for r in arm.results)
+    assert arm.decode_tok_per_s == pytest.approx(decoded / decode_time, rel=1e-9)
+    assert arm.ms_per_step == pytest.approx(decode_time / steps * 1000, rel=1e-9)
+    # The stub's own acceptance: tokens per decode step is about 1 + accepted / drafts (~2.9 at k=5).
+    m = httpx.get(stub.url + "/metrics").text
+    acceptance = 1 + metric(m, "vllm:spec_decode_num_accepted_tokens_total") / metric(
+        m, "vllm:spec_decode_num_drafts_total")
+    assert decoded / steps == pytest.approx(acceptance, rel=0.05)
+    assert arm.decode_tok_per_s / (1000 / arm.ms_per_step) == pytest.approx(decoded / steps, rel=1e-9)
+    # And the per-stream token rate is the configured 100 tok/s, in the band a busy machine leaves.
+    assert 100 / 5 < arm.decode_tok_per_s < 100 * 1.5
 
 
 def test_the_window_closes_at_the_last_request_and_cuts_the_rest(spawn: Spawn) -> None:
@@ -211,8 +239,9 @@ def test_logprobs_arrive_per_position(spawn: Spawn) -> None:
     arm = run_arm(stub.url, MODEL_NAME, PROMPTS[:2], concurrency=2, requests=2, max_tokens=8, warmup=0, logprobs=3)
     assert arm.failed == 0
     for r in arm.results:
-        assert len(r.choices) == r.output_tokens == 8
-        assert [c.token for c in r.choices] == list(r.texts)
+        assert len(r.choices) == r.output_tokens == sum(r.chunk_tokens) == 8
+        assert len(r.chunk_tokens) == len(r.texts) == len(r.chunk_times_s)
+        assert "".join(c.token for c in r.choices) == r.text
         for c in r.choices:
             assert len(c.top) == 3
             assert c.top[c.token] == c.logprob == max(c.top.values())

@@ -93,7 +93,7 @@ def test_the_shipped_recipes_say_where_standby_is_on_and_off():
     pytest.param(
         ("weights_gib: 16, resident_gib: 2", "weights_gib: 16, resident_gib: 12"),
         [f"recipes/r.yaml:18:67: defaults.standby.resident_gib: asleep, this lane holds 12 GiB of each 80 GiB GPU, "
-         f"but lane {other}'s primary asks vLLM for --gpu-memory-utilization 0.9 of it, which leaves 8.0 GiB: vLLM "
+         f"but lane {other}'s primary asks vLLM for --gpu-memory-utilization 0.92 of it, which leaves 6.4 GiB: vLLM "
          f"would refuse to start {other} beside it. Lower that to 0.85 or less, or leave standby off"
          for other in ("a", "b")],
         id="does-not-fit-by-vllm-default-share"),

@@ -8,6 +8,7 @@ the way upstream wakes have failed. Every test has its own state dir; containers
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def fault_lanes() -> str:
         _lane("t-wakefail", {"STUB_FAULT": "wake_fail"}),
         _lane("t-altered", {"STUB_FAULT": "wake_altered"}),
         _lane("t-dies", {"STUB_FAULT": "die_asleep", "STUB_FAULT_AFTER_S": "0.5"}),
+        # POST /reset_prefix_cache answers 200 {"success": false}, as vLLM 0.31.0 does while blocks are held.
+        _lane("t-heldcache", {"STUB_FAULT": "prefix_cache_held"}),
         # Its wake takes longer than its recipe allows.
         _lane("t-slowwake", {"STUB_WAKE_SECONDS": "5"}, "    standby: {wake_timeout_seconds: 1}\n"),
         # Asks for more host memory for its weights than any test machine has.
@@ -48,7 +51,8 @@ def fault_lanes() -> str:
     ])
 
 
-LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy"]
+LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy",
+         "t-heldcache"]
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +150,28 @@ def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
     assert "wake-check:demo-h1" in keys
 
 
+def test_a_request_to_a_sleeping_lane_waits_and_is_served_once_it_is_woken(lanes, state):
+    """vLLM queues a request sent to a sleeping engine (no answer, no refusal); the stub lanes do the same."""
+    import threading
+
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    url = f"http://127.0.0.1:{port(lanes, 'demo-h1')}"
+    answers: list[httpx.Response] = []
+    request = threading.Thread(target=lambda: answers.append(httpx.post(
+        url + "/v1/completions", json={"prompt": "queued", "max_tokens": 3}, timeout=120)))
+    request.start()
+    request.join(2)
+    assert request.is_alive() and not answers, "a sleeping lane answers nothing"
+    assert httpx.get(url + "/health", timeout=5).status_code == 200
+    waiting = re.search(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", httpx.get(url + "/metrics").text, re.M)
+    assert waiting and float(waiting.group(1)) == 1, "queued, as vLLM queues it"
+    assert "requests to it wait unanswered until a wake" in lanes.cli("status", state=state, check=True).stdout
+    rollback(lanes, state)
+    request.join(30)
+    assert [a.status_code for a in answers] == [200]
+
+
 @pytest.mark.parametrize(("lane", "cause"), [
     ("t-wakefail", "POST /wake_up answered 500: CUDA error: out of memory"),
     ("t-altered", "wake check: greedy output"),
@@ -216,6 +242,19 @@ def test_too_little_host_memory_stops_the_lane_instead(lanes, state):
     data = status(lanes, state)
     assert row(data, "t-heavy")["standby"] is None
     assert [c["status"] for c in row(data, "t-heavy")["containers"]] == ["exited", "exited"]
+
+
+def test_a_sleep_whose_prefix_cache_reset_failed_stops_the_lane_instead(lanes, state):
+    up(lanes, state, "t-heldcache")
+    switched = up(lanes, state, "demo-h2")
+    assert ('t-heldcache is stopped instead of left asleep: sleep failed: ' in switched.stderr
+            and 'POST /reset_prefix_cache answered 200 {"success": false}' in switched.stderr), switched.stderr
+    assert "waits asleep" not in switched.stdout
+    data = status(lanes, state)
+    assert row(data, "t-heldcache")["standby"] is None
+    assert [c["status"] for c in row(data, "t-heldcache")["containers"]] == ["exited", "exited"]
+    notes = [r for r in records(lanes, state) if r["kind"] == "note" and r.get("lane") == "t-heldcache"]
+    assert any('{"success": false}' in r["message"] for r in notes), notes
 
 
 def test_down_stops_the_standbys_too(lanes, state):

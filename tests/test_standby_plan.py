@@ -113,7 +113,7 @@ MIB = 1024
 @pytest.mark.parametrize(("memory", "expected"), [
     ({"0": (80 * MIB, 75 * MIB), "1": (80 * MIB, 79 * MIB)}, None),
     ({"0": (80 * MIB, 70 * MIB), "1": (80 * MIB, 79 * MIB)},
-     "GPU 0: 70.0 GiB free, and demo-h2's primary needs 72.0 GiB (--gpu-memory-utilization 0.9 of 80.0 GiB)"),
+     "GPU 0: 70.0 GiB free, and demo-h2's primary needs 73.6 GiB (--gpu-memory-utilization 0.92 of 80.0 GiB)"),
     ({"0": (80 * MIB, 79 * MIB)}, "GPU 1 of demo-h2's rtx is not among those nvidia-smi lists"),
 ])
 def test_gpu_memory_is_judged_by_vllms_own_rule(catalog, memory, expected):

@@ -12,8 +12,11 @@ threads blocked in recv() stayed within a few ms of a bare-socket asyncio client
 
 Times are time.perf_counter() seconds. TTFT runs from sending the request to the first chunk that
 carries a choice. Inter-token latency is the gap between consecutive such chunks: a speculative
-engine emits several tokens per step in one chunk, so these gaps are step times (ms/step), and
-decode tok/s (tokens / decode time) shows how many tokens each step carried.
+engine emits several tokens per step in one chunk (vLLM sends every token a step accepted, 1 to k + 1),
+so these gaps are step times (ms/step), and decode tok/s (tokens / decode time) shows how many tokens
+each step carried. Tokens are therefore never counted as chunks: a request's total comes from the
+usage chunk (`stream_options.include_usage`, which run_arm always asks for), and a chunk's own count
+from its logprobs entries (one per token) when logprobs were asked for.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ class RequestResult:
     texts: tuple[str, ...]  # the text of each such chunk, in order
     choices: tuple[TokenChoice, ...] = ()  # one per position, only when logprobs were requested
     prompt_tokens: int | None = None  # from the final usage chunk, when sent
+    # Tokens in each chunk (its logprobs entries), when every chunk carried logprobs; else empty.
+    chunk_tokens: tuple[int, ...] = ()
+
+    @property
+    def first_chunk_tokens(self) -> int:
+        """Tokens of the first chunk: the one prefill produced (1 in vLLM, speculative or not), unless the
+        chunk's logprobs say otherwise."""
+        return self.chunk_tokens[0] if self.chunk_tokens else 1
 
     @property
     def tok_per_s(self) -> float:
@@ -126,17 +137,20 @@ def summarize(
     output tok/s counts every token delivered inside the window, all streams together. The streams cut
     at its close count too, for the chunks that arrived before it closed: leaving them out would
     undercount the window by up to one request per stream. A chunk may carry several tokens (a
-    speculative step), so their chunks are scaled by the tokens per chunk of the finished requests.
+    speculative step): a cut stream's chunks count their own tokens when their logprobs told, else they
+    are scaled by the tokens per chunk of the finished requests.
 
-    decode tok/s is BRIEF §5's "output tokens / decode time", per stream: the first token comes from
-    prefill, so a request contributes its other output_tokens - 1 tokens over its decode time (first
-    to last chunk); summing before dividing weights long requests by their length.
+    decode tok/s is BRIEF §5's "output tokens / decode time", per stream: the first chunk comes from
+    prefill, so a request contributes its tokens after the first chunk over its decode time (first to
+    last chunk); summing before dividing weights long requests by their length.
     """
     good = [r for r in results if r.ok]
     chunks = sum(len(r.chunk_times_s) for r in good)
     tokens_per_chunk = sum(r.output_tokens for r in good) / chunks if chunks else 1.0
-    cut_chunks = sum(1 for r in cut_streams for t in r.chunk_times_s if t <= wall_time_s)
-    cut_tokens = round(cut_chunks * tokens_per_chunk)
+    cut_tokens = 0
+    for r in cut_streams:
+        inside = sum(1 for t in r.chunk_times_s if t <= wall_time_s)
+        cut_tokens += sum(r.chunk_tokens[:inside]) if r.chunk_tokens else round(inside * tokens_per_chunk)
     output_tokens = sum(r.output_tokens for r in good) + cut_tokens
     decoded = [r for r in good if len(r.chunk_times_s) > 1]
     decode_time = math.fsum(r.decode_time_s for r in decoded)
@@ -152,7 +166,8 @@ def summarize(
         wall_time_s=wall_time_s,
         output_tokens=output_tokens,
         output_tok_per_s=output_tokens / wall_time_s if wall_time_s > 0 else 0.0,
-        decode_tok_per_s=sum(r.output_tokens - 1 for r in decoded) / decode_time if decode_time > 0 else None,
+        decode_tok_per_s=(sum(r.output_tokens - r.first_chunk_tokens for r in decoded) / decode_time
+                          if decode_time > 0 else None),
         ms_per_step=decode_time / len(gaps) * 1000 if gaps else None,
         ttft_p50_ms=pct_ms(ttfts, 50),
         ttft_p99_ms=pct_ms(ttfts, 99),
@@ -337,6 +352,7 @@ class _Stream:
         self.arrivals: list[float] = []
         self.texts: list[str] = []
         self.choices: list[TokenChoice] = []
+        self.chunk_tokens: list[int] = []  # per chunk that carried logprobs
         self.usage_tokens: int | None = None
         self.usage_prompt_tokens: int | None = None
         self.error: str | None = None
@@ -382,6 +398,7 @@ class _Stream:
             self.texts.append(choice.get("text") or "")
             logprobs = choice.get("logprobs")
             if logprobs:
+                self.chunk_tokens.append(len(logprobs["tokens"]))
                 tops = logprobs.get("top_logprobs") or []
                 for i, (token, lp) in enumerate(zip(logprobs["tokens"], logprobs["token_logprobs"], strict=True)):
                     top = tops[i] if i < len(tops) and tops[i] else {}
@@ -392,6 +409,8 @@ class _Stream:
         if self.usage_tokens is not None:
             tokens = self.usage_tokens
         else:
+            # No usage chunk: positions when logprobs came; else chunks, which undercounts a speculative
+            # engine's multi-token chunks (run_arm always asks for usage, so this is a server that ignored it).
             tokens = len(self.choices) if self.choices else len(self.arrivals)
         return RequestResult(
             prompt_class=prompt_class,
@@ -405,4 +424,6 @@ class _Stream:
             texts=tuple(self.texts),
             choices=tuple(self.choices),
             prompt_tokens=self.usage_prompt_tokens,
+            # Only when every chunk told its count: a chunk without logprobs leaves the split unknown.
+            chunk_tokens=tuple(self.chunk_tokens) if len(self.chunk_tokens) == len(self.arrivals) else (),
         )

@@ -118,7 +118,9 @@ def status(result: Result) -> list[Line]:
         if standby:
             resident = f", {standby['resident_gib']:g} GiB resident" if standby["resident_gib"] is not None else ""
             gone = "" if standby["alive"] else ", container gone"
-            active.append((f"standby {standby['seconds']} s{resident}{gone} ", "bold cyan"))
+            # vLLM queues a request to a sleeping engine: say so, or an operator reads a silent port as a hang.
+            queued = "" if gone else ", requests to it wait unanswered until a wake"
+            active.append((f"standby {standby['seconds']} s{resident}{gone}{queued} ", "bold cyan"))
         lines.append(line((lane["lane"], "bold"), "  ", *active, "known-good " if lane["known_good"] else "",
                           f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"))
         if lane.get("dead"):

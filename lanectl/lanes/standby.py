@@ -1,10 +1,14 @@
 """Talking to a lane's engine about sleep: vLLM's development routes and the wake check.
 
 `POST /sleep?level=1`, `POST /wake_up` and `GET /is_sleeping` exist only with `VLLM_SERVER_DEV_MODE=1`
-(docs.vllm.ai/en/latest/features/sleep_mode/). vLLM answers both POSTs with an empty 200 once done, and
+(docs.vllm.ai/en/latest/features/sleep_mode/). vLLM 0.31.0 answers both POSTs with an empty 200 once done, and
 `/is_sleeping` with `{"is_sleeping": bool}`; lanectl asks `/is_sleeping` after each, rather than trusting
 the 200. Before sleeping, `POST /reset_prefix_cache` drops cached prefixes: a wake that kept them has served
-wrong text (vllm#17103). Every failure is a `StandbyError` whose message says what the engine answered.
+wrong text (vllm#17103). It answers 200 either way, with `{"success": false}` when blocks are still held (by
+running requests, or in-flight KV transfers), so its body is read, not only its status. After the sleep the
+engine's own gauge `vllm:engine_sleep_state` (awake / weights_offloaded / discard_all, as vLLM's API server
+records it) must say the same as `/is_sleeping`: an engine whose two reports disagree is not trusted as a
+standby. Every failure is a `StandbyError` whose message says what the engine answered.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from lanectl.state.standby import StandbyStore
 
 # vLLM's worker logs this once asleep: "Sleep mode freed 71.25 GiB memory, 1.38 GiB memory is still in use."
 RESIDENT_LINE = re.compile(r"Sleep mode freed [0-9.]+ GiB memory, ([0-9.]+) GiB memory is still in use")
+# One sample of the gauge in Prometheus text: `vllm:engine_sleep_state{engine="0",...,sleep_state="awake"} 1.0`.
+SLEEP_STATE_SAMPLE = re.compile(r'^vllm:engine_sleep_state\{([^}]*)\}\s+(\S+)', re.MULTILINE)
+SLEEP_STATE_LABEL = re.compile(r'sleep_state="([^"]*)"')
+# What the gauge reads after a sleep at each level (vLLM's record_sleep_state): 1 for the level's own state.
+EXPECTED_SLEEP_STATE = {
+    0: {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 0.0},
+    1: {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0},
+    2: {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0},
+}
 
 
 class StandbyError(Exception):
@@ -73,11 +86,53 @@ class SleepEndpoints:
             raise StandbyError(f"GET /is_sleeping answered {response.text[:100]!r}, not {{\"is_sleeping\": bool}}")
         return answer["is_sleeping"]
 
+    def reset_prefix_cache(self) -> None:
+        response = self._request("POST", "/reset_prefix_cache")
+        if not response.body.strip():
+            return  # vLLM before 0.31.0 answered an empty 200
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("success"), bool):
+            raise StandbyError(f"POST /reset_prefix_cache answered {response.text[:100]!r}, "
+                               "not {\"success\": bool}")
+        if not answer["success"]:
+            raise StandbyError('POST /reset_prefix_cache answered 200 {"success": false}: the engine still holds '
+                               "cached blocks (requests running?), so a wake could serve stale prefixes")
+
+    def sleep_state(self) -> dict[str, float]:
+        """The engine's `vllm:engine_sleep_state` gauge, state -> value (one engine; several must agree)."""
+        response = self._request("GET", "/metrics")
+        states: dict[str, float] = {}
+        for labels, value in SLEEP_STATE_SAMPLE.findall(response.text):
+            state = SLEEP_STATE_LABEL.search(labels)
+            try:
+                number = float(value)
+            except ValueError:
+                raise StandbyError(f"GET /metrics: vllm:engine_sleep_state{{{labels}}} is {value!r}, "
+                                   "not a number") from None
+            if state is None:
+                continue
+            if states.setdefault(state.group(1), number) != number:
+                raise StandbyError(f"GET /metrics: the engines disagree on vllm:engine_sleep_state "
+                                   f"{state.group(1)!r}")
+        if not states:
+            raise StandbyError("GET /metrics has no vllm:engine_sleep_state gauge (vLLM 0.31.0 always serves it)")
+        return states
+
     def sleep(self, level: int) -> None:
-        self._request("POST", "/reset_prefix_cache")
+        self.reset_prefix_cache()
         self._request("POST", f"/sleep?level={level}")
         if not self.is_sleeping():
             raise StandbyError(f"POST /sleep?level={level} answered 200 but /is_sleeping still says false")
+        states = self.sleep_state()
+        expected = EXPECTED_SLEEP_STATE[level]
+        if {name: states.get(name) for name in expected} != expected:
+            shown = ", ".join(f"{name}={states[name]:g}" for name in sorted(states))
+            raise StandbyError(f"/is_sleeping says asleep after POST /sleep?level={level}, but vllm:engine_sleep_state "
+                               f"says {shown} (a level-{level} sleep reads "
+                               f"{', '.join(f'{n}={v:g}' for n, v in sorted(expected.items()))})")
 
     def wake_up(self) -> None:
         self._request("POST", "/wake_up")

@@ -281,7 +281,8 @@ class Engine(Strict):
         return env
 
     def gpu_memory_utilization(self) -> float | None:
-        """The share of each GPU vLLM takes (`--gpu-memory-utilization`, vLLM's default 0.9); None if unreadable."""
+        """The share of each GPU vLLM takes (`--gpu-memory-utilization`, vLLM 0.31.0's default 0.92); None if
+        unreadable."""
         raw = flag_value(self.args, GPU_MEMORY_UTILIZATION_FLAG)
         if raw is None:
             return VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
@@ -293,7 +294,8 @@ class Engine(Strict):
 
 
 GPU_MEMORY_UTILIZATION_FLAG = "--gpu-memory-utilization"
-VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# vLLM 0.31.0's CacheConfig.gpu_memory_utilization (0.9 in older releases): a role without the flag takes this.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
 
 def flag_value(args: list[str], flag: str) -> str | None:

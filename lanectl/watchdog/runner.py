@@ -183,8 +183,9 @@ class Watchdog:
         armed = state.watchdog_armed_at(now)
         standbys = self._check_standbys()
         if state.active is not None and standbys.load().standby(state.active) is not None:
-            # A lane recorded asleep is never probed or restarted: it answers 503 by design. Only a switch killed
-            # between the sleep and the new lane's gate leaves the active lane asleep; the next up/rollback ends it.
+            # A lane recorded asleep is never probed or restarted: vLLM queues a request to it, unanswered until
+            # a wake. Only a switch killed between the sleep and the new lane's gate leaves the active lane
+            # asleep; the next up/rollback ends it.
             result = PassResult(EXIT_FAILED, state.active, "none",
                                 f"the active lane {state.active} is recorded asleep (a standby): an unfinished switch? "
                                 "not acting; the next `lanectl up` or `rollback` finishes or undoes it")
@@ -219,8 +220,9 @@ class Watchdog:
 
     def _check_standbys(self) -> StandbyStore:
         """Lanes waiting asleep are not watched like the active lane (no probe, restart or alert: asleep, they
-        refuse to generate by design), but one that died or was removed is dropped from the record, so the next
-        rollback to it says it starts cold rather than trying to wake a process that is gone."""
+        leave every request unanswered until a wake, by design), but one that died or was removed is dropped from
+        the record, so the next rollback to it says it starts cold rather than trying to wake a process that is
+        gone."""
         store = StandbyStore(StateFiles(self.directory).standby)
         for name, reason in lost_standbys(self.catalog, self.engine, store):
             message = f"the standby of {name} is gone: {reason}; dropped, a rollback to it will be a cold start"

@@ -103,6 +103,7 @@ def test_streaming_completion_shape(stub) -> None:
             "model": MODEL_NAME,
             "prompt": "Write a haiku about GPUs",
             "max_tokens": 7,
+            "logprobs": 0,
             "stream_options": {"include_usage": True},
         },
     )
@@ -110,12 +111,15 @@ def test_streaming_completion_shape(stub) -> None:
     assert data[-1] == "[DONE]"
     usage_chunk = data[-2]
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 7
-    tokens = data[:-2]
-    assert len(tokens) == 7
-    assert all(c["object"] == "text_completion" and c["model"] == MODEL_NAME for c in tokens)
-    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 6 + ["length"]
-    assert all(c["choices"][0]["text"].strip() for c in tokens)
-    assert len({c["id"] for c in tokens}) == 1
+    chunks = data[:-2]
+    # One chunk per engine step, each with the tokens the step accepted: the prefill's one, then 1 to k + 1.
+    counts = [len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks]
+    assert sum(counts) == 7 and counts[0] == 1 and all(1 <= n <= 6 for n in counts), counts
+    assert all(c["object"] == "text_completion" and c["model"] == MODEL_NAME for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    assert all(c["choices"][0]["text"] == "".join(c["choices"][0]["logprobs"]["tokens"]) for c in chunks)
+    assert all(c["choices"][0]["text"].strip() for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
 
 
 def test_streaming_chat_shape(stub) -> None:
@@ -126,13 +130,14 @@ def test_streaming_chat_shape(stub) -> None:
             "model": MODEL_NAME,
             "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 5,
+            "logprobs": True,
             "stream_options": {"include_usage": True},
         },
     )
     data = [e for _, e in events]
     assert data[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     content = data[1:-2]
-    assert len(content) == 5
+    assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in content) == 5
     assert all(c["object"] == "chat.completion.chunk" and c["choices"][0]["delta"]["content"] for c in content)
     assert content[-1]["choices"][0]["finish_reason"] == "length"
     assert data[-2]["usage"]["completion_tokens"] == 5
@@ -141,8 +146,35 @@ def test_streaming_chat_shape(stub) -> None:
 
 def test_stream_without_usage_has_no_usage_chunk(stub) -> None:
     data = [e for _, e in stream_events(stub.url, "/v1/completions", {"prompt": "x", "max_tokens": 3})]
-    assert len(data) == 4 and data[-1] == "[DONE]"
+    assert len(data) >= 2 and data[-1] == "[DONE]"
     assert all("usage" not in d for d in data[:-1])
+
+
+def _chunk_tokens(url: str, body: dict) -> list[int]:
+    events = stream_events(url, "/v1/completions", {**body, "logprobs": 0})
+    return [len(e["choices"][0]["logprobs"]["tokens"]) for _, e in events if e != "[DONE]" and e["choices"]]
+
+
+def test_a_speculative_chunk_carries_every_token_its_step_accepted(spawn) -> None:
+    """vLLM streams a step's accepted tokens in one chunk: the stub's chunks and its own acceptance metrics
+    must tell the same story (mean acceptance length = 1 + accepted / drafts)."""
+    p = spawn(env={"STUB_DECODE_TOKENS_PER_S": "2000"})
+    counts = _chunk_tokens(p.url, {"prompt": "a long answer", "max_tokens": 300})
+    m = httpx.get(p.url + "/metrics").text
+    drafts = metric(m, "vllm:spec_decode_num_drafts_total")
+    accepted = metric(m, "vllm:spec_decode_num_accepted_tokens_total")
+    assert sum(counts) == 300 and counts[0] == 1, "the prefill step has no drafts yet"
+    assert all(1 <= n <= 6 for n in counts) and max(counts) == 6 and counts.count(1) > 1, counts
+    assert drafts == len(counts) - 1 == metric(m, "stub:engine_steps_total") - 1
+    assert metric(m, "vllm:spec_decode_num_draft_tokens_total") == 5 * drafts
+    # Every decode chunk is 1 + its step's accepted drafts, except the last, cut at max_tokens.
+    assert 0 <= drafts + accepted - sum(counts[1:]) <= 5
+    assert 1 + accepted / drafts == pytest.approx(2.9, abs=0.05)
+    assert sum(counts[1:]) / (len(counts) - 1) == pytest.approx(2.9, abs=0.05)
+    # The same rate for any prompt: how many drafts a step accepts does not depend on the text.
+    assert _chunk_tokens(p.url, {"prompt": "another prompt entirely", "max_tokens": 300}) == counts
+    q = spawn(env={"STUB_NUM_SPECULATIVE_TOKENS": "0"})
+    assert _chunk_tokens(q.url, {"prompt": "plain decoding", "max_tokens": 20}) == [1] * 20
 
 
 def test_non_streaming_matches_streaming(stub) -> None:
@@ -290,7 +322,6 @@ def test_metrics_names_labels_and_counts(stub) -> None:
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
         "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total",
         "vllm:time_to_first_token_seconds_count",
@@ -298,6 +329,11 @@ def test_metrics_names_labels_and_counts(stub) -> None:
         "stub:splitkv_steps_total",
     ):
         metric(before, name, **label)
+    # vLLM 0.31.0 removed the old name; its sleep-state gauge is there without development mode too.
+    assert "vllm:gpu_cache_usage_perc" not in before
+    assert metric(before, "vllm:engine_sleep_state", sleep_state="awake", **label) == 1
+    assert metric(before, "vllm:engine_sleep_state", sleep_state="weights_offloaded", **label) == 0
+    assert metric(before, "vllm:engine_sleep_state", sleep_state="discard_all", **label) == 0
     httpx.post(stub.url + "/v1/completions", json={"prompt": "count me", "max_tokens": 11})
     after = httpx.get(stub.url + "/metrics").text
     assert metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total") == 11

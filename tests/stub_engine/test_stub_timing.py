@@ -17,15 +17,16 @@ RATE = 200.0
 TOKENS = 80
 
 
-def _rate(url: str, prompt: str, out: list[float] | None = None) -> float:
-    events = stream_events(url, "/v1/completions", {"prompt": prompt, "max_tokens": TOKENS})
-    times = [t for t, e in events if e != "[DONE]"]
-    assert len(times) == TOKENS
-    # From token 10 on: the first tokens of a connection carry one-off client and server latency.
-    rate = (len(times) - 11) / (times[-1] - times[10])
+def _rate(url: str, prompt: str, out: list[tuple[float, int]] | None = None) -> tuple[float, int]:
+    """A stream's decode rate in tokens/s, and how many chunks (engine steps) brought its tokens."""
+    events = stream_events(url, "/v1/completions", {"prompt": prompt, "max_tokens": TOKENS, "logprobs": 0})
+    chunks = [(t, len(e["choices"][0]["logprobs"]["tokens"])) for t, e in events if e != "[DONE]"]
+    assert sum(n for _, n in chunks) == TOKENS
+    # From chunk 3 on: the first chunks of a connection carry one-off client and server latency.
+    rate = sum(n for _, n in chunks[4:]) / (chunks[-1][0] - chunks[3][0])
     if out is not None:
-        out.append(rate)
-    return rate
+        out.append((rate, len(chunks)))
+    return rate, len(chunks)
 
 
 def _counters(url: str) -> tuple[float, float]:
@@ -41,35 +42,41 @@ def test_single_stream_decode_rate(spawn) -> None:
     from stubengine import config
 
     p = spawn(env={"STUB_DECODE_TOKENS_PER_S": str(RATE)})
-    rate = _rate(p.url, "warm up")
-    # One stream: one token per engine step, and steps paced at the configured rate.
-    assert _counters(p.url) == (TOKENS, TOKENS)
+    rate, chunks = _rate(p.url, "warm up")
+    # One stream: one chunk per engine step, each with its accepted tokens, at the configured token rate.
+    assert _counters(p.url) == (TOKENS, chunks) and chunks < TOKENS / 2
     assert _in_band(rate, RATE), rate
-    # STUB_STEP_MS overrides the rate: 4 ms per step is 250 tok/s.
-    env = {"STUB_DECODE_TOKENS_PER_S": str(RATE), "STUB_STEP_MS": "4"}
+    # The rate is tokens/s: a step lasts its mean tokens (2.9 at k=5) at that rate; 1/rate without drafts.
+    assert config.load(["serve", "/model"], {"STUB_DECODE_TOKENS_PER_S": str(RATE)}).step_seconds == \
+        pytest.approx(2.9 / RATE)
+    plain = {"STUB_DECODE_TOKENS_PER_S": str(RATE), "STUB_NUM_SPECULATIVE_TOKENS": "0"}
+    assert config.load(["serve", "/model"], plain).step_seconds == 1 / RATE
+    # STUB_STEP_MS overrides the rate: 4 ms per step of one token is 250 tok/s.
+    env = {**plain, "STUB_STEP_MS": "4"}
     assert config.load(["serve", "/model"], env).step_seconds == pytest.approx(0.004)
-    assert config.load(["serve", "/model"], {"STUB_DECODE_TOKENS_PER_S": str(RATE)}).step_seconds == 1 / RATE
     q = spawn(env=env)
-    rate = _rate(q.url, "x")
-    assert _counters(q.url) == (TOKENS, TOKENS)
+    rate, chunks = _rate(q.url, "x")
+    assert _counters(q.url) == (TOKENS, TOKENS) and chunks == TOKENS
     assert _in_band(rate, 250.0), rate
 
 
 def test_concurrent_streams_share_steps(spawn) -> None:
     p = spawn(env={"STUB_DECODE_TOKENS_PER_S": str(RATE)})
-    single = _rate(p.url, "single")
+    single, _ = _rate(p.url, "single")
     tokens0, steps0 = _counters(p.url)
-    rates: list[float] = []
-    threads = [threading.Thread(target=_rate, args=(p.url, f"stream {i}", rates)) for i in range(4)]
+    streams: list[tuple[float, int]] = []
+    threads = [threading.Thread(target=_rate, args=(p.url, f"stream {i}", streams)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
-    assert len(rates) == 4
+    assert len(streams) == 4
     tokens, steps = _counters(p.url)
-    # The four streams share engine steps: 320 tokens in 80 steps if all four arrived in the same step;
-    # 160 would take arrivals 400 ms apart. A loop that stepped each stream alone would take 320.
+    # The four streams share engine steps: as few steps as the longest stream has chunks if all four
+    # arrived in the same step; a loop that stepped each stream alone would take all their chunks.
+    chunks = [n for _, n in streams]
     assert tokens - tokens0 == 4 * TOKENS
-    assert TOKENS <= steps - steps0 < 2 * TOKENS
+    assert max(chunks) <= steps - steps0 < sum(chunks)
     # So every stream keeps the single-stream rate, and the aggregate grows with the streams.
+    rates = [r for r, _ in streams]
     assert _in_band(single, RATE) and all(_in_band(r, RATE) for r in rates), (single, rates)

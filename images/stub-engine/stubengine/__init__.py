@@ -19,9 +19,13 @@ Any other `--flag`, `--flag value ...` or `--flag=value` is accepted and listed 
 Environment (stub knobs; all optional):
 
     STUB_LOAD_SECONDS=2            load delay; the port is bound only once loading is done
-    STUB_DECODE_TOKENS_PER_S=100   single-stream decode rate; one step = 1/rate seconds
+    STUB_DECODE_TOKENS_PER_S=100   single-stream decode rate in tokens/s; one step = (mean tokens per
+                                   step) / rate seconds: 2.9 tokens at k=5
     STUB_STEP_MS=                  step time in ms; overrides STUB_DECODE_TOKENS_PER_S
     STUB_NUM_SPECULATIVE_TOKENS=5  configured draft steps k (3 run while 9-32 requests are running);
+                                   each step's stream chunk carries 1 + the drafts it accepted (a fixed
+                                   cycle 2,0,3,2,1,5,2,1,2,1 capped at the draft steps run: mean acceptance
+                                   length 2.9 at k=5), up to k + 1 tokens; 0: one token per chunk;
                                    query tokens per step = 1 + draft steps
     STUB_KV_CACHE_TOKENS=4400013   reported in "GPU KV cache size" and used for kv_cache_usage_perc
     STUB_AUTOTUNE_CONFIGS=210      N in "[Autotuner]: Loaded N configs from ..."
@@ -32,6 +36,7 @@ Environment (stub knobs; all optional):
                                    confident, emit the runner-up token instead (a "confident flip")
     STUB_FAULT=                    crash | crash_on_start | hang | unhealthy | fatal_log | slow_start
                                    | wake_fail | wake_altered | die_asleep (sleep mode: see sleep.py)
+                                   | prefix_cache_held (POST /reset_prefix_cache answers {"success": false})
                                    | broken_tool_json | leak_reasoning | loop | miss_needle (output
                                    faults, each failing one of lanectl's probes: see faults.py, answers.py)
     STUB_FAULT_AFTER_S=0           crash/hang/unhealthy/fatal_log fire this long after ready (crash: the
@@ -42,6 +47,8 @@ Environment (stub knobs; all optional):
     STUB_OOB_LOG_EVERY=100         log the first stray sampler read, then one per this many
     STUB_SLEEP_SECONDS=0.5         how long POST /sleep takes (sleep mode)
     STUB_WAKE_SECONDS=1            how long POST /wake_up takes
+    STUB_SLEEP_REFUSES=0           1: a request sent while asleep is refused at once (503 EngineSleepingError);
+                                   by default it is queued and served once woken, as vLLM does
     VLLM_SERVER_DEV_MODE=0         1: mount /sleep, /wake_up, /is_sleeping, /reset_prefix_cache (vLLM's
                                    development routes; sleep itself also needs --enable-sleep-mode)
     STUB_STATS_INTERVAL_S=10       period of the "Engine 000: Avg ..." stats line (0: never)

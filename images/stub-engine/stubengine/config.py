@@ -18,8 +18,20 @@ USAGE = (
 )
 
 FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start",
-          "wake_fail", "wake_altered", "die_asleep",
+          "wake_fail", "wake_altered", "die_asleep", "prefix_cache_held",
           "broken_tool_json", "leak_reasoning", "loop", "miss_needle")
+
+
+# How many draft tokens the stub's target model agrees with at each decode step of a request, in turn: a
+# fixed cycle rather than a draw, so every prompt decodes at the same rate (a benchmark's A/B/A arms vary
+# their prompts, and a per-prompt acceptance would add noise no gate could see through). Mean 1.9 accepted
+# drafts at k=5, i.e. a mean acceptance length of 2.9 tokens per step; 0 and 5 are in it, as real steps have.
+ACCEPTED_DRAFTS_CYCLE = (2, 0, 3, 2, 1, 5, 2, 1, 2, 1)
+
+
+def mean_tokens_per_step(draft_steps: int) -> float:
+    """Tokens one request's decode step yields on average with this many draft steps: 1 + accepted drafts."""
+    return 1 + sum(min(n, draft_steps) for n in ACCEPTED_DRAFTS_CYCLE) / len(ACCEPTED_DRAFTS_CYCLE)
 
 
 class ConfigError(ValueError):
@@ -63,6 +75,7 @@ class Config:
     stats_interval_s: float = 10.0
     sleep_seconds: float = 0.5
     wake_seconds: float = 1.0
+    sleep_refuses: bool = False
     # Split-KV overlay, read under the real vLLM names (#57711).
     mega_splitkv: int = 0
     mega_splitkv_max_tokens: int = 8
@@ -205,8 +218,11 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.slow_start_seconds = _num(env, "STUB_SLOW_START_SECONDS", 30.0)
     rate = _num(env, "STUB_DECODE_TOKENS_PER_S", 100.0, minimum=1e-6)
     step_ms = env.get("STUB_STEP_MS", "").strip()
-    cfg.step_seconds = _num(env, "STUB_STEP_MS", 0.0, minimum=1e-6) / 1000.0 if step_ms else 1.0 / rate
     cfg.num_speculative_tokens = _int(env, "STUB_NUM_SPECULATIVE_TOKENS", 5)
+    # The rate is a single stream's tokens per second; a speculative step carries several tokens, so a step
+    # lasts as long as its mean number of tokens takes at that rate.
+    per_step = mean_tokens_per_step(cfg.num_speculative_tokens)
+    cfg.step_seconds = _num(env, "STUB_STEP_MS", 0.0, minimum=1e-6) / 1000.0 if step_ms else per_step / rate
     cfg.kv_cache_tokens = _int(env, "STUB_KV_CACHE_TOKENS", 4_400_013, minimum=1)
     cfg.autotune_configs = _int(env, "STUB_AUTOTUNE_CONFIGS", 210)
     cfg.autotune_stall = _flag(env, "STUB_AUTOTUNE_STALL")
@@ -223,6 +239,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.stats_interval_s = _num(env, "STUB_STATS_INTERVAL_S", 10.0)
     cfg.sleep_seconds = _num(env, "STUB_SLEEP_SECONDS", 0.5)
     cfg.wake_seconds = _num(env, "STUB_WAKE_SECONDS", 1.0)
+    cfg.sleep_refuses = _flag(env, "STUB_SLEEP_REFUSES")
     cfg.dev_mode = _flag(env, "VLLM_SERVER_DEV_MODE")
     fault = env.get("STUB_FAULT", "").strip().lower()
     if fault and fault != "none":

@@ -1,9 +1,12 @@
 """The engine loop: one thread that runs batched steps, like vLLM's EngineCore busy loop.
 
-Each step emits one token for every running request, so aggregate throughput grows with concurrency
-while the per-stream rate stays at 1 / step time. Steps are scheduled against a monotonic deadline
-rather than sleeping a fixed time after the work, so per-step overhead and wake-up jitter do not
-accumulate into drift: benchmark numbers must reflect the configured rate, not the stub's overhead.
+Each step emits, for every running request, the tokens that step accepted: under speculative decoding
+(k > 0) one plus the draft tokens the rejection sampler accepted (1 to k + 1), all in one stream chunk, as
+vLLM sends them; a request's first step (its prefill) has no drafts yet and emits one. So aggregate
+throughput grows with concurrency while the per-stream rate stays at tokens per step / step time.
+Steps are scheduled against a monotonic deadline rather than sleeping a fixed time after the work, so
+per-step overhead and wake-up jitter do not accumulate into drift: benchmark numbers must reflect the
+configured rate, not the stub's overhead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import decoding, logs
+from .config import ACCEPTED_DRAFTS_CYCLE
 from .faults import FaultState
 from .metrics import Gauges, Metrics
 from .rejection_sampler import rejection_sample
@@ -33,11 +37,16 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineSleepingError(RuntimeError):
-    """The engine is asleep (sleep mode): generation is refused until POST /wake_up."""
+    """The engine is asleep and STUB_SLEEP_REFUSES=1 asks it to refuse new requests (vLLM queues them)."""
 
 
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace for the root cause."
 SLEEPING_MESSAGE = "The engine is sleeping: POST /wake_up before generating"
+
+# vLLM 0.31.0's pause modes (`EngineCore.pause_scheduler`), each queueing new requests until resumed:
+# abort ends the requests in flight with finish_reason "abort"; wait lets them finish first; keep holds
+# them where they are and continues them once resumed.
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 @dataclass(eq=False)
@@ -47,9 +56,11 @@ class Request:
     max_tokens: int
     stream: decoding.TokenStream
     arrival: float = field(default_factory=time.monotonic)
-    # ("token", index, finish_reason | None) or ("error", message), consumed by the HTTP thread.
+    # ("tokens", first index, count, finish_reason | None), ("abort", generated) or ("error", message),
+    # consumed by the HTTP thread.
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: int = 0
+    decode_steps: int = 0  # steps that drafted for it (every step after its prefill)
     aborted: bool = False
 
 
@@ -60,9 +71,11 @@ def draft_steps(num_running: int, num_speculative_tokens: int) -> int:
     return num_speculative_tokens
 
 
-def _draft_agrees(token_id: int, position: int) -> bool:
-    # A fixed ~70% acceptance pattern; any deterministic rule will do, the sampler only needs drafts.
-    return (token_id * 2654435761 + position * 40503) % 100 < 70
+def _drafts(row: Sequence[int], decode_step: int) -> list[int]:
+    """A request's draft tokens for one step: the first n agree with the target (n from the fixed cycle),
+    the next does not, so the rejection sampler accepts exactly n; the rest never count."""
+    agree = ACCEPTED_DRAFTS_CYCLE[decode_step % len(ACCEPTED_DRAFTS_CYCLE)]
+    return [tok if j < agree else (tok + 1) % decoding.V for j, tok in enumerate(row)]
 
 
 class Engine:
@@ -93,7 +106,11 @@ class Engine:
         self._running: list[Request] = []
         self._thread = threading.Thread(target=self._loop, name="EngineCore", daemon=True)
         self._ids = itertools.count()
-        self.sleeping = False
+        # None, or the pause mode in force: every mode queues new requests; only "wait" keeps stepping.
+        self.paused: str | None = None
+        # STUB_SLEEP_REFUSES=1: answer a request sent while paused at once with 503, the stub's old shape,
+        # for a test of a client that must give up on a silent engine.
+        self.refuse_while_paused = False
         metrics.gauges = self.gauges
 
     def start(self) -> None:
@@ -106,7 +123,7 @@ class Engine:
         with self._cond:
             if self.faults.dead:
                 raise EngineDeadError(DEAD_MESSAGE)
-            if self.sleeping:
+            if self.paused is not None and self.refuse_while_paused:
                 raise EngineSleepingError(SLEEPING_MESSAGE)
             self._waiting.append(req)
             self._cond.notify_all()
@@ -114,10 +131,28 @@ class Engine:
     def abort(self, req: Request) -> None:
         req.aborted = True
 
-    def set_sleeping(self, sleeping: bool) -> None:
-        """Sleep mode: while asleep every request, in flight or new, ends with an error."""
+    def pause(self, mode: str) -> None:
+        """Stop scheduling as vLLM's pause_scheduler does, and return once the pause is complete: at once for
+        abort and keep, after the requests in flight finished for wait. New requests queue meanwhile."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"Invalid pause mode: {mode}")
         with self._cond:
-            self.sleeping = sleeping
+            self.paused = mode
+            if mode == "abort":
+                for req in itertools.chain(self._running, self._waiting):
+                    req.aborted = True
+                    req.events.put(("abort", req.generated))
+                    self.metrics.finished("abort")
+                self._running.clear()
+                self._waiting.clear()
+            self._cond.notify_all()
+            while mode == "wait" and self._running and not self.faults.dead:
+                self._cond.wait(0.1)
+
+    def resume(self) -> None:
+        """Resume scheduling: the requests queued while paused (and those kept) run."""
+        with self._cond:
+            self.paused = None
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -149,16 +184,16 @@ class Engine:
         while True:
             if self.faults.dead:
                 self._fail_all(DEAD_MESSAGE)
-            elif self.sleeping:
-                self._fail_all(SLEEPING_MESSAGE)
-            elif not self.faults.stuck and (self._running or self._waiting):
+            elif self.faults.stuck or self.paused in ("abort", "keep"):
+                pass  # no step runs; queued requests wait for a resume
+            elif self._running or (self._waiting and self.paused is None):
                 break
             self._cond.wait()
         still = [r for r in self._running if not r.aborted]
         dropped = len(self._running) - len(still)
         self._running = still
         admitted = 0
-        while self._waiting and len(self._running) < self.max_num_seqs:
+        while self._waiting and self.paused is None and len(self._running) < self.max_num_seqs:
             req = self._waiting.popleft()
             if req.aborted:
                 dropped += 1
@@ -191,14 +226,14 @@ class Engine:
             if deadline is None or was_idle or now - deadline > max(CATCH_UP_S, step):
                 deadline = now
             deadline += step
-            self._speculate(batch)
+            accepted = self._speculate(batch)
             delay = deadline - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             with self._cond:
-                if self.faults.stuck or self.faults.dead or self.sleeping:
+                if self.faults.stuck or self.faults.dead or self.paused in ("abort", "keep"):
                     continue  # the step never completes; the loop parks in _schedule
-                emitted = self._emit(batch)
+                emitted = self._emit(batch, accepted)
             self.metrics.add(generation_tokens=emitted, engine_steps=1, splitkv_steps=int(split))
             stats_tokens[1] += emitted
             if self.stats_interval_s > 0 and deadline - last_stats >= self.stats_interval_s:
@@ -206,46 +241,53 @@ class Engine:
                 last_stats = deadline
                 stats_tokens = [0, 0]
 
-    def _emit(self, batch: Sequence[Request]) -> int:
+    def _emit(self, batch: Sequence[Request], accepted: dict[int, int]) -> int:
+        """Hand each request its tokens of this step, in one event: 1 + the drafts it accepted, cut at max_tokens."""
         now = time.monotonic()
         emitted = 0
         for req in batch:
             if req.aborted:
                 continue
-            emitted += 1
             index = req.generated
-            req.generated += 1
+            count = min(1 + accepted.get(id(req), 0), req.max_tokens - index)
+            emitted += count
+            req.generated += count
             if index == 0:
                 self.metrics.observe_ttft(now - req.arrival)
             done = req.generated >= req.max_tokens
-            req.events.put(("token", index, "length" if done else None))
+            req.events.put(("tokens", index, count, "length" if done else None))
             if done:
                 self._running.remove(req)
                 self.metrics.finished("length")
         return emitted
 
-    def _speculate(self, batch: Sequence[Request]) -> None:
-        """Run the rejection sampler over this step's drafts, as the GPU step would."""
-        if self.k <= 0:
-            return
+    def _speculate(self, batch: Sequence[Request]) -> dict[int, int]:
+        """Run the rejection sampler over this step's drafts, as the GPU step would. Returns the draft tokens
+        each request accepted (by id(request)); a request in its prefill step has no drafts yet."""
+        drafted = [req for req in batch if req.generated > 0]
+        if self.k <= 0 or not drafted:
+            return {}
+        # The schedule is set by every running request, the drafts exist only for those past their prefill.
         steps = draft_steps(len(batch), self.k)
         target: list[int] = []
         drafts: list[int] = []
         cu_num_logits = [0]
-        for req in batch:
+        for req in drafted:
             pos = req.generated
             row = [req.stream.token(pos + j) for j in range(steps + 1)]
             target.extend(row)
             drafts.append(req.stream.token(pos - 1) if pos > 0 else 0)
-            for j in range(steps):
-                tok = row[j]
-                drafts.append(tok if _draft_agrees(tok, pos + j) else (tok + 1) % decoding.V)
+            drafts.extend(_drafts(row[:steps], req.decode_steps))
+            req.decode_steps += 1
             cu_num_logits.append(len(target))
         out = rejection_sample(target, drafts, cu_num_logits, self.k)
+        # The unpatched sampler (#60945) can take the bonus position for a draft when fewer steps run than
+        # configured; a step still has only steps + 1 tokens to give.
+        accepted = [min(n, steps) for n in out.num_accepted]
         self.metrics.add(
-            spec_drafts=len(batch),
-            spec_draft_tokens=steps * len(batch),
-            spec_accepted_tokens=sum(out.num_accepted),
+            spec_drafts=len(drafted),
+            spec_draft_tokens=steps * len(drafted),
+            spec_accepted_tokens=sum(accepted),
         )
         if out.oob_reads:
             before = self.metrics.oob_draft_reads
@@ -263,6 +305,7 @@ class Engine:
                     len(batch),
                     total,
                 )
+        return {id(req): n for req, n in zip(drafted, accepted, strict=True)}
 
     def _log_stats(self, interval: float, tokens: list[int]) -> None:
         g = self.gauges()

@@ -57,6 +57,13 @@ class Metrics:
         self.splitkv_steps = 0
         self.engine_steps = 0
         self.gauges: Callable[[], Gauges] = Gauges
+        self.sleep_state = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
+
+    def set_sleep_state(self, *, asleep: bool, level: int) -> None:
+        """vLLM's record_sleep_state: awake 0 while asleep at any level, and the level's own flag."""
+        with self._lock:
+            self.sleep_state = {"awake": int(not asleep), "weights_offloaded": int(asleep and level == 1),
+                                "discard_all": int(asleep and level == 2)}
 
     def add(self, **counters: int) -> None:
         with self._lock:
@@ -87,12 +94,14 @@ class Metrics:
             )
             metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", gauges.waiting)
             metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", gauges.kv_usage)
-            metric(
-                "vllm:gpu_cache_usage_perc",
-                "gauge",
-                "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).",
-                gauges.kv_usage,
-            )
+            # vLLM 0.31.0 no longer has vllm:gpu_cache_usage_perc (kv_cache_usage_perc took its place).
+            name = "vllm:engine_sleep_state"
+            out.append(f"# HELP {name} Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means "
+                       "engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+                       "level 2.")
+            out.append(f"# TYPE {name} gauge")
+            for state, value in self.sleep_state.items():
+                out.append(f'{name}{{{labels},sleep_state="{state}"}} {float(value)!r}')
             metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens)
             metric(
                 "vllm:generation_tokens_total",

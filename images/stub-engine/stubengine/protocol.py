@@ -228,8 +228,10 @@ class Renderer:
             ],
         }
 
-    def token_chunk(self, index: int, finish_reason: str | None) -> dict[str, Any]:
-        positions = range(index, index + 1)
+    def token_chunk(self, index: int, finish_reason: str | None, count: int = 1) -> dict[str, Any]:
+        """The chunk of one engine step: its `count` tokens from position `index` on (several under
+        speculative decoding, none for an aborted request's last chunk)."""
+        positions = range(index, index + count)
         choice: dict[str, Any] = {"index": 0}
         if self.gen.chat:
             choice["delta"] = {"content": self._text(positions)}

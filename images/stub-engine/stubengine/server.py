@@ -2,7 +2,7 @@
 
 Threads rather than asyncio because http.server gives correct HTTP/1.1 parsing and keep-alive for
 free, and a handler thread that only blocks on its request's event queue costs nothing while it
-waits; the timing that matters (one token per stream per step) lives in the engine thread.
+waits; the timing that matters (one chunk per stream per step) lives in the engine thread.
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import __version__, answers, decoding, logs, protocol
 from .config import Config
-from .engine import SLEEPING_MESSAGE, Engine, EngineDeadError, EngineSleepingError, Request
+from .engine import Engine, EngineDeadError, EngineSleepingError, Request
 from .faults import RUNTIME_FAULTS, FaultState
 from .metrics import Metrics
 from .sleep import Sleeper, SleepError
 
 MAX_BODY = 64 * 1024 * 1024
-# Mounted only with VLLM_SERVER_DEV_MODE=1, as vLLM does (GET /is_sleeping is answered in do_GET).
+# Mounted only with VLLM_SERVER_DEV_MODE=1, as vLLM does; the other method of each answers 405, as FastAPI does.
 DEV_ROUTES = ("/sleep", "/wake_up", "/reset_prefix_cache")
+DEV_GET_ROUTES = ("/is_sleeping",)
+# FastAPI's reading of a bool query parameter.
+TRUE_WORDS = ("1", "true", "on", "yes")
 
 
 class StubHTTPServer(ThreadingHTTPServer):
@@ -104,6 +107,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"version": __version__})
         elif path == "/is_sleeping" and self.server.cfg.dev_mode:
             self._json(200, {"is_sleeping": self.server.sleeper.asleep})
+        elif path in DEV_ROUTES and self.server.cfg.dev_mode:
+            self._method_not_allowed("POST")
         else:
             self._json(404, {"detail": "Not Found"})
 
@@ -119,26 +124,42 @@ class Handler(BaseHTTPRequestHandler):
             elif path in DEV_ROUTES and self.server.cfg.dev_mode:
                 self._body()
                 self._dev_route(path)
+            elif path in DEV_GET_ROUTES and self.server.cfg.dev_mode:
+                self._body()
+                self._method_not_allowed("GET")
             else:
                 self._body()  # drain it, or the next request on this connection would read it
                 self._json(404, {"detail": "Not Found"})
         except protocol.ApiError as err:
             self._error(err)
 
+    def _method_not_allowed(self, allowed: str) -> None:
+        body = json.dumps({"detail": "Method Not Allowed"}).encode()
+        self.send_response(405)
+        self.send_header("Allow", allowed)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _dev_route(self, path: str) -> None:
-        """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): 200 with an empty body, as vLLM answers."""
+        """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): /sleep and /wake_up answer 200 with an empty
+        body once done, /reset_prefix_cache 200 with {"success": bool}, as vLLM 0.31.0 answers."""
         query = parse_qs(urlsplit(self.path).query)
+        if path == "/reset_prefix_cache":
+            self._json(200, {"success": self._reset_prefix_cache(query)})
+            return
         try:
             if path == "/sleep":
                 raw = query.get("level", ["1"])[-1]
                 if not raw.isdigit():
-                    raise SleepError(400, f"level must be an integer, got {raw!r}")
-                self.server.sleeper.sleep(int(raw))
+                    raise SleepError(400, f"invalid literal for int() with base 10: {raw!r}")
+                self.server.sleeper.sleep(int(raw), query.get("mode", ["abort"])[-1])
             elif path == "/wake_up":
                 self.server.sleeper.wake_up(query.get("tags") or None)
-            # /reset_prefix_cache: the stub keeps no prefix cache, so there is nothing to drop.
         except SleepError as exc:
-            raise protocol.ApiError(exc.status, exc.message, "SleepModeError") from None
+            kind = "InternalServerError" if exc.status >= 500 else "BadRequestError"
+            raise protocol.ApiError(exc.status, exc.message, kind) from None
         self._send(200, b"")
 
     def _tokenize(self, path: str) -> None:
@@ -148,6 +169,15 @@ class Handler(BaseHTTPRequestHandler):
                                                      max_model_len=cfg.max_model_len))
         else:
             self._json(200, protocol.detokenize_answer(self._body()))
+
+    def _reset_prefix_cache(self, query: dict[str, list[str]]) -> bool:
+        """vLLM's reset succeeds only when no block is held: not while requests run (unless
+        reset_running_requests=true preempts them), and never under STUB_FAULT=prefix_cache_held."""
+        logs.get("api_router").info("Resetting prefix cache...")
+        if self.server.cfg.fault == "prefix_cache_held":
+            return False
+        preempt = query.get("reset_running_requests", ["false"])[-1].lower() in TRUE_WORDS
+        return preempt or self.server.engine.gauges().running == 0
 
     def _models(self) -> dict[str, Any]:
         cfg = self.server.cfg
@@ -204,7 +234,7 @@ class Handler(BaseHTTPRequestHandler):
             srv.engine.submit(req)
         except EngineDeadError as exc:
             raise protocol.ApiError(*srv.faults.dead_error(str(exc))) from None
-        except EngineSleepingError as exc:
+        except EngineSleepingError as exc:  # only with STUB_SLEEP_REFUSES=1: vLLM queues the request
             raise protocol.ApiError(503, str(exc), "EngineSleepingError") from None
         render = protocol.Renderer(gen, request_id, tokens, answer)
         if gen.stream:
@@ -217,9 +247,12 @@ class Handler(BaseHTTPRequestHandler):
             event = req.events.get()
             if event[0] == "error":
                 raise _engine_error(event[1], self.server.faults)
-            _, index, finish = event
+            if event[0] == "abort":
+                self._json(200, render.response(event[1], "abort"))
+                return
+            _, index, count, finish = event
             if finish is not None:
-                self._json(200, render.response(index + 1, finish))
+                self._json(200, render.response(index + count, finish))
                 return
 
     def _chunk(self, data: bytes) -> None:
@@ -242,14 +275,23 @@ class Handler(BaseHTTPRequestHandler):
                 if event[0] == "error":
                     self._sse(_engine_error(event[1], self.server.faults).body())
                     break
-                _, index, finish = event
+                if event[0] == "abort":
+                    # An aborted request (a sleep in the default mode) ends as vLLM ends it: no new token,
+                    # finish_reason "abort".
+                    if first and render.gen.chat:
+                        self._sse(render.role_chunk())
+                    self._sse(render.token_chunk(event[1], "abort", count=0))
+                    if render.gen.include_usage:
+                        self._sse(render.usage_chunk(event[1]))
+                    break
+                _, index, count, finish = event
                 if first and render.gen.chat:
                     self._sse(render.role_chunk())
                 first = False
-                self._sse(render.token_chunk(index, finish))
+                self._sse(render.token_chunk(index, finish, count))
                 if finish is not None:
                     if render.gen.include_usage:
-                        self._sse(render.usage_chunk(index + 1))
+                        self._sse(render.usage_chunk(index + count))
                     break
             self._chunk(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
@@ -260,7 +302,5 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _engine_error(message: str, faults: FaultState) -> protocol.ApiError:
-    """A request the engine ended: put to sleep under it, or the engine died (500 when its core died)."""
-    if message == SLEEPING_MESSAGE:
-        return protocol.ApiError(503, message, "EngineSleepingError")
+    """A request the engine ended because it died (500 when its core died, as vLLM answers then)."""
     return protocol.ApiError(*faults.dead_error(message))

@@ -1,9 +1,17 @@
-"""vLLM's sleep mode: POST /sleep?level=N, POST /wake_up, GET /is_sleeping (development routes).
+"""vLLM's sleep mode: POST /sleep?level=N&mode=M, POST /wake_up?tags=T, GET /is_sleeping (development routes).
 
-A sleeping vLLM keeps its process, its port and its CUDA context, copies its weights to host memory
-(level 1; level 2 discards them), frees its KV cache and answers generation with an error until it is
-woken. The stub keeps the same contract and vLLM's log lines, takes STUB_SLEEP_SECONDS to fall asleep
-and STUB_WAKE_SECONDS to wake, and injects the faults that make a standby dangerous (faults.py).
+As vLLM 0.31.0 (`EngineCore.sleep`, `wake_up`, `is_sleeping`; `Executor.sleep`, `wake_up`):
+- every sleep first pauses the scheduler (`mode`: abort, wait or keep; see engine.PAUSE_MODES). A paused
+  engine *queues* new requests and serves them once woken; nothing refuses them, and /health and
+  /v1/models keep answering 200. Level 0 stops there (no memory moves).
+- level 1 copies the weights to host memory and frees the KV cache; level 2 discards both. Either leaves
+  the executor with the sleeping tags {weights, kv_cache}.
+- `wake_up` with no tags wakes every tag; with tags, only those (`scheduling` alone resumes a level-0
+  pause). The scheduler resumes only once no tag sleeps any more: after `tags=weights` alone the engine
+  still sleeps and still queues.
+- `is_sleeping` is true while the scheduler is paused or any tag sleeps.
+The stub takes STUB_SLEEP_SECONDS to fall asleep and STUB_WAKE_SECONDS per wake, prints vLLM's log lines,
+and injects the faults that make a standby dangerous (faults.py).
 """
 
 from __future__ import annotations
@@ -13,10 +21,14 @@ import time
 
 from . import logs
 from .config import Config
-from .engine import Engine
+from .engine import PAUSE_MODES, Engine
 from .faults import FaultState
+from .metrics import Metrics
 
 log = logs.get("executor")
+log_worker = logs.get("gpu_worker")
+log_core = logs.get("core")
+log_api = logs.get("api_router")
 
 # What a sleeping vLLM frees and what it keeps (its CUDA context and graphs; upstream reports 1-16 GiB).
 FREED_GIB = 72.3
@@ -32,56 +44,94 @@ class SleepError(Exception):
         self.message = message
 
 
+SLEEP_TAGS = ("weights", "kv_cache")
+
+
 class Sleeper:
     """The engine's sleep state. Sleep and wake hold one lock, so they never interleave."""
 
-    def __init__(self, cfg: Config, engine: Engine, fault_state: FaultState) -> None:
+    def __init__(self, cfg: Config, engine: Engine, fault_state: FaultState, metrics: Metrics) -> None:
         self.cfg = cfg
         self.engine = engine
         self.faults = fault_state
-        self.level = 0  # 0: awake
+        self.metrics = metrics
+        self.level = 0  # the level of the last sleep that moved memory (1 or 2); 0 once fully awake
+        self.sleeping_tags: set[str] = set()  # the executor's: what is not resident on the GPU
         # Added to the token seed after a wake that corrupted the weights (wake_altered, or waking from
         # level 2 without reloading them): the endpoint answers, the text is different.
         self.seed_offset = 0
         self._lock = threading.Lock()
+        engine.refuse_while_paused = cfg.sleep_refuses
 
     @property
     def asleep(self) -> bool:
-        return self.level > 0
+        """vLLM's is_sleeping: the scheduler is paused or some memory is not resident."""
+        return self.engine.paused is not None or bool(self.sleeping_tags)
 
-    def sleep(self, level: int) -> None:
-        if not self.cfg.enable_sleep_mode:
+    def sleep(self, level: int, mode: str = "abort") -> None:
+        if level not in (0, 1, 2):
+            # vLLM does not check (a level above 2 discards everything, as 2 does): the stub refuses instead.
+            raise SleepError(400, f"level must be 0, 1 or 2, got {level}")
+        if mode not in PAUSE_MODES:
+            raise SleepError(400, f"Invalid pause mode: {mode}")
+        if level >= 1 and not self.cfg.enable_sleep_mode:
             raise SleepError(400, "Sleep mode is not enabled: start the server with --enable-sleep-mode")
-        if level not in (1, 2):
-            raise SleepError(400, f"level must be 1 or 2, got {level}")
         with self._lock:
-            if self.asleep:
-                log.warning("Executor is already sleeping.")
-                return
-            started = time.monotonic()
-            self.engine.set_sleeping(True)  # requests in flight are aborted, as vLLM's default mode does
-            time.sleep(self.cfg.sleep_seconds)
-            log.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.", FREED_GIB, RESIDENT_GIB)
-            log.info("It took %.6f seconds to fall asleep.", time.monotonic() - started)
-            self.level = level
-        if self.cfg.fault == "die_asleep":
+            if mode == "wait" and self.engine.paused is None and self.engine.gauges().running:
+                log_core.info("Waiting for in-flight requests to complete before sleeping...")
+            self.engine.pause(mode)
+            if level >= 1:
+                self._offload(level)
+            # Recorded as vLLM's API server records it: from the request, whatever the executor did.
+            self.metrics.set_sleep_state(asleep=True, level=level)
+        if level >= 1 and self.cfg.fault == "die_asleep":
             self.faults.schedule("crash", self.cfg.fault_after_s, "STUB_FAULT=die_asleep: died while asleep")
 
-    def wake_up(self, tags: list[str] | None) -> None:
-        log.info("wake up the engine with tags: %s", tags)
-        with self._lock:
-            if not self.asleep:
-                log.warning("Executor is not sleeping.")
-                return
-            started = time.monotonic()
-            time.sleep(self.cfg.wake_seconds)
-            if self.cfg.fault == "wake_fail":
-                log.error("Failed to wake up: CUDA error: out of memory (stub engine: STUB_FAULT=wake_fail)")
-                raise SleepError(500, "CUDA error: out of memory")
-            if self.cfg.fault == "wake_altered" or self.level == 2:
-                self.seed_offset += 1
-            self.level = 0
-            self.engine.set_sleeping(False)
-            log.info("It took %.6f seconds to wake up tags %s.", time.monotonic() - started,
-                     tags or ["weights", "kv_cache"])
+    def _offload(self, level: int) -> None:
+        if "weights" in self.sleeping_tags:
+            log.warning("Executor is already sleeping.")
+            return
+        started = time.monotonic()
+        time.sleep(self.cfg.sleep_seconds)
+        self.sleeping_tags = set(SLEEP_TAGS)
+        self.level = level
+        log_worker.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.", FREED_GIB, RESIDENT_GIB)
+        log.info("It took %.6f seconds to fall asleep.", time.monotonic() - started)
 
+    def wake_up(self, tags: list[str] | None) -> None:
+        log_api.info("wake up the engine with tags: %s", tags)
+        with self._lock:
+            if tags is not None and "scheduling" in tags:
+                tags = [t for t in tags if t != "scheduling"]
+            if tags is None or tags:
+                self._resume_memory(tags)
+            # A partial wake keeps the scheduler paused: requests stay queued until every tag is back.
+            if not self.sleeping_tags:
+                self.level = 0
+                self.engine.resume()
+                self.metrics.set_sleep_state(asleep=False, level=0)
+
+    def _resume_memory(self, tags: list[str] | None) -> None:
+        if not self.sleeping_tags:
+            log.warning("Executor is not sleeping.")
+            return
+        for tag in tags or ():
+            if tag not in self.sleeping_tags:
+                log.warning("Tag %s is not in sleeping tags %s", tag, _tag_set(self.sleeping_tags))
+                return
+        started = time.monotonic()
+        time.sleep(self.cfg.wake_seconds)
+        if self.cfg.fault == "wake_fail":
+            log.error("Failed to wake up: CUDA error: out of memory (stub engine: STUB_FAULT=wake_fail)")
+            raise SleepError(500, "CUDA error: out of memory")
+        waking = set(tags) if tags else set(self.sleeping_tags)
+        if "weights" in waking and (self.cfg.fault == "wake_altered" or self.level == 2):
+            self.seed_offset += 1
+        log.info("It took %.6f seconds to wake up tags %s.", time.monotonic() - started,
+                 tags if tags else _tag_set(self.sleeping_tags))
+        self.sleeping_tags -= waking
+
+
+def _tag_set(tags: set[str]) -> str:
+    """A set of tags as vLLM prints its set (the stub in a fixed order)."""
+    return "{" + ", ".join(repr(t) for t in sorted(tags, key=SLEEP_TAGS.index)) + "}"

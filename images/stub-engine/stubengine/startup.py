@@ -128,7 +128,7 @@ def serve(cfg: Config) -> None:
         state.apply(cfg.fault, f"STUB_FAULT={cfg.fault}")
     engine.start()
     try:
-        httpd = StubHTTPServer(cfg, engine, metrics, state, Sleeper(cfg, engine, state))
+        httpd = StubHTTPServer(cfg, engine, metrics, state, Sleeper(cfg, engine, state, metrics))
     except OSError as exc:
         log.error("Cannot bind the API server to %s:%d: %s", cfg.host, cfg.port, exc)
         os._exit(1)

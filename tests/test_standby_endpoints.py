@@ -1,0 +1,148 @@
+"""`SleepEndpoints` reads what vLLM 0.31.0 says, not only its status codes: against real stub-engine processes,
+and against a small loopback server for the answers a stub in good order never gives (two reports that
+disagree), each on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from lanectl.lanes.standby import SleepEndpoints, StandbyError
+from tests.stub_engine.stubproc import STUB_DIR, StubProcess
+
+Spawn = Callable[..., StubProcess]
+DEV = {"VLLM_SERVER_DEV_MODE": "1", "STUB_SLEEP_SECONDS": "0", "STUB_WAKE_SECONDS": "0", "STUB_STATS_INTERVAL_S": "0"}
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    procs: list[StubProcess] = []
+
+    def _spawn(env: Mapping[str, str] | None = None) -> StubProcess:
+        p = StubProcess({**DEV, **(env or {})}, ["--enable-sleep-mode"], STUB_DIR, 0)
+        procs.append(p)
+        p.wait_ready()
+        return p
+
+    yield _spawn
+    for p in procs:
+        p.kill()
+
+
+def test_sleep_and_wake_of_a_stub_in_good_order(spawn) -> None:
+    p = spawn()
+    endpoints = SleepEndpoints(p.url, 10)
+    assert endpoints.sleep_state() == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
+    endpoints.sleep(1)
+    assert endpoints.is_sleeping()
+    assert endpoints.sleep_state() == {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}
+    endpoints.wake_up()
+    assert endpoints.sleep_state()["awake"] == 1.0
+
+
+def test_a_prefix_cache_reset_that_answers_success_false_fails_the_sleep(spawn) -> None:
+    p = spawn({"STUB_FAULT": "prefix_cache_held"})
+    endpoints = SleepEndpoints(p.url, 10)
+    with pytest.raises(StandbyError) as failed:
+        endpoints.sleep(1)
+    assert str(failed.value) == ('POST /reset_prefix_cache answered 200 {"success": false}: the engine still holds '
+                                 "cached blocks (requests running?), so a wake could serve stale prefixes")
+    assert not endpoints.is_sleeping(), "nothing was put to sleep after the failed reset"
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """Answers every path from the server's table: path -> (status, body)."""
+
+    server: _Server
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        status, body = self.server.answers.get(self.path, (404, b'{"detail": "Not Found"}'))
+        self.server.seen.append(f"{self.command} {self.path}")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+        self.answers = answers
+        self.seen: list[str] = []
+        super().__init__(("127.0.0.1", 0), _Engine)
+
+
+@pytest.fixture
+def engine() -> Iterator[Callable[[dict[str, tuple[int, bytes]]], _Server]]:
+    servers: list[_Server] = []
+
+    def start(answers: dict[str, tuple[int, bytes]]) -> _Server:
+        server = _Server(answers)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _metrics(awake: int, offloaded: int, discard: int) -> bytes:
+    return "".join(f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="{state}"}} {float(value)}\n'
+                   for state, value in (("awake", awake), ("weights_offloaded", offloaded),
+                                        ("discard_all", discard))).encode()
+
+
+def _answers(metrics: bytes, reset: bytes = b'{"success": true}') -> dict[str, tuple[int, bytes]]:
+    return {"/reset_prefix_cache": (200, reset), "/sleep?level=1": (200, b""),
+            "/is_sleeping": (200, json.dumps({"is_sleeping": True}).encode()), "/metrics": (200, metrics)}
+
+
+def url(server: _Server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_is_sleeping_and_the_sleep_state_gauge_must_agree(engine) -> None:
+    server = engine(_answers(_metrics(1, 0, 0)))
+    with pytest.raises(StandbyError) as failed:
+        SleepEndpoints(url(server), 5).sleep(1)
+    assert str(failed.value) == ("/is_sleeping says asleep after POST /sleep?level=1, but vllm:engine_sleep_state says "
+                                 "awake=1, discard_all=0, weights_offloaded=0 (a level-1 sleep reads awake=0, "
+                                 "discard_all=0, weights_offloaded=1)")
+    assert server.seen == ["POST /reset_prefix_cache", "POST /sleep?level=1", "GET /is_sleeping", "GET /metrics"]
+
+
+def test_a_level_1_sleep_that_the_gauge_reports_as_level_2_is_not_trusted(engine) -> None:
+    with pytest.raises(StandbyError, match=r"says awake=0, discard_all=1, weights_offloaded=0 \(a level-1"):
+        SleepEndpoints(url(engine(_answers(_metrics(0, 0, 1)))), 5).sleep(1)
+
+
+def test_an_engine_without_the_gauge_is_not_trusted(engine) -> None:
+    with pytest.raises(StandbyError, match=r"^GET /metrics has no vllm:engine_sleep_state gauge"):
+        SleepEndpoints(url(engine(_answers(b"vllm:kv_cache_usage_perc 0.0\n"))), 5).sleep(1)
+
+
+def test_the_gauge_and_is_sleeping_agreeing_passes(engine) -> None:
+    SleepEndpoints(url(engine(_answers(_metrics(0, 1, 0)))), 5).sleep(1)
+    # An empty 200 from the reset (vLLM before 0.31.0) is no claim either way.
+    SleepEndpoints(url(engine(_answers(_metrics(0, 1, 0), reset=b""))), 5).sleep(1)
+
+
+@pytest.mark.parametrize("reset", [b'{"success": "yes"}', b"ok", b"[]"])
+def test_a_reset_answer_of_another_shape_fails_the_sleep(engine, reset: bytes) -> None:
+    server = engine(_answers(_metrics(0, 1, 0), reset=reset))
+    with pytest.raises(StandbyError, match=r"^POST /reset_prefix_cache answered .*, not \{\"success\": bool\}$"):
+        SleepEndpoints(url(server), 5).sleep(1)
+    assert server.seen == ["POST /reset_prefix_cache"]
