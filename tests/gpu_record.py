@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lanectl.health.engine_log import fatal_engine_lines
+
 RECORD = Path(__file__).resolve().parents[1] / "gpu" / "record"
 # A record from vLLM's own logger: "(EngineCore pid=752) INFO 12-01 16:31:40 [kv_cache_utils.py:2177] ...".
 VLLM_RECORD = re.compile(r"^(?:\((?P<process>\w+) pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
@@ -104,7 +106,9 @@ def facts(events: list[dict[str, Any]], figures: dict[str, Any]) -> dict[str, An
     answered = [s for s in sequence if s["health"] != "refused"]
     found["kill: /health answers 200 for a moment after the engine core died"] = bool(answered) and all(
         s["health"] == 200 for s in answered)
-    found["kill: completions in that moment"] = sorted({s["completion"] for s in answered} - {"ReadTimeout"})
+    # A poll can straddle the close (health answered, the completion refused) or time out: both are races.
+    answers = {s["completion"] for s in answered} - {"ReadTimeout", "refused"}
+    found["kill: completions answered in that moment"] = sorted(answers, key=str)
     found["kill: their error"] = sorted({s["error"] for s in answered if s["error"]})
     found["kill: then the port refuses"] = bool(sequence) and sequence[-1]["health"] == "refused"
     found["kill: exit code"] = kill.get("exit_code")
@@ -114,5 +118,6 @@ def facts(events: list[dict[str, Any]], figures: dict[str, Any]) -> dict[str, An
                                                                                hit["file"])
     dead = _record(after, r"EngineDeadError")
     found["kill: an EngineDeadError record"] = dead and (dead["process"], dead["level"])
-    found["kill: lanectl's fatal rules matched a line"] = bool(kill.get("fatal_lines_matched"))
+    # lanectl's rules of today over the recorded lines, not what the run's lanectl made of them.
+    found["kill: lines lanectl's fatal rules believe"] = len(fatal_engine_lines(after)) > 0
     return found

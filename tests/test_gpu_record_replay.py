@@ -26,6 +26,9 @@ KV_LINES = "startup: lines that carry the KV cache size and the maximum concurre
 # (the contract suite) and the record.
 VERSION_DIFFERENCES: dict[str, tuple[Any, Any]] = {
     KV_LINES: (2, 1),  # 0.31.0's kv_cache_utils.py prints size and concurrency on one line
+    # 0.26.0 prefixed every line a process wrote to stdout; 0.31.0's log format prefixes vLLM's own records
+    # only, so uvicorn's lines (the access log too) have no "(APIServer pid=N)".
+    "startup: uvicorn's startup line is printed by": ("APIServer", ""),
 }
 # The tiny model's run skipped the standby scenarios (the 8B run has them).
 TINY_SCENARIOS = ("startup", "probe", "teacher forcing", "loadgen", "kill")

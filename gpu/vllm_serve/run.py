@@ -37,7 +37,8 @@ import httpx  # noqa: E402
 
 from lanectl.bench import loadgen  # noqa: E402
 from lanectl.bench.probes import load_probe, run_probe  # noqa: E402
-from lanectl.health.gate import FATAL_ENGINE_LINES, ContainerStatus, HealthGate, MonotonicClock  # noqa: E402
+from lanectl.health.engine_log import fatal_engine_lines, startup_match  # noqa: E402
+from lanectl.health.gate import ContainerStatus, HealthGate, MonotonicClock  # noqa: E402
 from lanectl.health.probe import EndpointProbe  # noqa: E402
 from lanectl.lanes.standby import SleepEndpoints, StandbyError  # noqa: E402
 from lanectl.recipe.model import Health, StartupLog  # noqa: E402
@@ -214,7 +215,8 @@ def shipped_rule_matches(lines: list[str]) -> dict[str, Any]:
             continue
         for rule_kind in ("expect", "forbid"):
             for pattern in _rules(yaml.safe_load(text), rule_kind):
-                hits = [line for line in lines if re.search(pattern, line)]
+                regex = re.compile(pattern)
+                hits = [line for line in lines if startup_match(regex, line)]
                 found[f"{path.relative_to(REPO)} {rule_kind} {pattern}"] = hits[:2] or "no line"
     return found
 
@@ -399,7 +401,7 @@ def scenario_engine_kill(rec: Record, engine: Engine, args: argparse.Namespace) 
     rec.figure("exit_code", code)
     time.sleep(0.5)
     tail = engine.lines[log_from:]
-    rec.figure("fatal_lines_matched", [line for line in tail if any(p.search(line) for p in FATAL_ENGINE_LINES)][:10])
+    rec.figure("fatal_lines_matched", fatal_engine_lines(tail)[:10])
     rec.figure("log_after_kill", [line for line in tail if line.strip()][:60])
 
 

@@ -83,7 +83,7 @@ Startup, in order ([..] lines are conditional):
     (EngineCore) flashinfer [Autotuner]: Loaded 210 configs from /root/.cache/vllm/flashinfer_autotune_cache/...
     (EngineCore) flashinfer [Autotuner]: Autotuning process starts ...
     (EngineCore) flashinfer [Autotuner]: Autotuning process ends     (STUB_AUTOTUNE_STALL=1: never; the log stops)
-    (EngineCore) INFO [core.py] init engine (profile, create kv cache, warmup model) took 2.00 seconds
+    (EngineCore) INFO [core.py] init engine (profile, create kv cache, warmup model) took 2.00 s
     (APIServer)  INFO:     Started server process [P]
     (APIServer)  INFO:     Waiting for application startup.
     (APIServer)  INFO:     Application startup complete.

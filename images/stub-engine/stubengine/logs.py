@@ -1,10 +1,15 @@
-"""Log output as a vLLM 0.31.0 container writes it on stdout (see SHAPE.md).
+"""Log output as a vLLM container writes it on stdout (see SHAPE.md).
 
-Every physical line carries the writing process's prefix, `(APIServer pid=N) ` or `(EngineCore pid=N) `:
-vLLM prefixes each line a child process writes, tracebacks and third-party loggers included. Then one of
-three formats: vLLM's own loggers (`LEVEL MM-DD hh:mm:ss [file.py:NNN] message`), flashinfer's
-(`YYYY-MM-DD hh:mm:ss,mmm - LEVEL - autotuner.py:NNN - flashinfer.jit: message`) and uvicorn's
-(`INFO:     message`, the access log included).
+vLLM's own records are `(APIServer pid=N) LEVEL MM-DD hh:mm:ss [file.py:NNN] message`, and a record of
+several lines (a message with its traceback) repeats that whole header on every line (vLLM's
+`NewLineFormatter`). Where the process prefix comes from is what changed between the two versions the
+stub speaks:
+- 0.31.0 (the default): vLLM's log format itself carries `(%(vllm_process_name)s pid=%(process)d)`, so only
+  vLLM's records have it; flashinfer's autotuner lines (`YYYY-MM-DD hh:mm:ss,mmm - LEVEL - autotuner.py:NNN -
+  flashinfer.jit: message`), uvicorn's (`INFO:     message`, the access log included) and a traceback
+  Python prints itself have none.
+- 0.26.0 (`STUB_VLLM_VERSION=0.26.0`, the GPU record's): vLLM wrapped each process's stdout, so every
+  physical line has the prefix, uvicorn's access lines included (gpu/record/*/engine.log).
 
 Where vLLM prints a message from (process, file, line) is one table, `SITES`, keyed by the message's
 format string, so the stub's modules log with plain `log.info(FORMAT, ...)` and the contract suite can
@@ -51,7 +56,7 @@ SITES: dict[str, Site] = {
     "[Autotuner]: Loaded %d configs from %s": Site(ENGINE_CORE, "autotuner.py", 431),
     "[Autotuner]: Autotuning process starts ...": Site(ENGINE_CORE, "autotuner.py", 446),
     "[Autotuner]: Autotuning process ends": Site(ENGINE_CORE, "autotuner.py", 455),
-    "init engine (profile, create kv cache, warmup model) took %.2f seconds": Site(ENGINE_CORE, "core.py", 259),
+    "init engine (profile, create kv cache, warmup model) took %.2f s": Site(ENGINE_CORE, "core.py", 259),
     # A record with its traceback: the message, then the traceback's lines, each with the prefix.
     "EngineCore encountered a fatal error.\n%s": Site(ENGINE_CORE, "core.py", 1024),
     "EngineCore failed to start.\n%s": Site(ENGINE_CORE, "core.py", 1015),
@@ -73,6 +78,8 @@ _DEFAULT_SITES = {
     "core": Site(ENGINE_CORE, "core.py", 1024),
     "engine": Site(ENGINE_CORE, "gpu_model_runner.py", 2470),
     "executor": Site(ENGINE_CORE, "gpu_worker.py", 131),
+    "gpu_worker": Site(ENGINE_CORE, "gpu_worker.py", 131),
+    "api_router": Site(API_SERVER, "api_router.py", 38),
     "flashinfer": Site(ENGINE_CORE, "autotuner.py", 446),
 }
 
@@ -86,13 +93,24 @@ def prefix(process: str) -> str:
     return f"({process} pid={process_pid(process)}) "
 
 
+# 0.26.0 prefixed every line a process wrote to stdout; 0.31.0 prefixes vLLM's own records only.
+_stdout_prefixing = False
+
+
 def prefixed(process: str, text: str) -> str:
-    """Every physical line of `text` with the process prefix, as vLLM's stdout prefixing writes them."""
+    """Every physical line of `text` with the process prefix, as vLLM 0.26.0's stdout prefixing wrote them."""
     head = prefix(process)
     return "\n".join(head + line for line in text.split("\n"))
 
 
+def _stdout(process: str, text: str) -> str:
+    """A line written outside vLLM's loggers (uvicorn, flashinfer, a bare traceback), as this version shows it."""
+    return prefixed(process, text) if _stdout_prefixing else text
+
+
 class _SiteFormatter(logging.Formatter):
+    """vLLM's record format: the process prefix and header, repeated on every line of the record."""
+
     def __init__(self, fmt: str, datefmt: str | None, default: Site) -> None:
         super().__init__(fmt, datefmt)
         self.default = default
@@ -100,7 +118,20 @@ class _SiteFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         site = SITES.get(str(record.msg), getattr(record, "site", None) or self.default)
         record.vllm_file, record.vllm_line = site.file, site.line
-        return prefixed(site.process, super().format(record))
+        text = prefix(site.process) + super().format(record)
+        if record.message:
+            header = text.split(record.message, 1)[0]
+            text = text.replace("\n", "\n" + header)
+        return text
+
+
+class _FlashinferFormatter(logging.Formatter):
+    """flashinfer's own logger (its autotuner runs in the engine core): a plain one-line format."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        site = SITES.get(str(record.msg), _DEFAULT_SITES["flashinfer"])
+        record.vllm_file, record.vllm_line = site.file, site.line
+        return _stdout(site.process, super().format(record))
 
 
 class _UvicornFormatter(logging.Formatter):
@@ -108,7 +139,7 @@ class _UvicornFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         head = f"{record.levelname}:".ljust(9)
-        return prefixed(API_SERVER, f"{head} {record.getMessage()}")
+        return _stdout(API_SERVER, f"{head} {record.getMessage()}")
 
 
 def _logger(name: str, formatter: logging.Formatter) -> logging.Logger:
@@ -124,13 +155,17 @@ def _logger(name: str, formatter: logging.Formatter) -> logging.Logger:
 
 
 def setup() -> None:
+    global _stdout_prefixing
     try:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     except (AttributeError, ValueError):
         pass
+    # Read before the configuration is (config.py validates the value): a start that fails logs too.
+    _stdout_prefixing = os.environ.get("STUB_VLLM_VERSION", "").strip() == "0.26.0"
     for name, site in _DEFAULT_SITES.items():
-        fmt = FLASHINFER_FORMAT if name == "flashinfer" else VLLM_FORMAT
-        _logger(f"stubengine.{name}", _SiteFormatter(fmt, None if name == "flashinfer" else VLLM_DATEFMT, site))
+        formatter: logging.Formatter = (_FlashinferFormatter(FLASHINFER_FORMAT) if name == "flashinfer"
+                                        else _SiteFormatter(VLLM_FORMAT, VLLM_DATEFMT, site))
+        _logger(f"stubengine.{name}", formatter)
     _logger("stubengine.uvicorn", _UvicornFormatter())
 
 
@@ -146,6 +181,6 @@ uvicorn = logging.getLogger("stubengine.uvicorn")
 
 
 def raw(text: str, process: str = API_SERVER) -> None:
-    """Lines outside any logger, such as a traceback that follows an ERROR record; prefixed all the same."""
-    sys.stdout.write(prefixed(process, text.rstrip("\n")) + "\n")
+    """Lines outside any logger, such as a traceback Python prints itself (prefixed as `_stdout` says)."""
+    sys.stdout.write(_stdout(process, text.rstrip("\n")) + "\n")
     sys.stdout.flush()

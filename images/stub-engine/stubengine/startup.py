@@ -101,7 +101,9 @@ def load(cfg: Config) -> None:
         threading.Event().wait()
     logs.flashinfer.info("[Autotuner]: Autotuning process ends")
     until(0.9)
-    log.info("init engine (profile, create kv cache, warmup model) took %.2f seconds", until(1.0))
+    # The variant vLLM prints when nothing was compiled (--enforce-eager); a compiled start adds
+    # " (compilation: %.2f s)".
+    log.info("init engine (profile, create kv cache, warmup model) took %.2f s", until(1.0))
 
 
 def serve(cfg: Config) -> None:
