@@ -288,3 +288,17 @@ def serve_option_strings() -> frozenset[str]:
     """Every flag `vllm serve` knows, spelt out (its parser also takes abbreviations of them)."""
     serve = next(a for a in serve_parser()._actions if hasattr(a, "choices") and a.choices and "serve" in a.choices)
     return frozenset(s for action in serve.choices["serve"]._actions for s in action.option_strings)
+
+
+def engine_args(args: list[str], model_dir: Path) -> Any:
+    """`AsyncEngineArgs.from_cli_args` of `vllm serve ARGS`. A local model path (`/model`, the mount point in the
+    container) is read from `model_dir` here: vLLM takes a path that does not exist for a Hugging Face repo id."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    parsed = parse_serve_args(args)
+    if isinstance(parsed.model, str) and parsed.model.startswith("/"):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        parsed.model = str(model_dir)
+        if getattr(parsed, "model_tag", None):
+            parsed.model_tag = str(model_dir)
+    return AsyncEngineArgs.from_cli_args(parsed)
