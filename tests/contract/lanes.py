@@ -75,4 +75,5 @@ def baked_args(lane: Lane) -> list[RoleArgs]:
 
 def uses_vllm_entrypoint(lane: Lane) -> bool:
     """Lanes whose image runs `vllm serve` (the vllm template) or imitates it (the stub engine's)."""
-    return lane.spec.engine.entrypoint is None and re.fullmatch(r"vllm|stub-engine", lane.spec.image.template) is not None
+    template = lane.spec.image.template
+    return lane.spec.engine.entrypoint is None and re.fullmatch(r"vllm|stub-engine", template) is not None

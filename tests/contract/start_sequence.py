@@ -87,7 +87,8 @@ def splitkv_startup_line(lane: Lane, env: dict[str, str], workdir: Path) -> Star
             shutil.copyfile(source, workdir / target.path)
     report = patching.apply(patch, workdir)
     assert report.written, "\n".join(patching.format_report(report))
-    spec = importlib.util.spec_from_file_location(OVERLAY_MODULE, workdir / "vllm/models/deepseek_v41/nvidia/splitkv.py")
+    source = workdir / "vllm/models/deepseek_v41/nvidia/splitkv.py"
+    spec = importlib.util.spec_from_file_location(OVERLAY_MODULE, source)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[OVERLAY_MODULE] = module

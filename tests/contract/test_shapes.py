@@ -46,7 +46,8 @@ def unknown_fields(value: Any, data: Any, path: str = "$") -> list[str]:
                 out += unknown_fields(getattr(value, names[key]), item, f"{path}.{key}")
         return out
     if isinstance(value, list | tuple) and isinstance(data, list):
-        return [p for i, (v, d) in enumerate(zip(value, data, strict=False)) for p in unknown_fields(v, d, f"{path}[{i}]")]
+        return [p for i, (v, d) in enumerate(zip(value, data, strict=False))
+                for p in unknown_fields(v, d, f"{path}[{i}]")]
     if isinstance(value, dict) and isinstance(data, dict):
         return [p for (k, v), d in zip(value.items(), data.values(), strict=False)
                 for p in unknown_fields(v, d, f"{path}[{k!r}]")]

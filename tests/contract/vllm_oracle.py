@@ -139,7 +139,6 @@ def find_call(file: str, fragment: str) -> LogCall:
 @cache
 def vllm_formatter() -> logging.Formatter:
     """The formatter vLLM's default logging config gives its handler (vllm/logger.py DEFAULT_LOGGING_CONFIG)."""
-    import logging.config
 
     from vllm import logger as vllm_logger
 
@@ -197,10 +196,9 @@ def flashinfer_autotune_lines(cache_dir: Path, configs: int = PRODUCTION_AUTOTUN
     """What flashinfer prints in vLLM's `flashinfer_autotune()` on a warm cache, by running that code's two steps:
     `AutoTuner.load_configs(<cache with `configs` entries>)`, then vLLM's `autotune(tune_mode=True)` context
     (model_executor/warmup/kernel_warmup.py), with nothing left to tune inside it."""
+    import vllm.utils.flashinfer as fi_utils
     from flashinfer.autotuner import AutoTuner
     from flashinfer.jit.core import logger as fi_logger
-
-    import vllm.utils.flashinfer as fi_utils
 
     # A cache written before flashinfer stamped environments into it (no _metadata): it loads on any machine.
     path = cache_dir / "flashinfer_autotune_cache" / "autotune_configs.json"
@@ -277,7 +275,8 @@ def parse_serve_args(args: list[str]) -> Any:
         with contextlib.redirect_stderr(err):
             parsed = serve_parser().parse_args(["serve", *args])
     except SystemExit:
-        raise AssertionError(err.getvalue().strip().splitlines()[-1] if err.getvalue() else "vllm serve refused")
+        said = err.getvalue().strip().splitlines()
+        raise AssertionError(said[-1] if said else "vllm serve refused") from None
     if getattr(parsed, "model_tag", None) is not None:
         parsed.model = parsed.model_tag
     return parsed
