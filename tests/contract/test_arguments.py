@@ -67,7 +67,9 @@ def test_the_gate_asks_for_no_more_logprobs_than_the_lane_allows(role: RoleArgs,
     above the engine's --max-logprobs (ModelConfig.max_logprobs, default read from vLLM here)."""
     allowed = oracle.engine_args(list(role.args), tmp_path / "model").max_logprobs
     assert allowed == -1 or FIDELITY_TOP_LOGPROBS <= allowed, (
-        f"{role.where()}: {role.name} allows {allowed} logprobs, the gate asks for {FIDELITY_TOP_LOGPROBS}")
+        f"{role.where()}: {role.name} allows {allowed} logprobs (vLLM 0.31.0's --max-logprobs, its default unless the "
+        f"flag is given), but lanectl/bench/gate.py FIDELITY_TOP_LOGPROBS asks for {FIDELITY_TOP_LOGPROBS}: vLLM would "
+        "refuse every scoring request of the gate")
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda role: role.name)
