@@ -41,7 +41,7 @@ def probe(server: VllmServer, name: str = MODEL) -> EndpointProbe:
 
 def test_health_is_200_while_the_engine_lives_and_503_once_it_is_dead(server: VllmServer) -> None:
     alive = probe(server).health_ok()
-    assert alive.ok, f"vLLM answers /health 200 for a live engine; lanectl's EndpointProbe.health_ok made of it: {alive}"
+    assert alive.ok, f"vLLM answers /health 200 for a live engine; lanectl's EndpointProbe.health_ok: {alive}"
     server.engine.dead = True
     result = probe(server).health_ok()
     assert not result.ok and "503" in result.detail, (
