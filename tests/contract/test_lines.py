@@ -145,11 +145,15 @@ def _fatal_texts() -> list[StartLine]:
 
 
 # Texts no CPU can print: they come from the CUDA runtime (cudaGetErrorString), not from vLLM's or torch's Python.
-GPU_ONLY_FATAL = {r"CUDA error: an illegal memory access was encountered":
+GPU_ONLY_FATAL = {"CUDA error: an illegal memory access was encountered":
                   "cudaErrorIllegalAddress, as torch's CUDA check prints it; only a GPU shows it"}
 
 
-@pytest.mark.parametrize("pattern", [p.pattern for p in FATAL_ENGINE_LINES if p.pattern not in GPU_ONLY_FATAL])
+def _gpu_only(pattern: str) -> bool:
+    return any(text in pattern for text in GPU_ONLY_FATAL)
+
+
+@pytest.mark.parametrize("pattern", [p.pattern for p in FATAL_ENGINE_LINES if not _gpu_only(p.pattern)])
 def test_every_fatal_line_is_one_vllm_prints_when_its_engine_dies(pattern: str) -> None:
     lines = _fatal_texts()
     assert _matching(pattern, lines, fatal_text), (
@@ -167,5 +171,5 @@ def test_no_fatal_line_matches_a_healthy_start(starts: dict[str, list[StartLine]
 
 def test_the_gpu_only_fatal_lines_are_still_lanectls() -> None:
     """The exemption above is not a place for a line lanectl dropped to hide."""
-    assert set(GPU_ONLY_FATAL) <= {p.pattern for p in FATAL_ENGINE_LINES}
+    assert all(any(text in p.pattern for p in FATAL_ENGINE_LINES) for text in GPU_ONLY_FATAL)
 
