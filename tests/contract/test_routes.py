@@ -7,6 +7,7 @@ wake, 404 for the sleep routes without development mode. lanectl must read each 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -29,8 +30,10 @@ def server() -> Iterator[VllmServer]:
 @pytest.fixture(autouse=True)
 def fresh(server: VllmServer) -> None:
     engine = server.engine
-    engine.sleeping = engine.dead = engine.prefix_cache_held = False
     engine.wake_error = None
+    if engine.sleeping:
+        asyncio.run(engine.wake_up())
+    engine.dead = engine.prefix_cache_held = False
     engine.calls.clear()
     server.completions.requests.clear()
 
@@ -76,15 +79,22 @@ def test_a_prefix_cache_reset_that_vllm_reports_as_failed_fails_the_sleep(server
     assert ("sleep", 1, "abort") not in server.engine.calls, "the lane was put to sleep after a failed reset"
 
 
+def test_a_sleep_leaves_vllms_sleep_state_gauge_at_the_level_slept(server: VllmServer) -> None:
+    SleepEndpoints(server.url, timeout=5).sleep(1)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'sleep_state="weights_offloaded"} 1.0' in metrics, [m for m in metrics.splitlines() if "sleep_state" in m]
+
+
 def test_a_wake_that_vllm_answers_500_fails_with_vllms_error(server: VllmServer) -> None:
-    server.engine.sleeping = True
+    asyncio.run(server.engine.sleep(1))
     server.engine.wake_error = "CuMemAllocator: cannot map 54.84 GiB back"
     with pytest.raises(StandbyError, match="500.*cannot map 54.84 GiB back"):
         SleepEndpoints(server.url, timeout=5).wake_up()
 
 
 def test_a_wake_is_confirmed_by_is_sleeping(server: VllmServer) -> None:
-    server.engine.sleeping = True
+    asyncio.run(server.engine.sleep(1))
+    server.engine.calls.clear()
     endpoints = SleepEndpoints(server.url, timeout=5)
     assert endpoints.is_sleeping()
     endpoints.wake_up()

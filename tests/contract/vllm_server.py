@@ -8,6 +8,7 @@ and it (routing, query parsing, request validation, status codes, error bodies) 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -21,9 +22,28 @@ import uvicorn
 import vllm_oracle as oracle
 
 
+@functools.cache
+def stat_logger(served_model_name: str) -> Any:
+    """vLLM's own Prometheus stat logger (v1/metrics/loggers.py), which serves `vllm:engine_sleep_state` on
+    /metrics; built once per process (it registers its metrics globally) from the few config values it reads."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    config = SimpleNamespace(
+        observability_config=SimpleNamespace(show_hidden_metrics=False, kv_cache_metrics=False,
+                                             enable_mfu_metrics=False, kv_cache_metrics_sample=0.0),
+        model_config=SimpleNamespace(served_model_name=served_model_name, max_model_len=8192, is_diffusion=False),
+        speculative_config=None, kv_transfer_config=None, ec_transfer_config=None,
+        cache_config=SimpleNamespace(num_gpu_blocks=1, enable_prefix_caching=True),
+        parallel_config=SimpleNamespace(data_parallel_size=1), lora_config=None, scheduler_config=SimpleNamespace())
+    return PrometheusStatLogger(config, [0])  # type: ignore[arg-type]
+
+
 @dataclass
 class FakeEngineClient:
-    """What /health, the sleep routes, /reset_prefix_cache and /v1/models ask of `app.state.engine_client`."""
+    """What /health, the sleep routes, /reset_prefix_cache and /v1/models ask of `app.state.engine_client`. Its
+    sleep and wake record the sleep state in vLLM's stat logger as vLLM's AsyncLLM does (v1/engine/async_llm.py)."""
+
+    served_model_name: str = "contract-model"
 
     max_model_len: int = 8192
     sleeping: bool = False
@@ -46,12 +66,14 @@ class FakeEngineClient:
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.calls.append(("sleep", level, mode))
         self.sleeping = True
+        stat_logger(self.served_model_name).record_sleep_state(1, level)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         self.calls.append(("wake_up", tags))
         if self.wake_error:
             raise RuntimeError(self.wake_error)
         self.sleeping = False
+        stat_logger(self.served_model_name).record_sleep_state(0, 0)
 
     async def is_sleeping(self) -> bool:
         return self.sleeping
@@ -107,7 +129,8 @@ def vllm_server(served_model_name: str = "contract-model", *, dev_mode: bool = T
             os.environ.pop("VLLM_SERVER_DEV_MODE", None)
         else:
             os.environ["VLLM_SERVER_DEV_MODE"] = saved
-    engine, completions = FakeEngineClient(), FakeCompletions()
+    engine, completions = FakeEngineClient(served_model_name), FakeCompletions()
+    stat_logger(served_model_name).record_sleep_state(0, 0)
     app.state.engine_client = engine
     app.state.openai_serving_models = OpenAIServingModels(engine, [BaseModelPath(served_model_name, "/model")])
     app.state.openai_serving_completion = completions
