@@ -18,7 +18,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from lanectl.bench.loadgen import run_arm, score_continuation
+from lanectl.bench.loadgen import run_arm
 from lanectl.bench.probes import load_probe, run_probe
 from tests.stub_engine.stubproc import STUB_DIR, StubProcess
 
@@ -98,6 +98,21 @@ def stub() -> Iterator[StubProcess]:
         process.kill()
 
 
+def _teacher_forcing(client: httpx.Client, url: str) -> Any:
+    """The gate's scoring of one prompt, by whichever teacher forcing this checkout has: by token ids
+    (lanectl.bench.forcing: a greedy continuation with its ids, then those ids scored), or by text."""
+    try:
+        from lanectl.bench import forcing  # type: ignore[attr-defined]
+    except ImportError:
+        from lanectl.bench.loadgen import score_continuation  # type: ignore[attr-defined]
+
+        return score_continuation(client, url, MODEL, "The capital of France is", [" Paris", "."], top=5)
+    greedy = forcing.greedy_continuation(client, url, MODEL, "The capital of France is", max_tokens=4,
+                                         top_logprobs=5)
+    assert not isinstance(greedy, str), greedy
+    return forcing.score_continuation(client, url, MODEL, greedy.prompt_token_ids, greedy.token_ids, top=5)
+
+
 @pytest.fixture(scope="module")
 def traffic(stub: StubProcess) -> Recorder:
     """One pass of everything lanectl sends an engine in a gate, recorded."""
@@ -105,7 +120,7 @@ def traffic(stub: StubProcess) -> Recorder:
     run_arm(stub.url, MODEL, ["def add(a, b):", "The capital of France is"], concurrency=2, requests=2,
             max_tokens=8, warmup=0, logprobs=5, client_factory=recorder.client)
     with recorder.client() as client:
-        scored = score_continuation(client, stub.url, MODEL, "The capital of France is", [" Paris", "."], top=5)
+        scored = _teacher_forcing(client, stub.url)
         assert not isinstance(scored, str), scored
         for name in ("gauntlet", "thinking", "soak-demo", "needle-4k"):
             run_probe(stub.url, MODEL, load_probe(PROBES / f"{name}.yaml").probe, client=client)
@@ -147,7 +162,7 @@ def test_the_stubs_completions_are_vllm_completion_responses(traffic: Recorder) 
         else:
             kinds.add("prompt_logprobs" if body.get("prompt_logprobs") else "plain")
             problems += vllm_shape(CompletionResponse, answers[0], f"answer {i}")
-    assert kinds == {"stream", "prompt_logprobs"}, kinds
+    assert kinds >= {"stream", "prompt_logprobs"}, kinds
     assert not problems, "\n".join(problems)
 
 
@@ -181,4 +196,16 @@ def test_the_stubs_errors_are_vllm_error_responses(traffic: Recorder) -> None:
     problems = [p for status, answers in errors for p in vllm_shape(ErrorResponse, answers[0], f"error {status}")]
     problems += [f"error {status}: body says code {a[0]['error'].get('code')}" for status, a in errors
                  if a[0].get("error", {}).get("code") != status]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_tokenize_exchanges_are_vllms(traffic: Recorder) -> None:
+    """`/tokenize`, where lanectl asks it (teacher forcing by ids): vLLM's request and answer models."""
+    from vllm.entrypoints.serve.tokenize.protocol import TokenizeCompletionRequest, TokenizeResponse
+
+    problems = []
+    for i, (_, body, status, answers) in enumerate(traffic.of("/tokenize")):
+        problems += vllm_shape(TokenizeCompletionRequest, body, f"tokenize request {i}")
+        if status == 200:
+            problems += vllm_shape(TokenizeResponse, answers[0], f"tokenize answer {i}")
     assert not problems, "\n".join(problems)
