@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make contract`: lanectl and the stub engine held to vLLM 0.31.0's own code (tests/contract/README.md).
+# `make contract`: lanectl and the stub engine held to vLLM 0.31.0's own code (README: "Held to vLLM 0.31.0").
 #
 # vLLM pins torch, transformers and its own pydantic, so it lives in its own venv, .contract-venv/, never in
 # .venv. The install is the lightest that still imports and runs the code the suite uses on a CPU:
@@ -38,7 +38,9 @@ if ! installed; then
   echo "contract: installing vllm==$VLLM_VERSION into $VENV (several minutes, once)"
   [ -x "$PY" ] || python3 -m venv "$VENV"
   rm -f "$VENV/.installed"
-  pip=("$PY" -m pip install -q --disable-pip-version-check)
+  # --no-compile: compiling every module of vLLM and torch would take CPU from the main test run beside this one
+  # in CI; Python compiles the few hundred modules the suite imports on first use instead.
+  pip=("$PY" -m pip install -q --disable-pip-version-check --no-compile)
   # The CPU build of torch: from the machine's wheel folder or index when it has one (PIP_FIND_LINKS), else from
   # PyTorch's CPU index. --no-deps: its other requirements are in the requirements file.
   if ! "${pip[@]}" --no-deps "torch==$TORCH_VERSION+cpu" 2>/dev/null; then
@@ -52,6 +54,5 @@ fi
 
 # lanectl and the stub from this checkout; VLLM_* from the caller's shell must not change what vLLM's code does.
 unset $(env | grep -o '^VLLM_[A-Za-z0-9_]*' || true)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-  HF_HUB_OFFLINE=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1
 exec "$PY" -m pytest -c tests/contract/pytest.ini --rootdir tests/contract -q "$@" tests/contract
