@@ -47,6 +47,8 @@ if ! installed; then
     "${pip[@]}" --no-deps "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
   fi
   "${pip[@]}" --no-deps "vllm==$VLLM_VERSION" "flashinfer-python==$FLASHINFER_VERSION"
+  # pip then lists what vLLM and flashinfer require and this venv leaves out (CUDA kernels, media, telemetry,
+  # torchvision/torchaudio): expected, none of it is imported by the suite.
   "${pip[@]}" -r "$REQUIREMENTS"
   echo "$stamp_value" >"$VENV/.installed"
   echo "contract: installed in $(( $(date +%s) - started )) s ($(du -sh "$VENV" | cut -f1))"
