@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both do all set-up on a fresh machine.
-.PHONY: setup demo test test-unit lint bench base-image clean-images
+.PHONY: setup demo test test-unit contract lint bench base-image clean-images
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,6 +15,10 @@ demo: setup
 
 test: setup
 	@bash scripts/run-tests.sh
+
+# lanectl and the stub engine held to vLLM 0.31.0's own code (installs it into .contract-venv/ once).
+contract:
+	@bash scripts/contract.sh
 
 # The pure core only: no Docker, no network.
 test-unit:

@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from tests.registry_server import Registry
 
 REPO = Path(__file__).resolve().parent.parent
+# The contract suite runs in its own venv with vLLM installed (`make contract`, scripts/contract.sh).
+collect_ignore = ["contract"]
 
 # `make test` (scripts/run-tests.sh) runs the suite as two pytest processes at once, so that CI stays well
 # inside its 20 minutes on a 2-core machine, then the engine-restart test alone. The "side" run takes what

@@ -1,0 +1,117 @@
+"""routes: lanectl's EndpointProbe, SleepEndpoints and wake check against vLLM 0.31.0's own API routers.
+
+vLLM's app (vllm_server.py) answers as vLLM does, failures included: `/health` 503 for a dead engine,
+`{"success": false}` from a prefix-cache reset that could not drop held blocks, 500 with the error for a failed
+wake, 404 for the sleep routes without development mode. lanectl must read each the way it claims to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from vllm_server import VllmServer, vllm_server
+
+from lanectl.health.probe import EndpointProbe
+from lanectl.lanes.standby import SleepEndpoints, StandbyError
+from lanectl.recipe.model import Health
+
+MODEL = "contract-model"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[VllmServer]:
+    with vllm_server(MODEL) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def fresh(server: VllmServer) -> None:
+    engine = server.engine
+    engine.wake_error = None
+    if engine.sleeping:
+        asyncio.run(engine.wake_up())
+    engine.dead = engine.prefix_cache_held = False
+    engine.calls.clear()
+    server.completions.requests.clear()
+
+
+def probe(server: VllmServer, name: str = MODEL) -> EndpointProbe:
+    return EndpointProbe(server.url, Health(startup_budget_minutes=1, served_model_name=name))
+
+
+def test_health_is_200_while_the_engine_lives_and_503_once_it_is_dead(server: VllmServer) -> None:
+    alive = probe(server).health_ok()
+    assert alive.ok, f"vLLM answers /health 200 for a live engine; lanectl's EndpointProbe.health_ok: {alive}"
+    server.engine.dead = True
+    result = probe(server).health_ok()
+    assert not result.ok and "503" in result.detail, (
+        f"vLLM answers /health 503 for a dead engine; lanectl's EndpointProbe.health_ok made of it: {result}")
+
+
+def test_the_models_list_names_the_served_model(server: VllmServer) -> None:
+    assert probe(server).models_lists_served_model().ok
+    other = probe(server, "another-model").models_lists_served_model()
+    assert not other.ok and MODEL in other.detail, other
+
+
+def test_the_generation_probe_is_a_request_vllm_accepts_and_its_answer_one_lanectl_reads(server: VllmServer) -> None:
+    result = probe(server).generate()
+    assert result.ok, result
+    (request,) = server.completions.requests
+    assert request.model == MODEL and request.max_tokens <= 3 and request.temperature == 0
+
+
+def test_a_sleep_resets_the_prefix_cache_then_sleeps_at_the_level_asked(server: VllmServer) -> None:
+    SleepEndpoints(server.url, timeout=5).sleep(1)
+    assert server.engine.calls == [("reset_prefix_cache", False, False), ("sleep", 1, "abort")]
+    assert server.engine.sleeping
+
+
+def test_a_prefix_cache_reset_that_vllm_reports_as_failed_fails_the_sleep(server: VllmServer) -> None:
+    """vLLM answers 200 {"success": false} while blocks are held; a standby that kept them can serve stale text."""
+    server.engine.prefix_cache_held = True
+    assert httpx.post(server.url + "/reset_prefix_cache").json() == {"success": False}
+    with pytest.raises(StandbyError, match="reset_prefix_cache"):
+        SleepEndpoints(server.url, timeout=5).sleep(1)
+    assert ("sleep", 1, "abort") not in server.engine.calls, "the lane was put to sleep after a failed reset"
+
+
+def test_a_sleep_leaves_vllms_sleep_state_gauge_at_the_level_slept(server: VllmServer) -> None:
+    SleepEndpoints(server.url, timeout=5).sleep(1)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'sleep_state="weights_offloaded"} 1.0' in metrics, [m for m in metrics.splitlines() if "sleep_state" in m]
+
+
+def test_a_wake_that_vllm_answers_500_fails_with_vllms_error(server: VllmServer) -> None:
+    asyncio.run(server.engine.sleep(1))
+    server.engine.wake_error = "CuMemAllocator: cannot map 54.84 GiB back"
+    with pytest.raises(StandbyError, match="500.*cannot map 54.84 GiB back"):
+        SleepEndpoints(server.url, timeout=5).wake_up()
+
+
+def test_a_wake_is_confirmed_by_is_sleeping(server: VllmServer) -> None:
+    asyncio.run(server.engine.sleep(1))
+    server.engine.calls.clear()
+    endpoints = SleepEndpoints(server.url, timeout=5)
+    assert endpoints.is_sleeping()
+    endpoints.wake_up()
+    assert server.engine.calls == [("wake_up", None)] and not endpoints.is_sleeping()
+
+
+def test_the_wake_check_reads_vllms_completion(server: VllmServer) -> None:
+    server.completions.text = " fingerprint"
+    try:
+        assert SleepEndpoints(server.url, timeout=5).greedy_text(MODEL, "Reply with OK.", 3) == " fingerprint"
+    finally:
+        server.completions.text = "OK"
+    (request,) = server.completions.requests
+    assert request.temperature == 0 and not request.stream
+
+
+def test_without_development_mode_the_sleep_routes_are_absent_and_lanectl_says_why() -> None:
+    with vllm_server(MODEL, dev_mode=False) as plain:
+        with pytest.raises(StandbyError, match="404.*VLLM_SERVER_DEV_MODE=1"):
+            SleepEndpoints(plain.url, timeout=5).sleep(1)

@@ -1,0 +1,303 @@
+"""vLLM 0.31.0's and flashinfer 0.7.0.post1's own code, as the contract checks consult it.
+
+Nothing here restates what vLLM prints: log texts are read from the installed source (every logger call's format
+string, found with `ast`), rendered with vLLM's own helpers and formatter, or produced by running vLLM's and
+flashinfer's logging code itself. A lookup names a file and a fragment of the call it wants; when 0.31.0's code
+has no such call the lookup fails and says so, which is the point.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import vllm
+
+SITE = Path(vllm.__file__).resolve().parent.parent
+LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "info_once", "warning_once",
+               "debug_once", "error_once"}
+LEVEL_OF = {"warn": "WARNING", "exception": "ERROR"}
+
+# What the production box's autotune cache holds (BRIEF §2: the recipe's "Loaded 210 configs"). Any count prints
+# the same line; this one makes the rendered line the one the box prints.
+PRODUCTION_AUTOTUNE_CONFIGS = 210
+# The release note's KV cache capacity for h1-REF/h2-REF (BRIEF §2).
+PRODUCTION_KV_TOKENS = 4_400_013
+
+
+@dataclass(frozen=True)
+class LogCall:
+    """One logger call in the installed source: where it is and the format string it passes."""
+
+    file: str  # relative to site-packages: vllm/v1/core/kv_cache_utils.py
+    line: int
+    level: str  # INFO, WARNING, ...
+    template: str  # the format string; an f-string's holes are written {…}
+    style: str  # "%" (lazy %-formatting) or "f" (an f-string, already formatted)
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def pattern(self) -> str:
+        """A regex of every message this call can print: its literal text, each hole a value."""
+        if self.style == "f":
+            return ".*?".join(re.escape(part) for part in self.template.split("{…}"))
+        out, last = [], 0
+        for m in _PERCENT.finditer(self.template):
+            out.append(re.escape(self.template[last:m.start()]))
+            out.append(_HOLE.get(m.group("conv"), ".*?") if m.group(0) != "%%" else "%")
+            last = m.end()
+        out.append(re.escape(self.template[last:]))
+        return "".join(out)
+
+    def render(self, *values: Any) -> str:
+        if self.style != "%":
+            raise ValueError(f"{self.where} is an f-string; it renders itself")
+        return self.template % values
+
+
+_PERCENT = re.compile(r"%%|%(?:\([^)]*\))?[-#0 +]*(?:\d+|\*)?(?:\.\d+)?(?P<conv>[diouxXeEfFgGcrsa])")
+_HOLE = {"d": r"-?\d+", "i": r"-?\d+", "f": r"-?\d+(?:\.\d+)?", "F": r"-?\d+(?:\.\d+)?", "e": r"\S+", "g": r"\S+",
+         "s": ".*?", "r": ".*?", "a": ".*?", "x": r"[0-9a-f]+", "X": r"[0-9A-F]+", "o": r"[0-7]+", "u": r"\d+",
+         "c": "."}
+
+
+def _template(node: ast.AST) -> tuple[str, str] | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value, "%"
+    if isinstance(node, ast.JoinedStr):
+        parts = [v.value if isinstance(v, ast.Constant) else "{…}" for v in node.values]
+        return "".join(str(p) for p in parts), "f"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        if left and right:
+            return left[0] + right[0], "f" if "f" in (left[1], right[1]) else "%"
+    return None
+
+
+def _is_logger(node: ast.AST) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name in ("logger", "log", "_logger", "LOGGER") or name.endswith("logger")
+
+
+@cache
+def log_calls(package: str) -> tuple[LogCall, ...]:
+    """Every logger call with a literal format string in an installed package (vllm, flashinfer)."""
+    cache_file = Path(sys.prefix) / f".contract-log-calls-{package}.json"
+    root = SITE / package
+    stamp = f"{package}:{os.path.getmtime(root / '__init__.py')}"
+    if cache_file.is_file():
+        saved = json.loads(cache_file.read_text())
+        if saved.get("stamp") == stamp:
+            return tuple(LogCall(**c) for c in saved["calls"])
+    calls = []
+    for path in sorted(root.rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        rel = str(path.relative_to(SITE))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in LOG_METHODS and _is_logger(node.func.value) and node.args):
+                continue
+            found = _template(node.args[0])
+            if found is None:
+                continue
+            method = node.func.attr.removesuffix("_once")
+            calls.append(LogCall(rel, node.lineno, LEVEL_OF.get(method, method.upper()), found[0], found[1]))
+    tmp = cache_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"stamp": stamp, "calls": [c.__dict__ for c in calls]}))
+    tmp.replace(cache_file)
+    return tuple(calls)
+
+
+def find_call(file: str, fragment: str) -> LogCall:
+    """The logger call in `file` (relative to site-packages) whose format string contains `fragment` (the first,
+    when the file logs that same text from several places)."""
+    package = file.split("/", 1)[0]
+    found = [c for c in log_calls(package) if c.file == file and fragment in c.template]
+    if len({c.template for c in found}) != 1:
+        near = [c.template for c in log_calls(package) if c.file == file][:12]
+        raise AssertionError(f"{file}: expected one logger call containing {fragment!r} in the installed "
+                             f"{package}, found {len(found)}; its calls: {near}")
+    return found[0]
+
+
+# -- vLLM's own record formatting -----------------------------------------------------------------------------
+
+@cache
+def vllm_formatter() -> logging.Formatter:
+    """The formatter vLLM's default logging config gives its handler (vllm/logger.py DEFAULT_LOGGING_CONFIG)."""
+
+    from vllm import logger as vllm_logger
+
+    # What the API server does at start (configure_logging_from_args): vLLM's record factory, which adds the
+    # process name the format prints, and its handler.
+    vllm_logger._configure_vllm_root_logger()
+    spec = dict(vllm_logger.DEFAULT_LOGGING_CONFIG["formatters"]["vllm"])
+    factory = spec.pop("()")
+    module, _, name = factory.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    return cls(spec.pop("format"), spec.pop("datefmt"), **spec)
+
+
+def vllm_line(call: LogCall, *values: Any, process: str = "EngineCore") -> str:
+    """The line vLLM prints for `call` with `values`, in `process` (`EngineCore`, `APIServer`), as its own
+    record factory and formatter make it: `(EngineCore pid=N) INFO MM-DD hh:mm:ss [file.py:NNN] message`."""
+    from vllm import logger as vllm_logger
+
+    formatter = vllm_formatter()
+    vllm_logger.set_vllm_process_name(process)
+    logger = logging.getLogger(call.file.removesuffix(".py").replace("/", "."))
+    record = logger.makeRecord(logger.name, getattr(logging, call.level), str(SITE / call.file), call.line,
+                               call.template, values, None)
+    return formatter.format(record)
+
+
+def format_gib(num_bytes: int) -> str:
+    from vllm.utils.mem_utils import format_gib as real
+
+    return real(num_bytes)
+
+
+# -- sequences produced by running vLLM's and flashinfer's own logging code --------------------------------------
+
+class Captured(logging.Handler):
+    """The records a logger emits, each also formatted by that logger's own (first) handler's formatter."""
+
+    def __init__(self, logger: logging.Logger, formatter: logging.Formatter | None) -> None:
+        super().__init__(logging.DEBUG)
+        self.logger, self.own_formatter, self.records, self.lines = logger, formatter, [], []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.lines.append((self.own_formatter or vllm_formatter()).format(record))
+
+    def __enter__(self) -> Captured:
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+
+
+def flashinfer_autotune_lines(cache_dir: Path, configs: int = PRODUCTION_AUTOTUNE_CONFIGS) -> list[str]:
+    """What flashinfer prints in vLLM's `flashinfer_autotune()` on a warm cache, by running that code's two steps:
+    `AutoTuner.load_configs(<cache with `configs` entries>)`, then vLLM's `autotune(tune_mode=True)` context
+    (model_executor/warmup/kernel_warmup.py), with nothing left to tune inside it."""
+    import vllm.utils.flashinfer as fi_utils
+    from flashinfer.autotuner import AutoTuner
+    from flashinfer.jit.core import logger as fi_logger
+
+    # A cache written before flashinfer stamped environments into it (no _metadata): it loads on any machine.
+    path = cache_dir / "flashinfer_autotune_cache" / "autotune_configs.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({f"op{i}::(shape-{i},)": ["TrtllmGenRunner", i % 7] for i in range(configs)}))
+    with Captured(fi_logger, fi_logger.handlers[0].formatter if fi_logger.handlers else None) as captured:
+        AutoTuner.get().load_configs(str(path))
+        with fi_utils.autotune(tune_mode=True):
+            pass
+    return captured.lines
+
+
+def kv_cache_line(kv_tokens: int, max_model_len: int, device_type: str = "cuda") -> str:
+    """The KV capacity line, from vLLM's own `update_kv_cache_capacity` (v1/core/kv_cache_utils.py); only the
+    capacity computation, which needs a real model's KV layout, is given the lane's numbers."""
+    from vllm.v1.core import kv_cache_utils
+
+    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=max_model_len),
+                             cache_config=SimpleNamespace(), device_config=SimpleNamespace(device_type=device_type))
+    vllm_formatter()
+    from vllm import logger as vllm_logger
+
+    vllm_logger.set_vllm_process_name("EngineCore")
+    saved = kv_cache_utils.get_kv_cache_capacity
+    kv_cache_utils.get_kv_cache_capacity = lambda *_: (kv_tokens, kv_tokens / max_model_len)  # type: ignore
+    try:
+        with Captured(kv_cache_utils.logger, None) as captured:
+            # info_once: a message seen before in this process is dropped; a fresh args tuple is a fresh message.
+            kv_cache_utils.update_kv_cache_capacity(config, None)  # type: ignore[arg-type]
+    finally:
+        kv_cache_utils.get_kv_cache_capacity = saved
+    return "\n".join(vllm_formatter().format(r) for r in captured.records) or _already_logged(
+        "v1/core/kv_cache_utils.py", kv_tokens, max_model_len)
+
+
+def _already_logged(file: str, kv_tokens: int, max_model_len: int) -> str:
+    call = find_call(f"vllm/{file}", "KV cache size")
+    return vllm_line(call, "GPU", f"{kv_tokens:,}", f"{max_model_len:,}", kv_tokens / max_model_len)
+
+
+def engine_dead_traceback() -> list[str]:
+    """The lines Python prints for vLLM's `EngineDeadError` raised in the API server (its own message)."""
+    import traceback
+
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        raise EngineDeadError()
+    except EngineDeadError as exc:
+        return "".join(traceback.format_exception(exc)).splitlines()
+
+
+# -- the arguments a role's engine receives ---------------------------------------------------------------------
+
+@cache
+def serve_parser() -> Any:
+    """`vllm serve`'s own parser (entrypoints/cli/serve.py ServeSubcommand, make_arg_parser)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    subparsers = parser.add_subparsers(dest="subparser")
+    ServeSubcommand().subparser_init(subparsers)
+    return parser
+
+
+def parse_serve_args(args: list[str]) -> Any:
+    """`vllm serve ARGS` parsed as vLLM parses it; SystemExit (argparse's error) becomes an AssertionError."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parsed = serve_parser().parse_args(["serve", *args])
+    except SystemExit:
+        said = err.getvalue().strip().splitlines()
+        raise AssertionError(said[-1] if said else "vllm serve refused") from None
+    if getattr(parsed, "model_tag", None) is not None:
+        parsed.model = parsed.model_tag
+    return parsed
+
+
+@cache
+def serve_option_strings() -> frozenset[str]:
+    """Every flag `vllm serve` knows, spelt out (its parser also takes abbreviations of them)."""
+    serve = next(a for a in serve_parser()._actions if hasattr(a, "choices") and a.choices and "serve" in a.choices)
+    return frozenset(s for action in serve.choices["serve"]._actions for s in action.option_strings)
+
+
+def engine_args(args: list[str], model_dir: Path) -> Any:
+    """`AsyncEngineArgs.from_cli_args` of `vllm serve ARGS`. A local model path (`/model`, the mount point in the
+    container) is read from `model_dir` here: vLLM takes a path that does not exist for a Hugging Face repo id."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    parsed = parse_serve_args(args)
+    if isinstance(parsed.model, str) and parsed.model.startswith("/"):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        parsed.model = str(model_dir)
+        if getattr(parsed, "model_tag", None):
+            parsed.model_tag = str(model_dir)
+    return AsyncEngineArgs.from_cli_args(parsed)
