@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -97,31 +98,47 @@ def test_patch_applies_cleanly_and_is_small(tmp_path: Path) -> None:
     assert subprocess.run(["patch", "-p1", "--forward", "--dry-run", "-i", str(PATCH)], **run).returncode != 0
 
 
-def _load_ten_streams(url: str) -> None:
+def _run_ten_streams_in_one_batch(url: str) -> None:
+    """Ten requests admitted in one step, however the client threads raced: the engine is held (the `hang`
+    fault parks its loop before admitting anything) until all ten wait, then released."""
+    assert httpx.post(url + "/admin/fault", json={"fault": "hang"}).status_code == 200
+    failures: list[BaseException] = []
+
     def one(i: int) -> None:
-        httpx.post(url + "/v1/completions", json={"prompt": f"user {i}", "max_tokens": 30}, timeout=20)
+        try:
+            r = httpx.post(url + "/v1/completions", json={"prompt": f"user {i}", "max_tokens": 30}, timeout=120)
+            r.raise_for_status()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            failures.append(exc)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 60
+    while metric(httpx.get(url + "/metrics").text, "vllm:num_requests_waiting") < 10:
+        assert time.monotonic() < deadline, "ten requests never reached the engine's queue"
+        time.sleep(0.05)
+    assert httpx.post(url + "/admin/fault", json={"fault": "clear"}).status_code == 200
     for t in threads:
-        t.join(30)
+        t.join(120)
+    assert not failures, failures
 
 
 def test_engine_counts_stray_reads_unpatched_and_none_patched(spawn, patched_tree: Path) -> None:
-    env = {"STUB_DECODE_TOKENS_PER_S": "200", "STUB_OOB_LOG_EVERY": "1000"}
+    env = {"STUB_DECODE_TOKENS_PER_S": "200", "STUB_OOB_LOG_EVERY": "1000", "STUB_ADMIN": "1"}
     buggy = spawn(env=env)
     fixed = spawn(env=env, pythonpath=patched_tree)
     for p in (buggy, fixed):
-        _load_ten_streams(p.url)
+        _run_ten_streams_in_one_batch(p.url)
     m_buggy = httpx.get(buggy.url + "/metrics").text
     m_fixed = httpx.get(fixed.url + "/metrics").text
-    assert metric(m_buggy, "stub:oob_draft_reads_total") > 0
+    # Ten requests ran together for all their 30 steps, each step at 3 of 5 draft steps: one stray read a step.
+    assert metric(m_buggy, "stub:oob_draft_reads_total") == 30
     assert metric(m_fixed, "stub:oob_draft_reads_total") == 0
-    assert metric(m_fixed, "vllm:spec_decode_num_drafts_total") >= 300  # the sampler did run
+    assert metric(m_fixed, "vllm:spec_decode_num_drafts_total") == 300  # the sampler did run: 10 rows x 30 steps
     warnings = [ln for ln in buggy.lines if "rejection sampler read past draft buffer" in ln]
     assert len(warnings) == 1 and warnings[0].startswith("WARNING ")  # rate-limited to one per 1000
-    assert "3 of 5 configured draft steps" in warnings[0]
+    assert "3 of 5 configured draft steps, 10 running requests" in warnings[0]
     assert not any("read past draft buffer" in ln for ln in fixed.lines)
 
 
