@@ -117,8 +117,20 @@ class Watchdog:
         return state, "armed" if state.watchdog_armed else "disarmed (no lease: `lanectl watchdog arm` arms it)"
 
     def disarm(self, seconds: float, reason: str, by: str) -> LaneState:
+        had_file = self.lanes.path.exists()
+        before = self.lanes.load()
         state = self.lanes.update(lambda s: s.disarmed_for(seconds, reason, by, self.now()))
-        self.journal.append("watchdog", event="disarmed", message=f"disarmed for {seconds:.0f} s: {reason}")
+        try:
+            self.journal.append("watchdog", event="disarmed", message=f"disarmed for {seconds:.0f} s: {reason}")
+        except Exception:
+            # Both or neither: an unguarded box that its journal does not explain is worse than a refused
+            # disarm. Only the watchdog's own fields go back, so a pass that ran meanwhile keeps its changes.
+            if had_file:
+                self.lanes.update(lambda s: s.model_copy(update={"watchdog_armed": before.watchdog_armed,
+                                                                 "watchdog_lease": before.watchdog_lease}))
+            else:
+                self.lanes.path.unlink(missing_ok=True)
+            raise
         return state
 
     # -- one pass ------------------------------------------------------------------------------------
