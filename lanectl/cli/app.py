@@ -306,7 +306,7 @@ def doctor(as_json: JsonOption = False) -> None:
 
 
 KernelLogOption = Annotated[str | None, typer.Option(
-    "--kernel-log", help="Where Xid lines come from: kmsg (default), file:/var/log/kern.log or 'cmd:dmesg'. "
+    "--kernel-log", help="Where Xid lines come from: kmsg (default), file:/var/log/kern.log or 'cmd:dmesg --raw'. "
                          "Default: $LANECTL_KERNEL_LOG, else kmsg.")]
 
 
