@@ -211,10 +211,11 @@ class Watchdog:
                           startup_budget_seconds=lane.spec.health.startup_budget_minutes * 60)
         record = self._count_xids(replace(record, memory=decision.memory), decision)
         outcome = None
-        if decision.failing or decision.action != "none" or decision.xid_application or decision.xid_hardware:
+        xids = (*decision.xid_application, *decision.xid_hardware, *decision.xid_unlisted)
+        if decision.failing or decision.action != "none" or xids:
             self.journal.append("watchdog", event="observation", lane=lane.name, action=decision.action,
                                 armed=armed, reason="; ".join((decision.reason, *observation.xid_notes)),
-                                xids=[x.line for x in (*decision.xid_application, *decision.xid_hardware)])
+                                xids=[x.line for x in xids])
         if armed and decision.action in ("restart", "rollback", "stop"):
             outcome, record = self._act(lane, decision, record)
         exit_code = EXIT_OK if not decision.failing and decision.action == "none" else EXIT_FAILED
@@ -311,7 +312,7 @@ class Watchdog:
 
     def _count_xids(self, record: WatchdogRecord, decision: Decision) -> WatchdogRecord:
         totals = dict(record.xid_total)
-        for event in (*decision.xid_application, *decision.xid_hardware):
+        for event in (*decision.xid_application, *decision.xid_hardware, *decision.xid_unlisted):
             totals[str(event.code)] = totals.get(str(event.code), 0) + 1
         return replace(record, xid_total=totals, xid_hardware_total=record.xid_hardware_total
                        + len(decision.xid_hardware))
