@@ -104,6 +104,10 @@ def read_text_file(path: Path, shown: str) -> str:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise _unreadable(shown, f"is over {MAX_FILE_BYTES} bytes; a YAML file here is at most that")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:4096]:
+        # A BOM or NULs between ASCII letters: an editor saved it as UTF-16/32, which YAML here is not.
+        raise YamlSyntaxError(Problem(shown, 1, 1, "", "not UTF-8 text (UTF-16 or UTF-32, by its first bytes); "
+                                                       "save the file as UTF-8"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
