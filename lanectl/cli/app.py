@@ -288,7 +288,7 @@ def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.", au
 
 
 @app.command()
-def history(count: Annotated[int, typer.Option("-n", help="How many records.")] = 50,
+def history(count: Annotated[int, typer.Option("-n", help="How many records.", min=1)] = 50,
             fleet: Annotated[bool, typer.Option("--fleet", help="The fleet journal (Swarm rollouts, per node).")]
             = False, as_json: JsonOption = False) -> None:
     """The journal: who switched what, when, why, every step and the outcome."""
