@@ -5,6 +5,10 @@ That `up` runs its first lane is checked from an installed wheel (tests/test_ins
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+
+import pytest
 
 from lanectl.commands.init import project_id
 from lanectl.recipe.schema import recipe_json_schema
@@ -68,3 +72,67 @@ def test_the_starter_workload_loads(tmp_path):
     assert lanectl("init", cwd=tmp_path).returncode == 0
     workload = load_workload(workload_file(tmp_path / "recipes", "smoke"))
     assert (workload.name, sorted(workload.classes)) == ("smoke", ["code", "prose"])
+
+
+# --- OS errors: a clear error (exit 2), no traceback, nothing left behind ---------------------------------
+
+def tree(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+def test_init_under_a_file_is_refused_clearly(tmp_path):
+    (tmp_path / "f").write_text("")
+    result = lanectl("init", "f/project", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, "lanectl: f is not a folder, and lanectl init would write "
+                                                     "inside it\n")
+    assert tree(tmp_path) == ["f"]
+
+
+def test_init_on_a_dangling_link_is_refused_clearly(tmp_path):
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    result = lanectl("init", "gone", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, f"lanectl: gone is a link to nothing ({tmp_path / 'nowhere'}); "
+                                                     "give a folder\n")
+    assert tree(tmp_path) == ["gone"]
+
+
+def test_init_with_a_name_too_long_is_a_clear_error(tmp_path):
+    result = lanectl("init", "n" * 300, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.endswith(": File name too long; nothing was left behind. Choose a folder you can write to\n")
+    assert tree(tmp_path) == []
+
+
+def test_init_under_proc_is_a_clear_error(tmp_path):
+    result = lanectl("init", "/proc/lanectl-init-test/p", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("lanectl: lanectl init could not write /proc/lanectl-init-test: ")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 24 KiB tmpfs: room for the recipe and the workload, not for the schema (~40 KiB)."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_init_on_a_full_disk_leaves_no_truncated_file(small_tmpfs, tmp_path):
+    assert len(json.dumps(recipe_json_schema(), indent=2)) > 24 * 1024  # the fixture's premise
+    result = lanectl("init", str(small_tmpfs / "p"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"lanectl: lanectl init could not write {small_tmpfs / 'p'}: No space left on device; "
+                             "nothing was left behind. Choose a folder you can write to\n")
+    assert tree(small_tmpfs) == []  # no truncated lanectl.schema.json to block the rerun
+
+
+def test_init_on_a_read_only_disk_is_a_clear_error(small_tmpfs, tmp_path):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    result = lanectl("init", str(small_tmpfs / "p"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (f"lanectl: lanectl init could not write {small_tmpfs / 'p'}: Read-only file system; "
+                             "nothing was left behind. Choose a folder you can write to\n")

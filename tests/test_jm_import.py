@@ -159,7 +159,7 @@ def test_a_new_unknown_field_is_listed_not_dropped():
      "recipe.yaml:8:9: schema: 'jm-recipe/v2' is not a J-M recipe schema lanectl knows; "
      "`lanectl import jm` reads jm-recipe/v1"),
     (RECIPE_YAML, LAUNCH.replace("vllm serve /model", "python3 -m sglang.launch_server"),
-     "launch-command.txt:1:1: expected a `vllm serve …` command, got 'python3 -m'"),
+     "launch-command.txt:1:1: expected a `vllm serve …` command, found another command"),
     (RECIPE_YAML, LAUNCH.replace("'{\"cpu_offload\": true}'", "'{\"cpu_offload\": true}"),
      "launch-command.txt:8:19: unbalanced quotes: this ' is never closed"),
     (RECIPE_YAML.replace("digest: sha256:00d5", "digest: 00d5"), LAUNCH,
@@ -189,3 +189,82 @@ def test_import_never_overwrites(tmp_path):
     result = lanectl("import", "jm", str(FIXTURE), "--out", str(out), cwd=tmp_path)
     assert (result.returncode, result.stderr) == (2, f"lanectl: {out} already exists; choose a new file\n")
     assert out.read_text() == "mine\n"
+
+
+# --- a recipe from elsewhere: its launch file stays in its folder, its names cannot inject keys ------------
+
+SECRET = "root:x:0:0:secret-first-line\n"
+
+
+def jm_folder(tmp_path: Path, command_file: str | None = None) -> Path:
+    folder = tmp_path / "jm"
+    shutil.copytree(FIXTURE, folder)
+    if command_file is not None:
+        text = (folder / "recipe.yaml").read_text()
+        (folder / "recipe.yaml").write_text(text.replace("command_file: launch-command.txt",
+                                                         f"command_file: {json.dumps(command_file)}"))
+    return folder
+
+
+@pytest.mark.parametrize("where", ["absolute", "dot-dot", "link-out"])
+def test_a_launch_file_outside_the_recipe_folder_is_refused_unread(tmp_path, where):
+    outside = tmp_path / "secret.txt"
+    outside.write_text(SECRET)
+    if where == "absolute":
+        folder = jm_folder(tmp_path, str(outside))
+    elif where == "dot-dot":
+        folder = jm_folder(tmp_path, "../secret.txt")
+    else:
+        folder = jm_folder(tmp_path, "cmd.txt")
+        (folder / "cmd.txt").symlink_to(outside)
+    out = tmp_path / "out.yaml"
+
+    result = lanectl("import", "jm", str(folder), "--out", str(out), cwd=tmp_path)
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"{folder}/recipe.yaml:34:17: launch.command_file: ")
+    assert ("must name a file inside the recipe's folder" in result.stderr
+            or "is a link out of the recipe's folder" in result.stderr)
+    assert "secret-first-line" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_a_launch_file_that_is_not_vllm_serve_is_not_quoted_in_the_error(tmp_path):
+    folder = jm_folder(tmp_path)
+    (folder / "launch-command.txt").write_text("root:x:0:0 secret-first-line\n")
+
+    result = lanectl("import", "jm", str(folder), cwd=tmp_path)
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == (f"{folder}/launch-command.txt:1:1: expected a `vllm serve …` "
+                                             "command, found another command")
+    assert "secret" not in result.stderr
+
+
+def test_a_newline_in_the_launch_file_name_cannot_inject_keys(tmp_path):
+    name = "cmd\nwatchdog: {max_restarts: 999}\n\u2028x: 1\u0085y: 2.txt"
+    folder = jm_folder(tmp_path, name)
+    (folder / name).write_text(LAUNCH)
+    out = tmp_path / "recipes" / "imported.yaml"
+
+    result = lanectl("import", "jm", str(folder), "--out", str(out), cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    recipe = load_yaml(out.read_text(), "imported.yaml").data
+    assert "watchdog" not in recipe["defaults"] and "watchdog" not in recipe
+    assert set(recipe) == {"schema", "id", "description", "defaults", "lanes"}
+    assert "cmd\\nwatchdog: {max_restarts: 999}\\n\\u2028x: 1\\u0085y: 2.txt" in out.read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize(("value", "shown"), [(".inf", "inf"), (".nan", "nan"), ("-5", "-5"), ("0", "0"),
+                                              ("true", "True"), ("yes", "True")])
+def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_at_its_line(tmp_path, value, shown):
+    folder = jm_folder(tmp_path)
+    text = (folder / "recipe.yaml").read_text()
+    (folder / "recipe.yaml").write_text(text.replace("timeout_s: 1200 ", f"timeout_s: {value} "))
+
+    result = lanectl("import", "jm", str(folder), cwd=tmp_path)
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[0] == (f"{folder}/recipe.yaml:48:16: health.ready.timeout_s: expected a "
+                                             f"positive, finite number of seconds, got {shown}")

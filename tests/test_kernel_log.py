@@ -193,7 +193,7 @@ def test_kmsg_that_cannot_be_opened_says_what_to_do(tmp_path: Path) -> None:
         DevKmsgSource(str(tmp_path / "kmsg")).read_new(None)
     assert str(raised.value) == (
         f"cannot read the kernel log {tmp_path / 'kmsg'}: No such file or directory; run as root, "
-        "or set the kernel log to 'file:/var/log/kern.log' or 'cmd:dmesg'"
+        "or set the kernel log to 'file:/var/log/kern.log' or 'cmd:dmesg --raw'"
     )
 
 
@@ -221,7 +221,7 @@ def test_kmsg_refused_to_a_non_root_user() -> None:
     os.waitpid(child, 0)
     assert message == (
         "cannot read the kernel log /dev/kmsg: Operation not permitted; run as root, "
-        "or set the kernel log to 'file:/var/log/kern.log' or 'cmd:dmesg'"
+        "or set the kernel log to 'file:/var/log/kern.log' or 'cmd:dmesg --raw'"
     )
 
 
@@ -410,3 +410,70 @@ def test_a_kmsg_record_file_hands_out_each_records_facility(tmp_path: Path) -> N
 ])
 def test_text_lines_show_their_facility_only_where_the_log_says_it(text: str, facility: int | None) -> None:
     assert text_facility(text) == facility
+
+
+# --- sources that cannot tell the kernel from users are refused, naming the ones that can ----------------
+
+LOGGER_FORGERY = "Dec  1 10:00:01 box kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=x, GPU has fallen off."
+
+
+@pytest.mark.parametrize("name", ["syslog", "messages", "syslog.1", "messages-20261201", "user.log"])
+def test_a_mixed_syslog_file_is_refused_by_name_through_the_cli(tmp_path: Path, name: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    log = tmp_path / name
+    log.write_text(LOGGER_FORGERY + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}
+    env.update({"LANECTL_STATE_DIR": str(tmp_path / "state"), "LANECTL_RECIPES": str(REPO / "recipes")})
+
+    result = subprocess.run([sys.executable, "-m", "lanectl", "watchdog", "check", "--kernel-log", f"file:{log}"],
+                            capture_output=True, text=True, env=env, timeout=120)
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"lanectl: kernel log 'file:{log}': {log} holds every program's lines")
+    assert "'kmsg' (/dev/kmsg: each record carries its facility" in result.stderr
+    assert "'file:/var/log/kern.log' (rsyslog writes only kern.* there)" in result.stderr
+
+
+def test_a_file_with_other_programs_lines_is_refused_when_read(tmp_path: Path) -> None:
+    log = tmp_path / "combined.log"
+    log.write_text("")
+    source = open_kernel_log(f"file:{log}")
+    _, cursor = source.read_new(None)
+    append(log, "Dec  1 10:00:00 box CRON[12]: (root) CMD (run-parts)\n" + LOGGER_FORGERY + "\n")
+
+    with pytest.raises(BadInput) as raised:
+        source.read_new(cursor)
+
+    assert str(raised.value).startswith(f"kernel log file {log} holds lines of other programs ('CRON', byte 0)")
+    assert "'kmsg' (/dev/kmsg" in str(raised.value)
+
+
+def test_kern_log_with_kernel_lines_only_is_read_and_believed(tmp_path: Path) -> None:
+    from lanectl.host.xid import believed_xid
+
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = open_kernel_log(f"file:{log}")
+    _, cursor = source.read_new(None)
+    append(log, "Dec  1 10:00:00 box kernel: [   12.3] usb 1-1: new device\n" + LOGGER_FORGERY + "\n")
+
+    lines, _ = source.read_new(cursor)
+
+    assert [believed_xid(line) is not None for line in lines] == [False, True]
+
+
+@pytest.mark.parametrize("spec", ["cmd:dmesg", "cmd:dmesg -T", "cmd:/usr/bin/dmesg --since 'last boot'"])
+def test_plain_dmesg_is_refused_for_it_cannot_show_the_facility(spec: str) -> None:
+    with pytest.raises(BadInput) as raised:
+        open_kernel_log(spec)
+    assert "plain dmesg does not show a line's facility" in str(raised.value)
+    assert "add --raw" in str(raised.value) and "'kmsg' (/dev/kmsg" in str(raised.value)
+
+
+@pytest.mark.parametrize("spec", ["cmd:dmesg --raw", "cmd:dmesg -r", "cmd:dmesg -rT", "cmd:dmesg -T --raw"])
+def test_dmesg_with_raw_priorities_is_accepted(spec: str) -> None:
+    assert isinstance(open_kernel_log(spec), CommandLogSource)

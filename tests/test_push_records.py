@@ -63,3 +63,36 @@ def test_only_a_sha256_digest_is_recorded(tmp_path: Path):
     with pytest.raises(ValueError, match="not a sha256 digest"):
         PushStore(tmp_path).record(PushRecord(**{**push("r.example", "a", "x").__dict__, "digest": "latest"}))
     assert not (tmp_path / "pushes").exists()
+
+
+TAMPERED = {
+    "another-lane": {"lane": "demo-h2"},
+    "another-recipe": {"recipe": "other"},
+    "repository-elsewhere": {"repository": "evil.example/lanectl/demo"},
+    "repository-another-image": {"repository": "127.0.0.1:5000/lanectl/other"},
+    "tag-of-another-build": {"tag": "demo-h1-ffffffffffff"},
+    "inputs-of-another-build": {"inputs": "f" * 64},
+}
+
+
+@pytest.mark.parametrize("change", TAMPERED.values(), ids=TAMPERED.keys())
+def test_a_record_that_does_not_match_its_lane_and_image_is_not_believed(tmp_path: Path, change: dict[str, str]):
+    import json
+
+    store = PushStore(tmp_path)
+    store.record(push("127.0.0.1:5000", "a", "2026-12-01T10:00:00.000Z"))
+    (path,) = (tmp_path / "pushes").iterdir()
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+
+    assert store.find(TAG, "127.0.0.1:5000") is None
+    assert store.find(TAG) is None
+
+
+def test_a_record_copied_under_another_records_name_is_not_believed(tmp_path: Path):
+    store = PushStore(tmp_path)
+    store.record(push("127.0.0.1:5000", "a", "2026-12-01T10:00:00.000Z"))
+    (path,) = (tmp_path / "pushes").iterdir()
+    path.rename(path.with_name("0" * 32 + ".json"))
+
+    assert store.find(TAG, "127.0.0.1:5000") is None
+    assert store.find(TAG) is None

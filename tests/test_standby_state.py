@@ -72,6 +72,65 @@ def test_an_unreadable_record_exits_2_naming_the_file_and_the_fix(tmp_path, cont
     assert f"mv {standbys.path} {standbys.path}.broken" in message and "cold start" in message
 
 
+def _record_with(**change) -> bytes:
+    record = {"lane": "h1-REF", "since": "2026-12-01T02:00:00.000Z", "resident_gib": 1.5,
+              "fingerprint": {"prompt": "p", "max_tokens": 8, "text": "t", "recorded": "2026-12-01T02:00:00.000Z"}}
+    record.update(change)
+    return json.dumps({"version": 1, "standbys": [record]}).encode()
+
+
+BAD_STANDBY_FIGURES = {
+    "since-not-iso": (_record_with(since="yesterday"), "standbys.0.since: Invalid isoformat string"),
+    "since-without-timezone": (_record_with(since="2026-12-01T02:00:00"), "a timestamp needs a timezone"),
+    "resident-nan": (_record_with(resident_gib=float("nan")), "standbys.0.resident_gib: Input should be a finite"),
+    "resident-inf": (_record_with(resident_gib=float("inf")), "standbys.0.resident_gib: Input should be a finite"),
+    "resident-negative": (_record_with(resident_gib=-3.0), "standbys.0.resident_gib: Input should be greater than"),
+    "fingerprint-recorded-not-iso": (
+        _record_with(fingerprint={"prompt": "p", "max_tokens": 8, "text": "t", "recorded": "noon"}),
+        "standbys.0.fingerprint.recorded: Invalid isoformat string"),
+    "max-tokens-zero": (_record_with(fingerprint={"prompt": "p", "max_tokens": 0, "text": "t",
+                                                  "recorded": "2026-12-01T02:00:00.000Z"}),
+                        "standbys.0.fingerprint.max_tokens: Input should be greater than or equal to 1"),
+    "dropped-at-not-iso": (json.dumps({"version": 1, "dropped": {"a": {"reason": "r", "at": "later"}}}).encode(),
+                           "dropped.a.at: Invalid isoformat string"),
+}
+
+
+@pytest.mark.parametrize(("content", "detail"), BAD_STANDBY_FIGURES.values(), ids=BAD_STANDBY_FIGURES.keys())
+def test_a_record_with_a_bad_time_or_figure_is_refused_where_it_is_read(tmp_path, content, detail):
+    standbys = store(tmp_path)
+    standbys.path.parent.mkdir(mode=0o700)
+    standbys.path.write_bytes(content)
+    with pytest.raises(StandbyFileCorrupt) as caught:
+        standbys.load()
+    assert detail in str(caught.value)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_status_refuses_a_bad_standby_json_clearly_and_leaves_it(tmp_path, as_json):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    content = _record_with(since="yesterday", resident_gib=float("nan"))
+    (state / "standby.json").write_bytes(content)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}
+    env.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(REPO / "recipes")})
+
+    result = subprocess.run([sys.executable, "-m", "lanectl", "status", *(["--json"] if as_json else [])],
+                            capture_output=True, text=True, env=env, timeout=120)
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"lanectl: {state / 'standby.json'} is not a readable standby record (")
+    assert "since: Invalid isoformat string" in result.stderr and "resident_gib" in result.stderr
+    assert (state / "standby.json").read_bytes() == content and result.stdout == ""
+
+
 def test_host_memory_is_memavailable(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24731708 kB\nMemFree:         1000000 kB\nMemAvailable:   23898472 kB\n")

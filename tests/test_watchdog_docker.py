@@ -267,6 +267,22 @@ def test_an_application_xid_restarts_and_a_hardware_xid_stops_and_alerts(lanes, 
     assert "GPU map unknown (no nvidia-smi)" in journal
 
 
+def test_an_unlisted_xid_beside_a_restart_is_counted_and_journaled(lanes, state, sink, tmp_path):
+    feed = KmsgFeed(tmp_path / "kmsg")
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    assert check(lanes, state, sink, kernel_log=feed.spec)["exit_code"] == 0
+    feed.write(xid(31))
+    feed.write(xid(94))  # in neither list: never acted on, but never lost either
+    data = check(lanes, state, sink, kernel_log=feed.spec)
+    assert data["action"] == "restart" and "unlisted Xid 94 recorded (not acted on)" in data["reason"]
+    assert watchdog_status(lanes, state)["xid_total"] == {"31": 1, "94": 1}
+    records = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()]
+    observation = [r for r in records if r.get("event") == "observation"][-1]
+    assert any(": 94, pid=4242" in line for line in observation["xids"])
+    check(lanes, state, sink, kernel_log=feed.spec)
+    assert watchdog_status(lanes, state)["xid_total"] == {"31": 1, "94": 1}, "the next pass does not count it again"
+
+
 FORGED = {
     "user facility (root writing /dev/kmsg)": (xid(79), KmsgFeed.USER_ERR),
     "daemon facility": (xid(79), 3 << 3 | 3),

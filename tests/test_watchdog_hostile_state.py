@@ -340,3 +340,41 @@ def test_a_disarm_longer_than_a_year_exits_2(state: Path, duration: str):
     assert result.returncode == 2
     assert "the watchdog can be disarmed for at most 366 days" in result.stderr
     assert not (state / "state.json").exists()
+
+
+@pytest.mark.parametrize("journal", ["a-folder", "a-link"])
+def test_a_disarm_that_cannot_be_journaled_leaves_the_watchdog_as_it_was(state: Path, tmp_path: Path, journal: str):
+    assert lanectl("watchdog", "arm", state=state).returncode == 0
+    before = (state / "state.json").read_bytes()
+    (state / "journal.jsonl").unlink(missing_ok=True)
+    if journal == "a-folder":
+        (state / "journal.jsonl").mkdir()
+    else:
+        (tmp_path / "elsewhere.jsonl").write_text("")
+        (state / "journal.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+
+    result = lanectl("watchdog", "disarm", "--for", "1h", "--reason", "maintenance", state=state)
+    status = lanectl("watchdog", "status", "--json", state=state)
+
+    assert result.returncode != 0 and "journal" in result.stderr
+    assert json.loads(status.stdout)["data"]["armed"] is True  # neither disarmed nor journaled
+    assert json.loads((state / "state.json").read_bytes())["watchdog_lease"] is None
+    assert json.loads(before)["watchdog_armed"] is True
+
+
+def test_a_disarm_on_a_fresh_box_that_cannot_be_journaled_writes_no_state(state: Path):
+    (state / "journal.jsonl").mkdir()
+
+    result = lanectl("watchdog", "disarm", "--for", "1h", "--reason", "maintenance", state=state)
+
+    assert result.returncode != 0 and "could not write the journal" in result.stderr
+    assert not (state / "state.json").exists()
+
+
+def test_a_disarm_reason_that_is_not_utf8_is_refused_and_state_stays_readable(state: Path):
+    result = lanectl("watchdog", "disarm", "--for", "1h", "--reason", os.fsdecode(b"bad \xff byte"), state=state)
+
+    assert result.returncode == 2
+    assert "the disarm reason is not UTF-8 text" in result.stderr
+    assert not (state / "state.json").exists()
+    assert lanectl("watchdog", "status", state=state).returncode == 0

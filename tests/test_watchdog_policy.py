@@ -101,6 +101,28 @@ def test_xid_classes(code, action):
     assert decision.action == action
 
 
+UNLISTED = parse_xid("NVRM: Xid (PCI:0000:01:00): 94, pid=1, name=python3, contained ECC")
+CRASH = dict(containers_running=False, container_detail="primary exited (exit code 1)", health_ok=None)
+RESTARTED_AT = (NOW - timedelta(seconds=5)).isoformat()
+
+
+@pytest.mark.parametrize(("changes", "memory", "action"), [
+    (CRASH, ready(), "restart"),
+    (dict(CRASH, xids=(parse_xid("NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=python3, x"),)), ready(), "stop"),
+    (CRASH, ready(restarts=(RESTARTED_AT,)), "wait"),
+    (CRASH, ready(restarts=(RESTARTED_AT,) * 3), "rollback"),
+    (dict(health_ok=False, health_detail="503"), ready(), "none"),
+    ({}, ready(), "none"),
+], ids=["restart", "stop", "back-off", "rollback", "probe-failed", "healthy"])
+def test_an_unlisted_xid_is_carried_by_every_kind_of_pass(changes, memory, action):
+    obs = observed(**{**changes, "xids": (*changes.get("xids", ()), UNLISTED)})
+    decision = decide(obs, memory, POLICY, now=NOW, armed=True, startup_budget_seconds=BUDGET)
+    assert decision.action == action
+    assert decision.xid_unlisted == (UNLISTED,), "counted and journaled by the runner"
+    assert decision.reason.endswith("; unlisted Xid 94 recorded (not acted on)")
+    assert UNLISTED not in decision.xid_application + decision.xid_hardware, "never acted on"
+
+
 def test_disarmed_observes_only():
     crash = observed(containers_running=False, container_detail="primary exited (exit code 1)")
     decision = decide(crash, ready(), POLICY, now=NOW, armed=False, startup_budget_seconds=BUDGET)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lanectl.errors import OperationFailed
+from lanectl.state.atomic import replacing
+
 PLOT_EXTRA = "pip install 'lanectl[plot]'"
 
 
@@ -49,8 +52,14 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     axes.legend()
     plt.setp(axes.get_xticklabels(), rotation=45, ha="right")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    try:
+        # Whole or not at all, and never through a link planted as ratios.png: the rename replaces the link.
+        with replacing(path, mode=0o644) as handle:
+            figure.savefig(handle, format="png", dpi=100)
+    except OSError as exc:
+        raise OperationFailed(f"could not write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(figure)
     return None
 
 

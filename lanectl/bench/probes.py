@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from lanectl.bench.sql_check import SqlRefused, check_schema, compile_query
 from lanectl.errors import BadInput, Problem
 from lanectl.recipe.model import flag_value
 from lanectl.recipe.validation import problems_from_validation
@@ -52,6 +52,10 @@ CHARS_PER_TOKEN = 4
 # soak's long generations do not queue behind one another on a small lane.
 PROBE_STREAMS = 4
 CHAT_PATH = "/v1/chat/completions"
+# What an answer may be to be parsed as JSON or YAML: far beyond any probe's expected answer, far below
+# what makes the parsers recurse past Python's limit or the schema check run for minutes.
+MAX_ANSWER_CHARS = 1_000_000
+MAX_ANSWER_DEPTH = 64
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 ItemName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]
@@ -299,8 +303,8 @@ def _item_problems(item: GauntletItem, at: PathKey) -> list[tuple[PathKey, str]]
             found.append(((*at, "expect"), "expect: sql needs sql_schema (CREATE TABLE statements)"))
         else:
             try:
-                sqlite3.connect(":memory:").executescript(item.sql_schema)
-            except sqlite3.Error as exc:
+                check_schema(item.sql_schema)
+            except SqlRefused as exc:
                 found.append(((*at, "sql_schema"), f"SQLite refuses the schema: {exc}"))
     return found
 
@@ -372,7 +376,7 @@ def check_tool_call(message: dict[str, Any], item: GauntletItem) -> str | None:
     if item.tool_choice not in (None, "required") and name != item.tool_choice:
         return f"called {name!r}, not the forced {item.tool_choice!r}"
     try:
-        arguments = json.loads(function.get("arguments") or "")
+        arguments = _json_value(str(function.get("arguments") or ""))
     except ValueError as exc:
         return f"{name} arguments are not JSON ({exc}): {_short(function.get('arguments'))}"
     if not isinstance(arguments, dict):
@@ -381,9 +385,34 @@ def check_tool_call(message: dict[str, Any], item: GauntletItem) -> str | None:
     return f"{name} arguments break its schema: {'; '.join(errors[:3])}" if errors else None
 
 
+def bounded_answer(text: str) -> str | None:
+    """Why an answer is too big or too deep to parse, or None. A model's answer is anyone's text:
+    `json` and PyYAML recurse per bracket (RecursionError), and the schema check walks what they built."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return f"the answer is {len(text)} characters, more than {MAX_ANSWER_CHARS} to parse"
+    depth = deepest = 0
+    for char in text:  # brackets inside strings count too: an over-estimate only refuses sooner
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    if deepest > MAX_ANSWER_DEPTH:
+        return f"the answer nests deeper than {MAX_ANSWER_DEPTH} levels"
+    return None
+
+
+def _json_value(text: str) -> Any:
+    """json.loads within the answer bounds; ValueError with why not."""
+    refused = bounded_answer(text)
+    if refused is not None:
+        raise ValueError(refused)
+    return json.loads(text)
+
+
 def check_json(content: str, schema: dict[str, Any] | None) -> str | None:
     try:
-        value = json.loads(answer_text(content))
+        value = _json_value(answer_text(content))
     except ValueError as exc:
         return f"not JSON ({exc}): {_short(content)}"
     errors = schema_errors(value, schema) if schema is not None else []
@@ -392,8 +421,12 @@ def check_json(content: str, schema: dict[str, Any] | None) -> str | None:
 
 def check_yaml(content: str, schema: dict[str, Any] | None) -> str | None:
     # Any text parses as a YAML scalar, so only a mapping or a list counts as a YAML answer.
+    text = answer_text(content)
+    refused = bounded_answer(text) or _yaml_shape(text)
+    if refused is not None:
+        return f"not YAML a probe parses ({refused}): {_short(content)}"
     try:
-        value = yaml.safe_load(answer_text(content))
+        value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         return f"not YAML ({str(exc).splitlines()[0]}): {_short(content)}"
     if not isinstance(value, dict | list):
@@ -402,19 +435,35 @@ def check_yaml(content: str, schema: dict[str, Any] | None) -> str | None:
     return f"YAML breaks the schema: {'; '.join(errors[:3])}" if errors else None
 
 
+def _yaml_shape(text: str) -> str | None:
+    """Why PyYAML should not build `text`, from its event stream (which it reads without recursing):
+    block nesting deeper than the brackets show, or an alias: one line of `&a [*a, *a]` per level doubles
+    what the schema check walks (a billion laughs in a few hundred bytes)."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                return "it uses YAML aliases (*name), which an answer has no need of"
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_ANSWER_DEPTH:
+                    return f"it nests deeper than {MAX_ANSWER_DEPTH} levels"
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return None  # safe_load reports it, with its position
+    return None
+
+
 def check_sql(content: str, sql_schema: str) -> str | None:
     """SQLite compiles the answer (EXPLAIN: planned, never run) against the declared tables; one statement."""
     query = answer_text(content).rstrip().rstrip(";")
     if not query:
         return "no SQL in the reply"
-    db = sqlite3.connect(":memory:")
     try:
-        db.executescript(sql_schema)
-        db.execute(f"EXPLAIN {query}")
-    except (sqlite3.Error, sqlite3.Warning) as exc:  # Warning: more than one statement
+        compile_query(sql_schema, query)
+    except SqlRefused as exc:
         return f"SQLite does not compile it ({exc}): {_short(query)}"
-    finally:
-        db.close()
     return None
 
 
@@ -577,7 +626,7 @@ def run_probe(base_url: str, model: str, probe: Probe, client: httpx.Client | No
         seconds = time.monotonic() - started
         try:
             data = reply.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # json recurses per bracket: a hostile body ends the recursion
             data = None
         if reply.status_code != 200 or not isinstance(data, dict):
             message = (data or {}).get("error", {}).get("message") if isinstance(data, dict) else None
@@ -586,7 +635,10 @@ def run_probe(base_url: str, model: str, probe: Probe, client: httpx.Client | No
             message = data["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):
             return Check(item, f"no choices[0].message in the reply: {_short(data)}", seconds)
-        return Check(item, rule(message if isinstance(message, dict) else {}), seconds)
+        try:
+            return Check(item, rule(message if isinstance(message, dict) else {}), seconds)
+        except Exception as exc:  # noqa: BLE001 - an answer no check foresaw fails its item, never the gate
+            return Check(item, f"the answer could not be checked: {type(exc).__name__}: {_short(str(exc))}", seconds)
 
     try:
         with ThreadPoolExecutor(PROBE_STREAMS) as pool:

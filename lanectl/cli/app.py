@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from lanectl import __version__
+from lanectl.cli.terminal import TerminalConsole, shown
 from lanectl.errors import LanectlError, RecipeInvalid
 from lanectl.project import Project
 
@@ -35,8 +35,9 @@ app.add_typer(fleet_app, name="fleet")
 # Engine text (container logs, engine and webhook errors, health details) reaches these consoles:
 # it is printed as `Text` or with markup=False, never parsed as rich markup. No emoji codes either:
 # "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7", and `:fire:` in a log line stays `:fire:`.
-out = Console(highlight=False, soft_wrap=True, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+# Its control characters are printed escaped (lanectl.cli.terminal).
+out = TerminalConsole(highlight=False, soft_wrap=True, emoji=False)
+err = TerminalConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 RecipesOption = Annotated[
     Path | None,
@@ -94,7 +95,9 @@ def show(result: Result, as_json: bool = False) -> None:
         start = 0
         for end in range(1, len(lines) + 1):
             if end == len(lines) or lines[end].err != lines[start].err:
-                text = Text("\n").join(Text.assemble(*lines[i].spans) for i in range(start, end))
+                # A span is one line's part: a newline in it (from a log, a reason) is shown escaped.
+                text = Text("\n").join(Text.assemble(*((shown(part), style) for part, style in lines[i].spans))
+                                       for i in range(start, end))
                 (err if lines[start].err else out).print(text, highlight=False)
                 start = end
     if result.exit_code:
@@ -286,8 +289,9 @@ def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.", au
     from lanectl.commands.logs import lane_logs
 
     def write(text: str) -> None:
-        # Log text goes out as the engine wrote it: no markup, no wrapping, flushed for `-f`.
-        sys.stdout.write(text)
+        # Log text goes out as the engine wrote it (control characters escaped): no markup, no wrapping,
+        # flushed for `-f`.
+        sys.stdout.write(shown(text, keep_newlines=True))
         sys.stdout.flush()
 
     show(lane_logs(catalog(), lane, role=role, follow=follow, write=write,
@@ -295,7 +299,7 @@ def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.", au
 
 
 @app.command()
-def history(count: Annotated[int, typer.Option("-n", help="How many records.")] = 50,
+def history(count: Annotated[int, typer.Option("-n", help="How many records.", min=1)] = 50,
             fleet: Annotated[bool, typer.Option("--fleet", help="The fleet journal (Swarm rollouts, per node).")]
             = False, as_json: JsonOption = False) -> None:
     """The journal: who switched what, when, why, every step and the outcome."""
@@ -313,7 +317,7 @@ def doctor(as_json: JsonOption = False) -> None:
 
 
 KernelLogOption = Annotated[str | None, typer.Option(
-    "--kernel-log", help="Where Xid lines come from: kmsg (default), file:/var/log/kern.log or 'cmd:dmesg'. "
+    "--kernel-log", help="Where Xid lines come from: kmsg (default), file:/var/log/kern.log or 'cmd:dmesg --raw'. "
                          "Default: $LANECTL_KERNEL_LOG, else kmsg.")]
 
 

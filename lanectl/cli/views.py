@@ -241,9 +241,18 @@ def watchdog_status(result: Result) -> list[Line]:
     if data["last_action"]:
         action = data["last_action"]
         lines.append(line(f"last action: {action['ts']} {action['action']}: {action['reason']} -> {action['outcome']}"))
-    lines.append(line(f"restarts: {data['restarts_total'] or 0}; rollbacks: {data['rollbacks_total']}; "
-                      f"Xid: {data['xid_total'] or 0} (hardware {data['xid_hardware_total']})"))
+    lines.append(line(f"restarts: {_counts(data['restarts_total'])}; rollbacks: {data['rollbacks_total']}; "
+                      f"Xid: {_counts(data['xid_total'])} (hardware {data['xid_hardware_total']})"))
     return lines + [line(problem, err=True) for problem in data["problems"]]
+
+
+def _counts(counts: Mapping[str, int] | int | None) -> str:
+    """A counter per key as people read it: `3 (31: 2, 94: 1)`, never a Python dict."""
+    if not isinstance(counts, Mapping):
+        return str(counts or 0)
+    total = sum(counts.values())
+    ordered = sorted(counts.items(), key=lambda item: (len(str(item[0])), str(item[0])))  # Xid 9 before 31
+    return f"{total} ({', '.join(f'{key}: {value}' for key, value in ordered)})" if counts else "0"
 
 
 def watchdog_arm(result: Result) -> list[Line]:

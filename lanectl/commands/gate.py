@@ -134,16 +134,9 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
 
 def report(run_dir: Path) -> Result:
     """The figures of a gate run written by `gate --out`, and its plot drawn again (ratios.png)."""
-    import json
-
     from lanectl.bench.plot import plot
-    from lanectl.errors import BadInput
+    from lanectl.bench.results_file import load_gate_results
 
-    path = run_dir / "results.json"
-    if not path.is_file():
-        raise BadInput(f"{run_dir}: no results.json; give a folder written by `lanectl gate --out`")
-    data = json.loads(path.read_text())
-    if "gate" not in data:
-        raise BadInput(f"{path} holds a bench run, not a gate; its figures are in the file")
-    not_drawn = plot(data["gate"], run_dir / "ratios.png")
-    return Result("report", data["gate"], (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),))
+    gate = load_gate_results(run_dir)
+    not_drawn = plot(gate, run_dir / "ratios.png")
+    return Result("report", gate, (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),))

@@ -6,8 +6,11 @@ workloads folder with a small workload. Refuses, writing nothing, when any of th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 
 from lanectl.errors import BadInput
@@ -91,24 +94,73 @@ def project_id(folder: Path) -> str:
 
 
 def scaffold(folder: Path) -> list[Path]:
-    """Write the starter project into `folder` (created when missing); the paths written, in order."""
+    """Write the starter project into `folder` (created when missing); the paths written, in order.
+
+    All or nothing: on any OS error (a read-only or full disk, a file or a dangling link where a folder
+    goes, a name too long) what this call made is removed again and `BadInput` says what failed.
+    """
+    try:
+        return _scaffold(folder)
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else folder
+        raise BadInput(f"lanectl init could not write {where}: {exc.strerror or exc}; nothing was left behind. "
+                       "Choose a folder you can write to") from None
+
+
+def _scaffold(folder: Path) -> list[Path]:
     files = {
         folder / "recipes" / "starter.yaml": STARTER_RECIPE.format(id=project_id(folder), first=FIRST_LANE,
                                                                   second=SECOND_LANE),
         folder / "recipes" / "workloads" / "smoke.yaml": STARTER_WORKLOAD,
         folder / "lanectl.schema.json": json.dumps(recipe_json_schema(), indent=2) + "\n",
     }
+    if folder.is_symlink() and not folder.exists():
+        raise BadInput(f"{folder} is a link to nothing ({os.readlink(folder)}); give a folder")
     if folder.exists() and not folder.is_dir():
         raise BadInput(f"{folder} is not a folder")
     existing = [str(path) for path in files if path.exists() or path.is_symlink()]
     if existing:
         raise BadInput(f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; "
                        "lanectl init never overwrites a file: choose a new or empty folder")
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("x", encoding="utf-8") as handle:  # "x": a file made since the check is not overwritten
-            handle.write(text)
+    made: list[Path] = []  # folders and files this call created, to remove again if a later one fails
+    try:
+        for path, text in files.items():
+            _make_folders(path.parent, made)
+            _write_new(path, text.encode())
+            made.append(path)
+    except BaseException:
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+        raise
     return list(files)
+
+
+def _make_folders(folder: Path, made: list[Path]) -> None:
+    missing = []
+    while not folder.is_dir():
+        if folder.exists() or folder.is_symlink():
+            raise BadInput(f"{folder} is not a folder, and lanectl init would write inside it")
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        path.mkdir()
+        made.append(path)
+
+
+def _write_new(path: Path, content: bytes) -> None:
+    """`path` whole, and only if it does not exist: a full disk leaves no truncated file that would block
+    the next `init`. The temp file is linked to its name (link(2) never replaces), then removed."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o644)
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(temp, path)
+    finally:
+        Path(temp).unlink(missing_ok=True)
 
 
 def init_project(folder: Path) -> Result:

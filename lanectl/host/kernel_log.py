@@ -54,6 +54,14 @@ class KernelLogLine:
 _SYSLOG_KERNEL = re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)) "
                             r"\S+ kernel: ")
 _RAW_PRIORITY = re.compile(r"^<(?P<prio>\d{1,3})>")
+# Any syslog header, to tell a kern.log (every tag `kernel`) from a log of every facility.
+_SYSLOG_TAG = re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)) "
+                         r"\S+ (?P<tag>[^\s:\[]+)(?:\[\d+\])?: ")
+# Files where rsyslog (Debian: syslog, RHEL: messages) writes every facility, rotated copies included:
+# there `logger -t kernel 'NVRM: Xid …'`, which any user may run, gives a line the same as the kernel's.
+_MIXED_LOG_NAMES = re.compile(r"^(?:syslog|messages|user\.log|daemon\.log|all\.log)(?:\.\d+|-\d{8})?$")
+TRUSTED_SOURCES = ("'kmsg' (/dev/kmsg: each record carries its facility, and only the kernel's is `kern`), "
+                   "'file:/var/log/kern.log' (rsyslog writes only kern.* there) or 'cmd:dmesg --raw'")
 
 
 def text_facility(text: str) -> int | None:
@@ -85,15 +93,28 @@ def open_kernel_log(spec: str = DEFAULT_SPEC) -> KernelLogSource:
     if spec.startswith("kmsg-file:") and spec[len("kmsg-file:") :].strip():
         return KmsgFileSource(Path(spec[len("kmsg-file:") :].strip()))
     if spec.startswith("file:") and spec[len("file:") :].strip():
-        return FileLogSource(Path(spec[len("file:") :].strip()))
+        path = Path(spec[len("file:") :].strip())
+        if _MIXED_LOG_NAMES.match(path.name):
+            raise BadInput(f"kernel log {spec!r}: {path} holds every program's lines, and any user can write one "
+                           f"that reads like the kernel's (`logger -t kernel 'NVRM: Xid …'`); use {TRUSTED_SOURCES}")
+        return FileLogSource(path)
     if spec.startswith("cmd:"):
         try:
             argv = shlex.split(spec[len("cmd:") :])
         except ValueError as error:
             raise BadInput(f"kernel log {spec!r}: {error}") from None
+        if argv and Path(argv[0]).name == "dmesg" and not any(_raw_flag(arg) for arg in argv[1:]):
+            raise BadInput(f"kernel log {spec!r}: plain dmesg does not show a line's facility, so a line written "
+                           f"to /dev/kmsg from user space cannot be told from the kernel's; add --raw, or use "
+                           f"{TRUSTED_SOURCES}")
         if argv:
             return CommandLogSource(argv)
     raise BadInput(f"kernel log {spec!r} is not one of {SPEC_FORMS}")
+
+
+def _raw_flag(arg: str) -> bool:
+    """dmesg's `--raw`/`-r`, also in a cluster of short options (`-rT`)."""
+    return arg == "--raw" or (arg.startswith("-") and not arg.startswith("--") and "r" in arg[1:])
 
 
 def write_kmsg(text: str, path: str = KMSG_PATH) -> None:
@@ -200,7 +221,7 @@ class DevKmsgSource:
         except OSError as error:
             raise OperationFailed(
                 f"cannot read the kernel log {self.path}: {error.strerror}; run as root, "
-                f"or set the kernel log to 'file:/var/log/kern.log' or 'cmd:dmesg'"
+                f"or set the kernel log to 'file:/var/log/kern.log' or 'cmd:dmesg --raw'"
             ) from None
 
     def _boot_id(self) -> str:
@@ -343,6 +364,13 @@ class FileLogSource:
         for raw in complete.split(b"\n")[:-1]:
             position += len(raw) + 1
             text = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+            tagged = _SYSLOG_TAG.match(text)
+            if tagged is not None and tagged["tag"] != "kernel":
+                # kern.log holds the kernel's lines only; a file with other programs' lines is a mixed
+                # log, where a user's `logger -t kernel` line reads exactly like the kernel's.
+                raise BadInput(f"kernel log file {self.path} holds lines of other programs ({tagged['tag']!r}, "
+                               f"byte {position - len(raw) - 1}): a log of every facility, where any user can "
+                               f"write a line that reads like the kernel's; use {TRUSTED_SOURCES}")
             lines.append(KernelLogLine(text, f"{inode}:{position}", text_facility(text)))
         return lines, f"{inode}:{position}"
 

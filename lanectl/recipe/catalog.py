@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.project import Project, known_templates, leaves, template_dir
@@ -88,6 +88,19 @@ class Catalog:
 
 
 def recipe_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
+    return [path for path, kind in _yaml_files(project, paths) if kind == "recipe"]
+
+
+def unrecognised_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
+    """The .yaml files under the folders searched that are neither recipes nor a known other kind
+    (workloads, probes): not loaded, and named, so that a recipe is never skipped without a word."""
+    return [path for path, kind in _yaml_files(project, paths) if kind == "unknown"]
+
+
+YamlKind = Literal["recipe", "other", "unknown"]
+
+
+def _yaml_files(project: Project, paths: Iterable[Path]) -> list[tuple[Path, YamlKind]]:
     chosen = list(paths)
     if not chosen:
         if not project.recipes_dir.is_dir():
@@ -96,25 +109,51 @@ def recipe_files(project: Project, paths: Iterable[Path] = ()) -> list[Path]:
                 "run lanectl inside a project or pass --recipes DIR (or set LANECTL_RECIPES)"
             )
         chosen = [project.recipes_dir]
-    files: list[Path] = []
+    files: list[tuple[Path, YamlKind]] = []
     for path in chosen:
         if path.is_dir():
-            # Only files that declare a lanectl schema are recipes; workloads and notes live beside them.
-            files.extend(p for p in sorted(path.rglob("*.yaml")) if _declares_recipe(p))
+            # Only files that declare a lanectl schema are recipes; workloads and probes live beside them.
+            files.extend((p, yaml_kind(p)) for p in sorted(path.rglob("*.yaml")))
         elif path.exists():
-            files.append(path)
+            files.append((path, "recipe"))
         else:
             raise BadInput(f"{path}: no such recipe file or folder")
     return files
 
 
-def _declares_recipe(path: Path) -> bool:
+# The schemas of the files that live under recipes/ beside the recipes.
+OTHER_SCHEMAS = ("lanectl-workload/", "lanectl-probe/")
+# `schema: lanectl/v1` as a block or flow key, the key or the value quoted or not.
+_SCHEMA_KEY = re.compile(r"""(?:^|[{,])[ \t]*["']?schema["']?[ \t]*:[ \t]*["']?(?P<schema>[\w.-]+/)""",
+                         re.MULTILINE)
+_HEAD_BYTES = 4096
+
+
+def yaml_kind(path: Path) -> YamlKind:
+    """What a .yaml under a recipes folder is, from its `schema:` key: a lanectl recipe, a known other kind,
+    or unknown. Anything that loading must explain (not a regular file, not UTF-8) counts as a recipe."""
     if not path.is_file() or path.is_symlink():
         # Loading it reports what is wrong (a directory or FIFO named *.yaml, a symlink out of the folder).
-        return True
+        return "recipe"
     with path.open("rb") as handle:
-        head = handle.read(4096).decode("utf-8", errors="replace")
-    return re.search(r"^schema:\s*[\"']?lanectl/", head, re.MULTILINE) is not None
+        head = handle.read(_HEAD_BYTES)
+        found = _schema_of(head)
+        if found is None and len(head) == _HEAD_BYTES:
+            from lanectl.recipe.yaml_source import MAX_FILE_BYTES
+
+            # The key may come after a long comment block: look through the file (at most what loading reads).
+            found = _schema_of(head + handle.read(MAX_FILE_BYTES))
+    if found is None:
+        # UTF-16 or UTF-32 (a BOM, or NULs between the ASCII letters): loading says to save it as UTF-8.
+        return "recipe" if head[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in head else "unknown"
+    if found == "lanectl/":
+        return "recipe"
+    return "other" if found in OTHER_SCHEMAS else "unknown"
+
+
+def _schema_of(data: bytes) -> str | None:
+    match = _SCHEMA_KEY.search(data.decode("utf-8", errors="replace"))
+    return match["schema"] if match else None
 
 
 def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:

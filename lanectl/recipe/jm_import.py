@@ -42,10 +42,20 @@ class JmImport:
 
 
 def launch_file_name(doc: YamlDocument) -> str:
-    """The launch command's file, beside recipe.yaml: `launch.command_file`, else launch-command.txt."""
+    """The launch command's file, beside recipe.yaml: `launch.command_file`, else launch-command.txt.
+
+    Raises `RecipeInvalid` for a name that leaves the recipe's folder (absolute, `..`): a recipe from
+    elsewhere must not make lanectl read, or quote, any other file. Links are checked where it is opened.
+    """
     launch = doc.data.get("launch") if isinstance(doc.data, dict) else None
     name = launch.get("command_file") if isinstance(launch, dict) else None
-    return name if isinstance(name, str) and name else DEFAULT_LAUNCH_FILE
+    if not (isinstance(name, str) and name):
+        return DEFAULT_LAUNCH_FILE
+    if name.startswith("/") or ".." in name.split("/") or "\0" in name:
+        raise RecipeInvalid([doc.problem(("launch", "command_file"),
+                                         "must name a file inside the recipe's folder (a relative path without "
+                                         "`..`); copy the launch command next to recipe.yaml")])
+    return name
 
 
 def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: str = "main") -> JmImport:
@@ -107,7 +117,11 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
 
     health: dict[str, Any] = {}
     timeout = get(("health", "ready", "timeout_s"), (int, float))
-    if timeout is not None:
+    if isinstance(timeout, bool) or (timeout is not None and not (math.isfinite(timeout) and timeout > 0)):
+        # YAML reads `yes`, `.inf` and `.nan` as numbers too; none is a time to wait for an engine.
+        problems.append(doc.problem(("health", "ready", "timeout_s"),
+                                    f"expected a positive, finite number of seconds, got {timeout!r}"))
+    elif timeout is not None:
         health["startup_budget_minutes"] = math.ceil(timeout / 60)
     liveness = get(("health", "liveness", "path"), str)
     if liveness is not None:
@@ -215,8 +229,9 @@ def _serve_args(text: str, file: str, problems: list[Problem]) -> list[str]:
     words = shlex.split(text.replace("\\\n", " "), comments=True)
     if words[:2] != ["vllm", "serve"]:
         line = next((i for i, row in enumerate(text.splitlines(), 1) if row.strip()), 1)
-        problems.append(Problem(file, line, 1, "", f"expected a `vllm serve …` command, got "
-                                                   f"{' '.join(words[:2]) or 'nothing'!r}"))
+        # The file's words are not quoted back: a command_file that names another file must not print it.
+        found = "nothing" if not words else "another command"
+        problems.append(Problem(file, line, 1, "", f"expected a `vllm serve …` command, found {found}"))
         return []
     return words[2:]
 

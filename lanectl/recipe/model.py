@@ -90,6 +90,15 @@ MEASURE_WORDS = frozenset({"SEED", "COUNT", "LIMIT", "SIZE", "LEN", "LENGTH", "B
 # in the image's CMD and every `docker inspect`; engines read the same secrets from their environment.
 SECRET_FLAG = re.compile(r"--?(?:[A-Za-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd|credentials?)",
                          re.IGNORECASE)
+_SECRET_FLAG_WORDS = ("token", "key", "apikey", "secret", "password", "passwd", "credentials")
+# vLLM's FlexibleArgumentParser (argparse) expands a unique prefix of a long option: `--api-ke X` is
+# `--api-key X`, `--hf-tok=X` is `--hf-token=X`. A long flag whose last word begins a credential word is
+# taken for one (a false alarm costs a rename; a miss bakes the secret into the image).
+SECRET_FLAG_ABBREVIATED = re.compile(
+    r"--(?:[A-Za-z0-9]+[-_])+(?:"
+    + "|".join(sorted({re.escape(w[:n]) for w in _SECRET_FLAG_WORDS for n in range(1, len(w) + 1)}, key=len,
+                      reverse=True))
+    + ")", re.IGNORECASE)
 
 
 def looks_like_secret(name: str) -> bool:
@@ -257,7 +266,8 @@ class Engine(Strict):
         for i, arg in enumerate(value or []):
             flag, has_value, _ = arg.partition("=")
             takes_next = i + 1 < len(value or []) and not (value or [])[i + 1].startswith("-")
-            if SECRET_FLAG.fullmatch(flag) and (has_value or takes_next):
+            secret = SECRET_FLAG.fullmatch(flag) or SECRET_FLAG_ABBREVIATED.fullmatch(flag)
+            if secret and (has_value or takes_next):
                 raise ValueError(
                     f"{flag} would bake a secret into the image and the container's config; drop its value, "
                     "list the variable the engine reads (e.g. VLLM_API_KEY, HF_TOKEN) under 'secret_env' and "

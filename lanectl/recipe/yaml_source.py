@@ -104,6 +104,10 @@ def read_text_file(path: Path, shown: str) -> str:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise _unreadable(shown, f"is over {MAX_FILE_BYTES} bytes; a YAML file here is at most that")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:4096]:
+        # A BOM or NULs between ASCII letters: an editor saved it as UTF-16/32, which YAML here is not.
+        raise YamlSyntaxError(Problem(shown, 1, 1, "", "not UTF-8 text (UTF-16 or UTF-32, by its first bytes); "
+                                                       "save the file as UTF-8"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -181,6 +185,7 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._expanded: dict[int, int] = {}
         self._depth = 0
+        self._aliases = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
         mark = self.peek_event().start_mark
@@ -193,6 +198,7 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
         if is_alias:
+            self._aliases += 1
             if id(node) not in self._expanded:
                 raise _TooLarge(mark, "this alias refers to a value that contains it (a recursive alias); "
                                       "aliases may only repeat a finished value")
@@ -203,9 +209,13 @@ class _BoundedLoader(yaml.SafeLoader):
             size = 1 + sum(self._expanded.get(id(item), 1) for item in node.value)
         else:
             size = 1
-        if size > MAX_NODES:
+        if size > MAX_NODES and self._aliases:
             raise _TooLarge(mark, f"this value expands to more than {MAX_NODES} YAML nodes through aliases "
                                   "(a 'billion laughs'?); write it out or use fewer aliases")
+        if size > MAX_NODES:
+            # Written out, not expanded: no alias is to blame, only the size (say, tens of thousands of lanes).
+            raise _TooLarge(mark, f"this value holds more than {MAX_NODES} YAML nodes, more than lanectl reads "
+                                  "from one file; split it into several files")
         self._expanded[id(node)] = size
         return node
 
@@ -223,6 +233,11 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = _scalar(key_node, path, doc, constructor)
+            if key is None:
+                # `null:`, `~:` or an empty key: as text it would be "None" (a lane named None).
+                raise _Located(Problem(doc.file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
+                                       format_path(path), "a null key (`null:`, `~:` or nothing before the colon); "
+                                       "give it a name, or quote it ('null') if you mean the word"))
             if not isinstance(key, str | int):
                 key = str(key)
             child = (*path, key)

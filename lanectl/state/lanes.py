@@ -65,6 +65,12 @@ class LaneState(StateFileModel):
         if seconds > MAX_DISARM_SECONDS:
             raise BadInput(f"the watchdog can be disarmed for at most {MAX_DISARM_SECONDS // 86400} days, "
                            f"got {seconds:g} s")
+        try:
+            reason.encode()
+        except UnicodeEncodeError:
+            # Bytes that were not UTF-8 in the argument: JSON would keep them as lone surrogates, which no
+            # reader of state.json accepts, so every later command would fail on the file.
+            raise BadInput("the disarm reason is not UTF-8 text; give it as UTF-8") from None
         lease = WatchdogLease(until=utc_timestamp(now + timedelta(seconds=seconds)), reason=reason, by=by)
         return self.model_copy(update={"watchdog_armed": False, "watchdog_lease": lease})
 

@@ -104,4 +104,14 @@ class PushStore:
             return None
         if not all(isinstance(value, str) for value in asdict(record).values()) or not DIGEST.fullmatch(record.digest):
             return None
-        return record
+        return record if self._consistent(record, path) else None
+
+    def _consistent(self, record: PushRecord, path: Path) -> bool:
+        """Whether the record is one `record` wrote for its own lane: a file copied from another record's
+        name, or one whose repository points at another registry or image than its tag names, is not
+        believed (up --fleet would otherwise hand nodes whatever image a planted record names)."""
+        local_repository, _, local_tag = record.local_tag.rpartition(":")
+        return (path.name == self._path(record.remote_tag).name
+                and record.repository == f"{record.registry}/{local_repository}"
+                and local_repository == f"lanectl/{record.recipe}"
+                and record.tag == local_tag == f"{record.lane}-{record.inputs[:12]}")

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import load_state_file
+from lanectl.state.file_model import Timestamp, load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import check_state_file, create_state_dir
 
@@ -35,23 +35,24 @@ class Fingerprint(_Record):
     """Greedy output of the lane's wake-check prompt, recorded when it last passed its gate."""
 
     prompt: str
-    max_tokens: int
+    max_tokens: Annotated[int, Field(ge=1)]
     text: str
-    recorded: str
+    recorded: Timestamp
 
 
 class StandbyRecord(_Record):
     lane: str
-    since: str  # ISO UTC: when it was put to sleep
+    since: Timestamp  # ISO UTC: when it was put to sleep
     fingerprint: Fingerprint
-    resident_gib: float | None = None  # GPU memory it still holds asleep, as the engine logged it
+    # GPU memory it still holds asleep, as the engine logged it.
+    resident_gib: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
 
 
 class DroppedStandby(_Record):
     """Why a lane's standby was given up (it died asleep, a switch stopped it): the next rollback says so."""
 
     reason: str
-    at: str
+    at: Timestamp
 
 
 class StandbyState(_Record):

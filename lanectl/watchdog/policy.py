@@ -60,6 +60,8 @@ class Decision:
     xid_application: tuple[XidEvent, ...] = ()
     xid_hardware: tuple[XidEvent, ...] = ()
     observe_only: bool = False
+    # Codes in neither list: counted and journaled by every pass, whatever it decides, never acted on.
+    xid_unlisted: tuple[XidEvent, ...] = ()
     backoff_until: datetime | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -74,6 +76,21 @@ def backoff_seconds(policy: WatchdogPolicy, restarts_in_window: int) -> float:
 
 def decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPolicy, *, now: datetime,
            armed: bool, startup_budget_seconds: float) -> Decision:
+    decision = _decide(observation, memory, policy, now=now, armed=armed,
+                       startup_budget_seconds=startup_budget_seconds)
+    # Codes in neither list (63, 92, 94, ...) are recorded and counted, but neither restart nor stop a lane:
+    # acting on a code nobody classified would be a guess. Every kind of pass carries them, so a pass that
+    # restarts, stops or backs off for another reason does not lose them as the kernel cursor moves on.
+    unlisted = tuple(x for x in observation.xids
+                     if classify(x, policy.xid.application_codes, policy.xid.hardware_codes) == XidClass.UNKNOWN)
+    if not unlisted:
+        return decision
+    note = f"unlisted Xid {', '.join(str(x.code) for x in unlisted)} recorded (not acted on)"
+    return replace(decision, xid_unlisted=unlisted, reason=f"{decision.reason}; {note}")
+
+
+def _decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPolicy, *, now: datetime,
+            armed: bool, startup_budget_seconds: float) -> Decision:
     memory = memory.for_lane(observation.lane)
     window_start = now - timedelta(minutes=policy.restart.window_minutes)
     restarts = tuple(t for t in memory.restarts if datetime.fromisoformat(t) >= window_start)
@@ -81,9 +98,6 @@ def decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPol
     classes = {x: classify(x, policy.xid.application_codes, policy.xid.hardware_codes) for x in observation.xids}
     hardware = tuple(x for x in observation.xids if classes[x] == XidClass.HARDWARE)
     application = tuple(x for x in observation.xids if classes[x] == XidClass.APPLICATION)
-    # Codes in neither list (63, 92, 94, ...) are recorded and counted, but neither restart nor stop
-    # a lane: acting on a code nobody classified would be a guess.
-    unlisted = tuple(x for x in observation.xids if classes[x] == XidClass.UNKNOWN)
 
     def act(action: Action, reason: str, **extra: object) -> Decision:
         decision = Decision(action, reason, True, memory, application, hardware, observe_only=not armed,
@@ -118,13 +132,10 @@ def decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPol
     if observation.health_ok is None and not probe_failed:
         # Running, and no probe answered in this pass: nothing to count either way, so failures
         # counted so far stand (the answers of a hung engine's probes come a timeout later).
-        return Decision("none", "running; no probe answer in this pass", False, memory, application + unlisted,
+        return Decision("none", "running; no probe answer in this pass", False, memory, application,
                         hardware, observe_only=not armed)
     if not probe_failed:
-        reason = "healthy"
-        if unlisted:
-            reason += f"; unlisted Xid {', '.join(str(x.code) for x in unlisted)} recorded (not acted on)"
-        return Decision("none", reason, False, replace(memory, consecutive_failures=0), application + unlisted,
+        return Decision("none", "healthy", False, replace(memory, consecutive_failures=0), application,
                         hardware, observe_only=not armed)
     detail = observation.health_detail if observation.health_ok is False else observation.generation_detail
     if in_startup:

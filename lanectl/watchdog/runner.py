@@ -123,8 +123,20 @@ class Watchdog:
         return state, "armed" if state.watchdog_armed else "disarmed (no lease: `lanectl watchdog arm` arms it)"
 
     def disarm(self, seconds: float, reason: str, by: str) -> LaneState:
+        had_file = self.lanes.path.exists()
+        before = self.lanes.load()
         state = self.lanes.update(lambda s: s.disarmed_for(seconds, reason, by, self.now()))
-        self.journal.append("watchdog", event="disarmed", message=f"disarmed for {seconds:.0f} s: {reason}")
+        try:
+            self.journal.append("watchdog", event="disarmed", message=f"disarmed for {seconds:.0f} s: {reason}")
+        except Exception:
+            # Both or neither: an unguarded box that its journal does not explain is worse than a refused
+            # disarm. Only the watchdog's own fields go back, so a pass that ran meanwhile keeps its changes.
+            if had_file:
+                self.lanes.update(lambda s: s.model_copy(update={"watchdog_armed": before.watchdog_armed,
+                                                                 "watchdog_lease": before.watchdog_lease}))
+            else:
+                self.lanes.path.unlink(missing_ok=True)
+            raise
         return state
 
     # -- one pass ------------------------------------------------------------------------------------
@@ -206,10 +218,11 @@ class Watchdog:
                           startup_budget_seconds=lane.spec.health.startup_budget_minutes * 60)
         record = self._count_xids(replace(record, memory=decision.memory), decision)
         outcome = None
-        if decision.failing or decision.action != "none" or decision.xid_application or decision.xid_hardware:
+        xids = (*decision.xid_application, *decision.xid_hardware, *decision.xid_unlisted)
+        if decision.failing or decision.action != "none" or xids:
             self.journal.append("watchdog", event="observation", lane=lane.name, action=decision.action,
                                 armed=armed, reason="; ".join((decision.reason, *observation.xid_notes)),
-                                xids=[x.line for x in (*decision.xid_application, *decision.xid_hardware)])
+                                xids=[x.line for x in xids])
         if armed and decision.action in ("restart", "rollback", "stop"):
             outcome, record = self._act(lane, decision, record)
         exit_code = EXIT_OK if not decision.failing and decision.action == "none" else EXIT_FAILED
@@ -305,7 +318,7 @@ class Watchdog:
 
     def _count_xids(self, record: WatchdogRecord, decision: Decision) -> WatchdogRecord:
         totals = dict(record.xid_total)
-        for event in (*decision.xid_application, *decision.xid_hardware):
+        for event in (*decision.xid_application, *decision.xid_hardware, *decision.xid_unlisted):
             totals[str(event.code)] = totals.get(str(event.code), 0) + 1
         return replace(record, xid_total=totals, xid_hardware_total=record.xid_hardware_total
                        + len(decision.xid_hardware))
