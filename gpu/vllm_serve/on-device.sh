@@ -2,7 +2,8 @@
 # The real-vLLM run on the GPU machine, one step per device call (the machine stays warm, with /tmp, for
 # 30 s after each call; the payload is two parts because one call carries at most 64 MiB):
 #   call 1: bash gpu/vllm_serve/on-device.sh part1   carry .gpu-payload/part-aa: stash it, make the models
-#   call 2: bash gpu/vllm_serve/on-device.sh run     carry .gpu-payload/part-ab: unpack, serve, run every scenario
+#   call 2: bash gpu/vllm_serve/on-device.sh run     carry .gpu-payload/part-ab and .gpu-payload/overlay:
+#           unpack, then serve each model in turn and run the scenarios (about 6 minutes)
 # Build the parts first, here: bash gpu/vllm_serve/payload.sh. What the run printed lands in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -33,7 +34,14 @@ case "${1:-}" in
     fi
     export PYTHONPATH=/tmp/site
     python3 -c 'import vllm, pydantic; print("vllm", vllm.__version__, "pydantic", pydantic.__version__)' 2>&1 | tail -1 | tee -a "$OUT/env.log"
-    python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape --out "$OUT/llama-8b-dummy" "$@" 2>&1 | tee "$OUT/run.log"
+    # The 8B shape for the standby's real sizes, every scenario; then the tiny model, whose random weights on a
+    # real tokenizer show teacher forcing by text going wrong. The tool parser lets the gauntlet's tool items reach
+    # the model (hermes: the ChatML template's tool-call convention).
+    tools=(--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=hermes)
+    python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
+      --out "$OUT/llama-8b-dummy" "$@" 2>&1 | tee "$OUT/llama-8b-dummy.log"
+    python3 gpu/vllm_serve/run.py --engine vllm --model /tmp/models/llama-tiny "${tools[@]}" --out "$OUT/llama-tiny" \
+      --only startup,probe,teacher_forcing,loadgen,probes,engine_kill "$@" 2>&1 | tee "$OUT/llama-tiny.log"
     ;;
   *) echo "usage: $0 part1|run [run.py args]" >&2; exit 2 ;;
 esac
