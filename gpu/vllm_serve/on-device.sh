@@ -38,10 +38,16 @@ case "${1:-}" in
     # real tokenizer show teacher forcing by text going wrong. The tool parser lets the gauntlet's tool items reach
     # the model (hermes: the ChatML template's tool-call convention).
     tools=(--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=hermes)
-    python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
-      --out "$OUT/llama-8b-dummy" "$@" 2>&1 | tee "$OUT/llama-8b-dummy.log"
-    python3 gpu/vllm_serve/run.py --engine vllm --model /tmp/models/llama-tiny "${tools[@]}" --out "$OUT/llama-tiny" \
-      --only startup,probe,teacher_forcing,loadgen,probes,engine_kill "$@" 2>&1 | tee "$OUT/llama-tiny.log"
+    # RUN_MODELS="8b tiny" by default; one of them to repeat a run (a call brings back a limited number of files).
+    for model in ${RUN_MODELS:-8b tiny}; do
+      case $model in
+        8b) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
+              --out "$OUT/llama-8b-dummy" "$@" 2>&1 | tee "$OUT/llama-8b-dummy.log" ;;
+        tiny) python3 gpu/vllm_serve/run.py --engine vllm --model /tmp/models/llama-tiny "${tools[@]}" \
+                --out "$OUT/llama-tiny" --only startup,probe,teacher_forcing,loadgen,probes,engine_kill "$@" 2>&1 |
+                tee "$OUT/llama-tiny.log" ;;
+      esac
+    done
     ;;
   *) echo "usage: $0 part1|run [run.py args]" >&2; exit 2 ;;
 esac
