@@ -112,8 +112,26 @@ class _Gate(_Shape):
         return None if value == {} else value  # a run with nothing to score writes {}
 
 
+class _Bracket(_Shape):
+    """Several candidates in one bracket: each one's own gate form under `candidates`."""
+
+    control: str
+    bar: float = Field(gt=0)
+    verdict: Verdict
+    order: str
+    best: str | None = None
+    promoted: str | None = None
+    reasons: list[str]
+    candidates: list[_Gate] = Field(min_length=2)
+    arms: list[_Arm] = []
+
+
 class _Results(_Shape):
     gate: _Gate
+
+
+class _BracketResults(_Shape):
+    gate: _Bracket
 
 
 def _read_bounded(path: Path) -> bytes:
@@ -132,8 +150,8 @@ def _read_bounded(path: Path) -> bytes:
         os.close(fd)
 
 
-def load_gate_results(run_dir: Path) -> dict[str, Any]:
-    """results.json's `gate` section as written, after checking every field the report reads."""
+def load_results(run_dir: Path) -> dict[str, Any]:
+    """results.json as written, after checking every field the report and the release note read."""
     path = run_dir / "results.json"
     if not path.exists():
         raise BadInput(f"{run_dir}: no results.json; give a folder written by `lanectl gate --out`")
@@ -154,14 +172,22 @@ def load_gate_results(run_dir: Path) -> dict[str, Any]:
     if "gate" not in data:
         raise BadInput(f"{path} holds a bench run, not a gate; its figures are in the file")
     try:
-        _Results.model_validate(data)
+        # The bracket form is tried only for a document that says it is one: a one-candidate run's errors
+        # are then its own, not a union's.
+        bracket = isinstance(data["gate"], dict) and "candidates" in data["gate"]
+        (_BracketResults if bracket else _Results).model_validate(data)
     except ValidationError as exc:
         wrong = "; ".join(f"{'.'.join(str(p) for p in error['loc'])}: "
                           + ("expected a JSON object" if error["type"] == "model_type" else error["msg"])
                           for error in exc.errors(include_url=False)[:10])
         raise BadInput(f"{path} is not a gate's results ({wrong}); rerun `lanectl gate --out`, "
                        f"or restore the file from the run") from None
-    gate: dict[str, Any] = data["gate"]
+    return data
+
+
+def load_gate_results(run_dir: Path) -> dict[str, Any]:
+    """results.json's `gate` section, checked as `load_results` checks it."""
+    gate: dict[str, Any] = load_results(run_dir)["gate"]
     return gate
 
 

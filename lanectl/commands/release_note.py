@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,21 +9,6 @@ from lanectl.bench.release_note import NoteInputs, candidates_of, release_note
 from lanectl.errors import BadInput
 from lanectl.output import Message, Result, info
 from lanectl.recipe.catalog import Catalog
-
-
-def load_gate_results(run_dir: Path) -> dict[str, Any]:
-    """results.json of a gate run, or a BadInput saying what the folder holds instead."""
-    path = run_dir / "results.json"
-    if not path.is_file():
-        raise BadInput(f"{run_dir}: no results.json; give a folder written by `lanectl gate --out`")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"{path}: not readable as JSON ({exc}); give a folder written by `lanectl gate --out`") \
-            from None
-    if not isinstance(data, dict) or not isinstance(data.get("gate"), dict):
-        raise BadInput(f"{path} holds no gate run; a release note is written from `lanectl gate --out`")
-    return data
 
 
 def note_inputs(catalog: Catalog | None, results: dict[str, Any], run_name: str,
@@ -97,7 +81,9 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
                         print_markdown: bool = True) -> Result:
     """The note as Markdown (on stdout, or in `out`), and with `html` the same note as one HTML file
     with the run's plot inside it."""
-    results = load_gate_results(run_dir)
+    from lanectl.bench.results_file import load_results
+
+    results = load_results(run_dir)
     try:
         arms = [arm for arm in results["gate"].get("arms") or [] if isinstance(arm, dict)]
         started = arms[0].get("started") if arms else None

@@ -44,16 +44,17 @@ STARTUP_ORDER = [
      r"\d+\.\d{6} seconds$"),
     ("EngineCore", r"^INFO .* \[kv_cache_utils\.py:\d+\] GPU KV cache size: 4,400,013 tokens, Maximum concurrency for "
      r"4,096 tokens per request: 1074\.22x$"),
-    ("EngineCore", r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - autotuner\.py:\d+ - flashinfer\.jit: "
+    # flashinfer's and uvicorn's own loggers: 0.31.0 puts the process prefix on vLLM's records only.
+    (None, r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - autotuner\.py:\d+ - flashinfer\.jit: "
      r"\[Autotuner\]: Loaded 210 configs from /root/\.cache/vllm/flashinfer_autotune_cache/.*/autotune_configs\.json$"),
-    ("EngineCore", r"flashinfer\.jit: \[Autotuner\]: Autotuning process starts \.\.\.$"),
-    ("EngineCore", r"flashinfer\.jit: \[Autotuner\]: Autotuning process ends$"),
+    (None, r"flashinfer\.jit: \[Autotuner\]: Autotuning process starts \.\.\.$"),
+    (None, r"flashinfer\.jit: \[Autotuner\]: Autotuning process ends$"),
     ("EngineCore", r"^INFO .* \[core\.py:\d+\] init engine \(profile, create kv cache, warmup model\) took "
-     r"\d+\.\d\d seconds$"),
-    ("APIServer", r"^INFO:     Started server process \[\d+\]$"),
-    ("APIServer", r"^INFO:     Waiting for application startup\.$"),
-    ("APIServer", r"^INFO:     Application startup complete\.$"),
-    ("APIServer", r"^INFO:     Uvicorn running on http://127\.0\.0\.1:\d+ \(Press CTRL\+C to quit\)$"),
+     r"\d+\.\d\d s$"),
+    (None, r"^INFO:     Started server process \[\d+\]$"),
+    (None, r"^INFO:     Waiting for application startup\.$"),
+    (None, r"^INFO:     Application startup complete\.$"),
+    (None, r"^INFO:     Uvicorn running on http://127\.0\.0\.1:\d+ \(Press CTRL\+C to quit\)$"),
 ]
 
 
@@ -62,8 +63,8 @@ def test_startup_log_lines_in_order_with_production_flags(spawn) -> None:
     lines = list(p.lines)
     pos = 0
     for process, pattern in STARTUP_ORDER:
-        regex = re.compile(rf"^\({process} pid=\d+\) " + pattern.removeprefix("^") if pattern.startswith("^")
-                           else rf"^\({process} pid=\d+\) .*" + pattern)
+        head = rf"^\({process} pid=\d+\) " if process else "^"
+        regex = re.compile(head + pattern.removeprefix("^") if pattern.startswith("^") else head + ".*" + pattern)
         while pos < len(lines) and not regex.search(lines[pos]):
             pos += 1
         assert pos < len(lines), f"{regex.pattern!r} missing or out of order in:\n" + "\n".join(lines)

@@ -49,9 +49,11 @@ def test_crash_follows_vllms_engine_core_death_and_exits_0(spawn) -> None:
     assert p.wait_exit(5) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(p.url + "/health")
-    p.wait_line(r"^Traceback \(most recent call last\):$", 1)
-    p.wait_line(r"^\(APIServer pid=\d+\) vllm\.v1\.engine\.exceptions\.EngineDeadError: " + re.escape(CORE_DEAD) + "$",
-                1, prefixed=True)
+    # A traceback is part of its record: every line repeats the record's whole header (vLLM's NewLineFormatter),
+    # as the GPU record shows.
+    p.wait_line(r"^ERROR .*\] Traceback \(most recent call last\):$", 1)
+    p.wait_line(r"^\(APIServer pid=\d+\) ERROR .*\[async_llm\.py:\d+\] vllm\.v1\.engine\.exceptions\.EngineDeadError: "
+                + re.escape(CORE_DEAD) + "$", 1, prefixed=True)
     p.wait_line(r"^\(EngineCore pid=\d+\) ERROR .*\] EngineCore encountered a fatal error\.$", 1, prefixed=True)
     order = [n for n, line in enumerate(p.lines) if "EngineCore encountered a fatal error." in line
              or "engine core exited unexpectedly" in line or "Finished server process" in line]

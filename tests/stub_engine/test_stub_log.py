@@ -1,5 +1,6 @@
-"""The stub's log as vLLM 0.31.0 writes it (SHAPE.md): the process prefix on every line, vLLM's and flashinfer's
-record formats, the real message texts, and the 0.26.0 difference the GPU record shows (two KV lines).
+"""The stub's log as vLLM 0.31.0 writes it (SHAPE.md): the process prefix on vLLM's own records (every line of a
+record, tracebacks included), vLLM's and flashinfer's record formats, the real message texts, and the 0.26.0
+differences the GPU record shows (two KV lines; every line a process writes prefixed).
 
 Every line is also read through lanectl's own parser (lanectl.health.engine_log), so what the stub prints and
 what lanectl's rules believe cannot drift apart without a red test here.
@@ -14,7 +15,7 @@ from stubengine import logs
 
 from lanectl.health.engine_log import OTHER, RECORD, TRACEBACK, parse
 
-from .stubproc import PROCESS_PREFIX, unprefixed
+from .stubproc import PROCESS_PREFIX
 
 ONE_KV_LINE = "GPU KV cache size: 4,400,013 tokens, Maximum concurrency for 32,768 tokens per request: 134.28x"
 
@@ -25,28 +26,34 @@ def _records(lines: list[str]) -> list[tuple[str | None, str | None, str]]:
     return [(p.process, p.source.split(":")[0] if p.source else None, p.message) for p in parsed if p.kind == RECORD]
 
 
-def test_every_line_carries_its_process_prefix_and_parses_as_lanectl_reads_it(spawn) -> None:
+def test_vllms_records_carry_their_process_prefix_and_every_line_parses_as_lanectl_reads_it(spawn) -> None:
     p = spawn(env={"STUB_ADMIN": "1"})
     assert httpx.get(p.url + "/EngineDeadError").status_code == 404
     assert httpx.post(p.url + "/admin/fault", json={"fault": "crash"}).status_code == 200
     assert p.wait_exit(5) == 0
     lines = list(p.lines)
+    parsed = [parse(line) for line in lines]
 
-    assert lines and all(PROCESS_PREFIX.match(line) for line in lines), [
-        line for line in lines if not PROCESS_PREFIX.match(line)]
-    kinds = {unprefixed(line): parse(line).kind for line in lines}
-    # uvicorn's lines, the access log included, are never engine records.
-    assert all(kind == OTHER for text, kind in kinds.items() if text.startswith("INFO:     "))
-    assert any("GET /EngineDeadError HTTP/1.1" in text for text in kinds)
-    assert kinds["Traceback (most recent call last):"] == TRACEBACK
+    # vLLM's own records, every line of a multi-line one included, carry the prefix; in 0.31.0 uvicorn's lines
+    # (the access log too) and flashinfer's do not.
+    vllm_records = [line for line, p in zip(lines, parsed, strict=True)
+                    if p.kind == RECORD and "flashinfer" not in line]
+    assert vllm_records and all(PROCESS_PREFIX.match(line) for line in vllm_records)
+    uvicorn = [line for line in lines if line.startswith("INFO:     ")]
+    assert uvicorn and all(parse(line).kind == OTHER for line in uvicorn)
+    assert any("GET /EngineDeadError HTTP/1.1" in line for line in uvicorn)
+    assert not any(PROCESS_PREFIX.match(line) for line in lines if "flashinfer.jit" in line or line in uvicorn)
+    # A traceback is part of its record: the record's header, then the traceback's line as the message.
+    assert any(p.kind == RECORD and p.message == "Traceback (most recent call last):" for p in parsed)
+    assert not any(p.kind == TRACEBACK for p in parsed)
     records = _records(lines)
     assert ("EngineCore", "kv_cache_utils.py", ONE_KV_LINE) in records
-    assert ("EngineCore", "autotuner.py", "[Autotuner]: Autotuning process ends") in records
+    assert (None, "autotuner.py", "[Autotuner]: Autotuning process ends") in records
     assert ("EngineCore", "core.py", "EngineCore encountered a fatal error.") in records
     assert ("APIServer", "core_client.py",
             "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup") in records
     # The two processes have different pids, as vLLM's API server and engine core do.
-    assert len({parse(line).pid for line in lines}) == 2
+    assert len({p.pid for p in parsed if p.pid is not None}) == 2
 
 
 def test_each_message_is_printed_from_the_module_vllm_prints_it_from(spawn) -> None:
@@ -63,7 +70,8 @@ def test_each_message_is_printed_from_the_module_vllm_prints_it_from(spawn) -> N
         head = fmt.split("%", 1)[0].split("\n", 1)[0]
         for message, (process, file) in by_text.items():
             if head and message.startswith(head):
-                assert (process, file) == (site.process, site.file), message
+                # flashinfer's lines name no process in 0.31.0: their file says where they come from.
+                assert (process or site.process, file) == (site.process, site.file), message
 
 
 def test_no_offload_line_without_the_flags_that_ask_for_it(spawn) -> None:
@@ -74,9 +82,12 @@ def test_no_offload_line_without_the_flags_that_ask_for_it(spawn) -> None:
     assert "Offloaded" not in out  # the stub's old, invented line
 
 
-def test_vllm_0_26_0_prints_kv_size_and_concurrency_on_two_lines(spawn) -> None:
+def test_vllm_0_26_0_prints_kv_size_and_concurrency_on_two_lines_and_prefixes_every_line(spawn) -> None:
     p = spawn(env={"STUB_VLLM_VERSION": "0.26.0"})
     messages = [message for _, _, message in _records(list(p.lines))]
+    # 0.26.0 wrapped each process's stdout: uvicorn's and flashinfer's lines have the prefix too.
+    unprefixed = [line for line in p.lines if not PROCESS_PREFIX.match(line)]
+    assert not unprefixed, unprefixed
 
     assert "GPU KV cache size: 4,400,013 tokens" in messages
     assert "Maximum concurrency for 32,768 tokens per request: 134.28x" in messages
