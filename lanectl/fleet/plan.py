@@ -115,10 +115,12 @@ def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: 
         "Placement": {"Constraints": [f"node.hostname=={node}",
                                       *(f"node.labels.{k}=={v}" for k, v in sorted(placement.node_labels.items()))],
                       "MaxReplicas": 1},
-        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget. "any", not
-        # "on-failure": vLLM's API server exits 0 when its engine core dies, and on-failure never restarts an
-        # exit 0. A task Swarm itself stops (an update, a rollback, a removal) is not restarted either way.
-        "RestartPolicy": {"Condition": "any",
+        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget. Known gap:
+        # vLLM's API server exits 0 when its engine core dies (gpu/record), and on-failure never restarts an
+        # exit 0. "any" would, but on the two-node swarm it broke Swarm's own rollback of a lane that fails its
+        # health check (a stopped task came back and held the host port; the rollback paused), so the
+        # restart stays on-failure until the engine's exit 0 is turned into a failure inside the task.
+        "RestartPolicy": {"Condition": "on-failure",
                           "Delay": int(lane.spec.watchdog.restart.backoff_initial_seconds * SECOND_NS),
                           "MaxAttempts": lane.spec.watchdog.restart.max_restarts,
                           "Window": int(lane.spec.watchdog.restart.window_minutes * 60 * SECOND_NS)},
