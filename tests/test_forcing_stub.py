@@ -3,7 +3,7 @@ itself everywhere, another seed nearly nowhere, and STUB_FLIP_EVERY's flips are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from lanectl.bench.forcing import GreedyContinuation, greedy_continuation, score_continuation
 from lanectl.bench.stats import CONFIDENT_P, ForcedPosition, teacher_forced
 from lanectl.bench.workload import load_workload
-from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess
+from tests.stub_engine.stubproc import MODEL_NAME, StubProcess, stub_spawner
 from tests.test_workload import WORKLOADS
 
 Spawn = Callable[..., StubProcess]
@@ -20,18 +20,8 @@ TOKENS = 16
 
 @pytest.fixture
 def spawn() -> Iterator[Spawn]:
-    procs: list[StubProcess] = []
-
-    def _spawn(env: Mapping[str, str] | None = None) -> StubProcess:
-        p = StubProcess({"STUB_STATS_INTERVAL_S": "0", "STUB_DECODE_TOKENS_PER_S": "1000", **(env or {})}, [],
-                        STUB_DIR, 0)
-        procs.append(p)
-        p.wait_ready()
-        return p
-
-    yield _spawn
-    for p in procs:
-        p.kill()
+    with stub_spawner({"STUB_STATS_INTERVAL_S": "0", "STUB_DECODE_TOKENS_PER_S": "1000"}) as spawn_stub:
+        yield spawn_stub
 
 
 def continuations(url: str, prompts: list[str]) -> dict[int, GreedyContinuation]:

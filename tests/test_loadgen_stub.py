@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
 from lanectl.bench.loadgen import ArmResult, run_arm
-from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port, metric
+from tests.stub_engine.stubproc import MODEL_NAME, StubProcess, free_port, metric, stub_spawner
 
 Spawn = Callable[..., StubProcess]
 PROMPTS = [f"Explain step {i} of a rolling restart." for i in range(8)]
@@ -24,17 +24,8 @@ PROMPTS = [f"Explain step {i} of a rolling restart." for i in range(8)]
 
 @pytest.fixture
 def spawn() -> Iterator[Spawn]:
-    procs: list[StubProcess] = []
-
-    def _spawn(env: Mapping[str, str] | None = None) -> StubProcess:
-        p = StubProcess({"STUB_STATS_INTERVAL_S": "0", **(env or {})}, [], STUB_DIR, 0)
-        procs.append(p)
-        p.wait_ready()
-        return p
-
-    yield _spawn
-    for p in procs:
-        p.kill()
+    with stub_spawner({"STUB_STATS_INTERVAL_S": "0"}) as spawn_stub:
+        yield spawn_stub
 
 
 def _counters(url: str) -> tuple[float, float]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from lanectl.lanes.standby import SleepEndpoints, StandbyError
-from tests.stub_engine.stubproc import STUB_DIR, StubProcess
+from tests.stub_engine.stubproc import StubProcess, stub_spawner
 
 Spawn = Callable[..., StubProcess]
 DEV = {"VLLM_SERVER_DEV_MODE": "1", "STUB_SLEEP_SECONDS": "0", "STUB_WAKE_SECONDS": "0", "STUB_STATS_INTERVAL_S": "0"}
@@ -20,17 +20,8 @@ DEV = {"VLLM_SERVER_DEV_MODE": "1", "STUB_SLEEP_SECONDS": "0", "STUB_WAKE_SECOND
 
 @pytest.fixture
 def spawn() -> Iterator[Spawn]:
-    procs: list[StubProcess] = []
-
-    def _spawn(env: Mapping[str, str] | None = None) -> StubProcess:
-        p = StubProcess({**DEV, **(env or {})}, ["--enable-sleep-mode"], STUB_DIR, 0)
-        procs.append(p)
-        p.wait_ready()
-        return p
-
-    yield _spawn
-    for p in procs:
-        p.kill()
+    with stub_spawner(DEV, ["--enable-sleep-mode"]) as spawn_stub:
+        yield spawn_stub
 
 
 def test_sleep_and_wake_of_a_stub_in_good_order(spawn) -> None:

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,3 +165,22 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             return float(value)
     raise AssertionError(f"no sample {name} {labels} in:\n{text}")
+
+
+@contextmanager
+def stub_spawner(defaults: Mapping[str, str], args: Sequence[str] = ()) -> Iterator[Callable[..., StubProcess]]:
+    """spawn(env=None) -> a ready stub with `defaults` under `env`, started with `args`; all killed on exit.
+    For test modules outside tests/stub_engine that need only these two knobs."""
+    procs: list[StubProcess] = []
+
+    def spawn(env: Mapping[str, str] | None = None) -> StubProcess:
+        p = StubProcess({**defaults, **(env or {})}, args, STUB_DIR, 0)
+        procs.append(p)
+        p.wait_ready()
+        return p
+
+    try:
+        yield spawn
+    finally:
+        for p in procs:
+            p.kill()
