@@ -43,6 +43,10 @@ class FakeClock:
         return self.now
 
     def sleep(self, seconds: float) -> None:
+        # time.sleep refuses a negative length; so does this clock, or a gate that would crash
+        # on a real clock passes here.
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
         self.sleeps.append(seconds)
         self.now += seconds
 
@@ -471,6 +475,20 @@ def test_a_stall_rule_without_a_name_is_called_by_its_regex() -> None:
     assert result.failed_check == "startup-stall"
     assert result.seconds == 6
     assert result.detail.startswith("'Autotuning process starts' started 6 s ago and has not ended")
+
+
+def test_a_stall_that_falls_due_while_the_endpoints_answer_slowly_fails_at_once() -> None:
+    # Seen at the poll of 5 s, so due at 11 s; the health probe takes 4 s, so the poll of 10 s ends at
+    # 14 s, past the stall's deadline, when the gate plans its next poll. It must not ask the clock to
+    # sleep backwards: it looks again at once and reports the stall.
+    clock = FakeClock()
+    stall = StartupStall(after="Autotuning process starts", until="Autotuning process ends", minutes=0.1)
+    engine = FakeEngine(clock, listening_at=10_000, answer_seconds=4)
+    result = gate(health(forbid=(), stall=(stall,)), clock, engine, log=[(5, AUTOTUNE_START)]).wait()
+
+    assert result.failed_check == "startup-stall"
+    assert result.seconds == 14
+    assert all(s >= 0 for s in clock.sleeps)
 
 
 # -- rules read what the engine wrote, never what a client put in the log ------------------------------

@@ -223,11 +223,12 @@ class HealthGate:
             )
             # Polls keep a fixed cadence from the start, so slow answers do not stretch the interval, and
             # a poll that overran skips the ticks it missed rather than firing them back to back. The last
-            # poll lands on the deadline itself, so a lane gets all of its budget.
+            # poll lands on the deadline itself, so a lane gets all of its budget. A stall can fall due
+            # while the probes answer; then the next poll is now, and it reports the stall.
             interval = self.health.poll_interval_seconds
             next_poll = min(start + (math.floor((now - start) / interval) + 1) * interval, deadline,
                             *(w.deadline for w in self.stalls if w.deadline is not None))
-            self.clock.sleep(next_poll - now)
+            self.clock.sleep(max(0.0, next_poll - now))
 
     def _readiness_requirements(self) -> list[str]:
         return [
