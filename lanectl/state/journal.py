@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lanectl.errors import OperationFailed
+from lanectl.errors import BadInput, OperationFailed
 from lanectl.state.atomic import fsync_directory
 from lanectl.state.file_model import describe_invalid
 from lanectl.state.paths import check_state_file, create_state_dir
@@ -94,6 +94,11 @@ class Journal:
             raise TypeError(f"journal record {kind!r} is not JSON-serialisable: {exc}") from exc
         try:
             self._append_line(line)
+        except IsADirectoryError:
+            # Something in the state folder is in the journal's place: the operator's to fix (exit 2), and
+            # nothing the record was to announce has been done yet.
+            raise BadInput(f"the journal {self.path} is a folder, not a file; move it aside "
+                           f"(mv {self.path} {self.path}.aside) and run the command again") from None
         except OSError as exc:
             raise OperationFailed(f"could not write the journal {self.path}: {exc.strerror or exc}") from exc
         return record
@@ -299,7 +304,8 @@ def _parse_record(line: bytes) -> dict[str, Any] | str:
 def _require_regular(fd: int, path: Path) -> None:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
-        raise OperationFailed(f"the journal {path} is not a regular file ({stat.filemode(mode)}); move it aside")
+        raise BadInput(f"the journal {path} is not a regular file ({stat.filemode(mode)}); move it aside "
+                       f"(mv {path} {path}.aside) and run the command again")
 
 
 def _bounded_lines(handle: BinaryIO) -> Iterator[tuple[bytes, int]]:
