@@ -203,8 +203,9 @@ def test_a_standby_that_dies_asleep_is_dropped_and_the_rollback_says_it_starts_c
         time.sleep(0.2)
     check = lanes.cli("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert ("the standby of t-dies is gone: its primary container exited while asleep (exit code 0: vLLM exits 0 "
-            "when its engine core dies)") in check.stderr
+    assert ("the standby of t-dies is gone: its primary container exited while asleep (exit code 70: the engine "
+            "exited 0 unasked, as vLLM does when its engine core dies; lanectl's exit guard made it 70)"
+            ) in check.stderr
     watchdog_events = [r for r in records(lanes, state) if r["kind"] == "watchdog"]
     assert [r["event"] for r in watchdog_events if r.get("lane") == "t-dies"] == ["standby-lost"], \
         "dropped, neither restarted nor alerted on"

@@ -19,6 +19,7 @@ import docker
 import httpx
 import pytest
 
+from lanectl.health.engine_exit import EXIT_UNASKED, exit_meaning
 from tests.lane_fixtures import LaneProject, make_lane_project, remove_containers, remove_everything
 
 pytestmark = pytest.mark.docker
@@ -206,13 +207,16 @@ def test_an_engine_core_death_that_exits_0_is_a_dead_lane_and_is_restarted(lanes
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
     admin(lanes, "crash")
     container = docker.from_env().containers.get(lanes.container("demo-h1"))
-    assert container.wait(timeout=30)["StatusCode"] == 0, "vLLM's API server exits 0 after its engine core died"
+    # The stub exits 0 as vLLM does; the image's exit guard turns that unasked 0 into 70.
+    assert container.wait(timeout=30)["StatusCode"] == EXIT_UNASKED
+    assert "the engine exited 0 although nothing asked it to stop" in container.logs().decode()
+    meaning = exit_meaning(EXIT_UNASKED)
     row = next(r for r in json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]["lanes"]
                if r["lane"] == "demo-h1")
-    assert row["active"] and row["dead"] == "primary exited with code 0 (vLLM exits 0 when its engine core dies)"
+    assert row["active"] and row["dead"] == f"primary exited with code 70 ({meaning})"
     data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
     assert data["action"] == "restart", data
-    assert data["reason"].startswith("primary exited (exit code 0: vLLM exits 0 when its engine core dies)")
+    assert data["reason"].startswith(f"primary exited (exit code 70: {meaning})")
     assert data["outcome"].startswith("ok: demo-h1 restarted and passed its gate")
     assert primary_running(lanes, "demo-h1")
 

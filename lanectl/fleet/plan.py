@@ -22,7 +22,7 @@ from lanectl.dockerapi.containers import ContainerSpec
 from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX
 from lanectl.dockerapi.swarm import NodeInfo, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.health.engine_exit import ENGINE_EXIT_0
+from lanectl.health.engine_exit import exit_code_text
 from lanectl.recipe.catalog import Lane
 
 SECOND_NS = 1_000_000_000
@@ -115,11 +115,11 @@ def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: 
         "Placement": {"Constraints": [f"node.hostname=={node}",
                                       *(f"node.labels.{k}=={v}" for k, v in sorted(placement.node_labels.items()))],
                       "MaxReplicas": 1},
-        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget. Known gap:
-        # vLLM's API server exits 0 when its engine core dies (gpu/record), and on-failure never restarts an
-        # exit 0. "any" would, but on the two-node swarm it broke Swarm's own rollback of a lane that fails its
-        # health check (a stopped task came back and held the host port; the rollback paused), so the
-        # restart stays on-failure until the engine's exit 0 is turned into a failure inside the task.
+        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget. vLLM's API
+        # server exits 0 when its engine core dies (gpu/record), and on-failure never restarts an exit 0, so the
+        # image runs the engine under lanectl's exit guard, which turns that unasked 0 into 70. "any" would
+        # restart it too, but on the two-node swarm it broke Swarm's own rollback of a lane that fails its
+        # health check (a stopped task came back and held the host port; the rollback paused).
         "RestartPolicy": {"Condition": "on-failure",
                           "Delay": int(lane.spec.watchdog.restart.backoff_initial_seconds * SECOND_NS),
                           "MaxAttempts": lane.spec.watchdog.restart.max_restarts,
@@ -244,11 +244,12 @@ def task_problem(tasks: Sequence[TaskInfo]) -> str | None:
         return "no task"
     if task.state in ("failed", "rejected", "orphaned") or (task.state == "shutdown" and task.desired_state
                                                              == "running"):
-        code = f" (exit code {task.exit_code})" if task.exit_code not in (None, 0) else ""
+        code = f" ({exit_code_text(task.exit_code)})" if task.exit_code not in (None, 0) else ""
         return f"task {task.state}{code}: {task.error or task.message}"
     if task.state == "complete":
-        # A serving engine never completes: an exit 0 is vLLM's after its engine core died.
-        return f"task complete (exit code 0: {ENGINE_EXIT_0}): {task.error or task.message}"
+        # A serving engine never completes: an exit 0 is vLLM's after its engine core died (an image
+        # built before the exit guard; with it, that exit is 70 and the task failed).
+        return f"task complete ({exit_code_text(0)}): {task.error or task.message}"
     return None
 
 

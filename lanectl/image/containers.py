@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lanectl.dockerapi.containers import ContainerSpec
 from lanectl.dockerapi.labels import LABEL_PREFIX
-from lanectl.image.render import ImagePlan
+from lanectl.image.render import EXIT_GUARD, ImagePlan
 from lanectl.recipe.catalog import ROLE_PRIMARY, Lane
 from lanectl.recipe.model import Engine
 
@@ -27,18 +27,23 @@ def plan_containers(lane: Lane, image: ImagePlan) -> list[ContainerSpec]:
             companion = lane.spec.companions[role]
             engine, image_ref = companion.engine, companion.image or image.tag
             command, env = list(companion.engine.args), dict(companion.engine.env)
-        specs.append(_spec(lane, role, engine, image_ref, command, env, image.input_hash))
+        entrypoint = None if role == ROLE_PRIMARY else engine.entrypoint
+        if entrypoint is not None and image_ref == image.tag:
+            # The lane's own image has the exit guard; an entrypoint given here replaces the image's,
+            # so it runs under the guard too (_lane/engine.j2). Another image has no guard to run.
+            entrypoint = [*EXIT_GUARD, *entrypoint]
+        specs.append(_spec(lane, role, engine, image_ref, command, entrypoint, env, image.input_hash))
     return specs
 
 
 def _spec(lane: Lane, role: str, engine: Engine, image_ref: str, command: list[str] | None,
-          env: dict[str, str], input_hash: str) -> ContainerSpec:
+          entrypoint: list[str] | None, env: dict[str, str], input_hash: str) -> ContainerSpec:
     return ContainerSpec(
         name=lane.container_name(role),
         role=role,
         image=image_ref,
         command=command,
-        entrypoint=engine.entrypoint if role != ROLE_PRIMARY else None,
+        entrypoint=entrypoint,
         env=env,
         secret_env=list(engine.secret_env),
         ports=[p.model_dump() | {"host": p.published} for p in engine.ports],

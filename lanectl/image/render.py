@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 RENDERED_KEEP = 256
 
 HELPERS_DIR = Path(__file__).parent / "in_image"  # stdlib-only scripts that run inside the image
+# How a lane image runs its engine: under in_image/exit_guard.py (_lane/engine.j2 puts it there).
+EXIT_GUARD = ("python3", "/lanectl/exit_guard.py")
 KERNEL_OUT = "/lanectl/kernel-out"
 KERNEL_SRC = "/lanectl/kernel-src"
 # Docker's classic builder stamps files with their tar mtime; a fixed one keeps the context bytes,
@@ -253,6 +255,7 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
         files.append(ContextFile("lanectl-build/kernel_smoke.py", (HELPERS_DIR / "kernel_smoke.py").read_bytes()))
     if patches:
         files.append(ContextFile("lanectl-build/patching.py", (HELPERS_DIR / "patching.py").read_bytes()))
+    files.append(ContextFile("lanectl-run/exit_guard.py", (HELPERS_DIR / "exit_guard.py").read_bytes()))
 
     context = {
         "lane": lane.name,
@@ -263,6 +266,7 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
         "patches": patches,
         "env": dict(sorted(spec.engine.env.items())),
         "entrypoint": spec.engine.entrypoint,
+        "exit_guard": list(EXIT_GUARD),
         "cmd": spec.engine.args,
     }
     dockerfile = render_dockerfile(images_dir, spec.image.template, context)

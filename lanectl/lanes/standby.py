@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine
-from lanectl.health.engine_exit import ENGINE_EXIT_0
+from lanectl.health.engine_exit import exit_code_text
 from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import Engine
@@ -176,8 +176,7 @@ def _why_lost(catalog: Catalog, engine: ContainerEngine, name: str) -> str | Non
         if state is None:
             return f"its {role} container was removed while asleep"
         if not state.running:
-            why = f": {ENGINE_EXIT_0}" if state.exit_code == 0 else ""
-            return f"its {role} container {state.status} while asleep (exit code {state.exit_code}{why})"
+            return f"its {role} container {state.status} while asleep ({exit_code_text(state.exit_code)})"
         if role == ROLE_PRIMARY and state.image != plan_image(lane).tag:
             return "the lane was rebuilt since it fell asleep; the sleeping container runs the old build"
     return None

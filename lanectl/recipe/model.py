@@ -226,7 +226,8 @@ class GpuRequest(Strict):
 
 
 class Engine(Strict):
-    entrypoint: list[str] | None = Field(None, description="Replaces the image's ENTRYPOINT (exec form).")
+    entrypoint: list[str] | None = Field(
+        None, description="The engine command (exec form) in place of the template's; runs under lanectl's exit guard.")
     args: list[str] = Field(default_factory=list, description="Arguments to the entrypoint: the serve flags.")
     env: dict[PlainEnvName, EnvValue] = Field(
         default_factory=dict, description="Plain environment, baked into the image."

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from lanectl.dockerapi.containers import ContainerEngine, ContainerState
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
-from lanectl.health.engine_exit import ENGINE_EXIT_0
+from lanectl.health.engine_exit import exit_code_text
 from lanectl.health.engine_log import fatal_engine_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
@@ -42,9 +42,8 @@ RUN_DEFAULT_INTERVAL_SECONDS = 5.0
 
 
 def _exit(state: ContainerState) -> str:
-    """`exited (exit code 137)`; an exit 0 says why it is a death all the same (the engine core died)."""
-    code = f"exit code {state.exit_code}"
-    return f"{state.status} ({code}: {ENGINE_EXIT_0})" if state.exit_code == 0 else f"{state.status} ({code})"
+    """`exited (exit code 137)`; an exit 0 (or the exit guard's 70) says why it is a death all the same."""
+    return f"{state.status} ({exit_code_text(state.exit_code)})"
 
 
 @dataclass(frozen=True)

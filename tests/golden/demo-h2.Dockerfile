@@ -17,10 +17,11 @@ RUN ["python3", "/lanectl/kernel_smoke.py", "{\"argument\": \"mega_num_splits\",
 COPY lanectl-build/patching.py /lanectl/patching.py
 COPY patches/ /lanectl/patches/
 RUN ["python3", "/lanectl/patching.py", "apply", "--root", "/opt/stub", "/lanectl/patches/stub-engine/0001-rejection-sampler-guard.patch"]
-ENTRYPOINT ["python3", "-m", "stubengine", "serve"]
 ENV STUB_DECODE_TOKENS_PER_S="100"
 ENV STUB_LOAD_SECONDS="2"
 ENV VLLM_DSV41_MEGA_SPLITKV="4"
 ENV VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS="6"
 ENV VLLM_SERVER_DEV_MODE="1"
+COPY lanectl-run/exit_guard.py /lanectl/exit_guard.py
+ENTRYPOINT ["python3", "/lanectl/exit_guard.py", "python3", "-m", "stubengine", "serve"]
 CMD ["/model", "--served-model-name", "demo-model", "--max-num-seqs", "32", "--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5}", "--host", "0.0.0.0", "--port", "8000", "--enable-sleep-mode"]
