@@ -28,7 +28,8 @@ from tests.test_cli import lanectl
 from tests.test_probes import timed_cell
 
 DATA = REPO / "tests" / "data" / "release-note"
-RUN = DATA / "20261201T161346Z-gate-demo-h2+demo-h2-8"
+RUN = DATA / "20261201T161346Z-gate-demo-h2+demo-h2-8"  # under load: neither candidate passed
+PICKED_RUN = DATA / "20261201T200652Z-gate-demo-h2+demo-h2-8"  # on an idle machine: demo-h2 passed
 GOLDEN = REPO / "tests" / "golden" / "release-note-demo.md"
 
 
@@ -42,8 +43,8 @@ def shipped():
     return load_catalog(Project.locate(REPO / "recipes"))
 
 
-def note(results: dict, catalog, earlier: list | None = None) -> str:
-    return release_note(results, note_inputs(catalog, results, RUN.name, earlier))
+def note(results: dict, catalog, earlier: list | None = None, run: Path = RUN) -> str:
+    return release_note(results, note_inputs(catalog, results, run.name, earlier))
 
 
 def matches_golden(rendered: str, golden: Path) -> None:
@@ -55,6 +56,16 @@ def matches_golden(rendered: str, golden: Path) -> None:
 def test_the_demo_brackets_note_matches_golden(results, shipped):
     """A real run on the shared 2-core machine: neither candidate passed, so nothing shipped."""
     matches_golden(note(results, shipped), GOLDEN)
+
+
+def test_the_demo_bracket_on_an_idle_machine_picks_demo_h2_and_its_note_matches_golden(shipped):
+    """A real run on the same machine while nothing else ran: demo-h2 passed at 1 user, demo-h2-8 failed
+    at 8 and 32 users; not promoted (no --promote)."""
+    results = json.loads((PICKED_RUN / "results.json").read_text())
+    assert results["gate"]["best"] == "demo-h2"
+    assert {c["candidate"]: c["verdict"] for c in results["gate"]["candidates"]} == {"demo-h2": "pass",
+                                                                                      "demo-h2-8": "fail"}
+    matches_golden(note(results, shipped, run=PICKED_RUN), GOLDEN.with_name("release-note-demo-picked.md"))
 
 
 def promoted_bracket() -> dict:
