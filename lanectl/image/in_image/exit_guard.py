@@ -28,8 +28,8 @@ def main(argv: list[str]) -> int:
         return 2
     asked: list[int] = []
     # Signals that arrive before the engine exists are remembered and sent as soon as it does.
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda signum, _frame: asked.append(signum))
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, lambda signum, _frame: asked.append(signum))
     try:
         engine = subprocess.Popen(argv)
     except OSError as error:
@@ -40,10 +40,10 @@ def main(argv: list[str]) -> int:
         asked.append(signum)
         engine.send_signal(signum)
 
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, forward)
-    for signum in list(asked):
-        engine.send_signal(signum)
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, forward)
+    for early in list(asked):
+        engine.send_signal(early)
     code = engine.wait()
     if code < 0:
         return 128 - code
