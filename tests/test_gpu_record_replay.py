@@ -9,7 +9,9 @@ STUB_VLLM_VERSION says otherwise, and VERSION_DIFFERENCES names every fact where
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from lanectl.health.engine_exit import EXIT_UNASKED
 from tests.conftest import REPO
 from tests.gpu_record import RECORD, facts, load
 
@@ -98,3 +101,42 @@ def test_the_stub_speaks_0_31_0_by_default_and_differs_from_the_0_26_0_record_on
     changed = {key: (stub_at_026[key], stub_default[key]) for key in stub_at_026
                if stub_at_026[key] != stub_default[key]}
     assert changed == VERSION_DIFFERENCES
+
+
+# -- the exit guard: the same engine, run as a lane image runs it -------------------------------------------------
+
+GUARD_RECORD = RECORD / "exit-guard"
+
+
+def guarded_real_exits() -> dict[str, Any]:
+    """What the real vLLM (0.26.0, the tiny model) did under lanectl's exit guard on the H200. The call's return
+    left out exit-guard-stop/figures.json (over the files one call brings back); the run printed its figures, and
+    exit-guard-stop.log is that print."""
+    killed = json.loads((GUARD_RECORD / "exit-guard-engine_kill" / "figures.json").read_text())["engine_kill"]
+    printed = (GUARD_RECORD / "exit-guard-stop.log").read_text()
+    stopped = re.search(r"^  stop\.exit_code = (\S+)$", printed, re.M)
+    assert stopped, "exit-guard-stop.log holds no stop.exit_code"
+    kill_log = (GUARD_RECORD / "exit-guard-engine_kill" / "engine.log").read_text()
+    return {"stop: exit code": json.loads(stopped.group(1)), "kill: exit code": killed["exit_code"],
+            "kill: the guard says why": "exit_guard: the engine exited 0 although nothing asked it to stop" in kill_log}
+
+
+def test_under_the_exit_guard_the_stub_exits_as_the_real_vllm_did(tmp_path: Path) -> None:
+    """A stop that was asked for stays 0 and an engine-core death becomes 70, with the guard's line: on the
+    real vLLM (gpu/record/exit-guard) and on the stub, each run by run.py under the same guard."""
+    real = guarded_real_exits()
+    assert real == {"stop: exit code": 0, "kill: exit code": EXIT_UNASKED, "kill: the guard says why": True}
+    stub: dict[str, Any] = {}
+    for scenario in ("stop", "engine_kill"):
+        out = tmp_path / scenario
+        argv = [sys.executable, str(RUN), "--engine", "stub", "--exit-guard", "--out", str(out),
+                "--only", f"startup,{scenario}", "--budget-minutes", "1", "--port", str(_free_port())]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "VLLM_", "LANECTL_SRC"))}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert (out / "figures.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+        figures = json.loads((out / "figures.json").read_text())
+        stub[f"{'kill' if scenario == 'engine_kill' else scenario}: exit code"] = figures[scenario]["exit_code"]
+        if scenario == "engine_kill":
+            stub["kill: the guard says why"] = any("exit_guard: the engine exited 0 although nothing asked it to stop"
+                                                   in line for line in figures[scenario]["log_after_kill"])
+    assert stub == real

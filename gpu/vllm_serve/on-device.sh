@@ -38,7 +38,8 @@ case "${1:-}" in
     # real tokenizer show teacher forcing by text going wrong. The tool parser lets the gauntlet's tool items reach
     # the model (hermes: the ChatML template's tool-call convention).
     tools=(--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=hermes)
-    # RUN_MODELS="8b tiny" by default; one of them to repeat a run (a call brings back a limited number of files).
+    # RUN_MODELS="8b tiny" by default; one of them to repeat a run (a call brings back a limited number of files);
+    # RUN_MODELS=guard: the exit guard's two cases on the tiny model.
     for model in ${RUN_MODELS:-8b tiny}; do
       case $model in
         8b) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
@@ -46,6 +47,12 @@ case "${1:-}" in
         tiny) python3 gpu/vllm_serve/run.py --engine vllm --model /tmp/models/llama-tiny "${tools[@]}" \
                 --out "$OUT/llama-tiny" --only startup,probe,teacher_forcing,loadgen,probes,engine_kill "$@" 2>&1 |
                 tee "$OUT/llama-tiny.log" ;;
+        # The tiny model under lanectl's exit guard, as a lane image runs it: a stop (SIGTERM to the guard),
+        # then, on a second start, an engine-core kill (eager: no compile, a quicker start; the exits are the same).
+        guard) for scenario in stop engine_kill; do
+                 python3 gpu/vllm_serve/run.py --engine vllm --exit-guard --model /tmp/models/llama-tiny --vllm-arg=--enforce-eager \
+                   --out "$OUT/exit-guard-$scenario" --only "startup,$scenario" "$@" 2>&1 | tee "$OUT/exit-guard-$scenario.log"
+               done ;;
       esac
     done
     ;;

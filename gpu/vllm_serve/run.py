@@ -405,6 +405,22 @@ def scenario_engine_kill(rec: Record, engine: Engine, args: argparse.Namespace) 
     rec.figure("log_after_kill", [line for line in tail if line.strip()][:60])
 
 
+def scenario_stop(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """SIGTERM to the server's own process only, as Docker's stop reaches it through its init: the exit code
+    of a stop that was asked for (under --exit-guard, the guard's, which must stay 0)."""
+    log_from = len(engine.lines)
+    asked_at = time.monotonic()
+    os.kill(engine.proc.pid, signal.SIGTERM)
+    try:
+        code = engine.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        code = None
+    rec.figure("exit_code", code)
+    rec.figure("seconds_to_exit", round(time.monotonic() - asked_at, 2))
+    time.sleep(0.5)
+    rec.figure("log_after_stop", [line for line in engine.lines[log_from:] if line.strip()][-30:])
+
+
 SCENARIOS: dict[str, Callable[[Record, Engine, argparse.Namespace], None]] = {
     "startup": scenario_startup,
     "probe": scenario_probe,
@@ -414,6 +430,7 @@ SCENARIOS: dict[str, Callable[[Record, Engine, argparse.Namespace], None]] = {
     "sleep_wake": scenario_sleep_wake,
     "request_while_asleep": scenario_request_while_asleep,
     "engine_kill": scenario_engine_kill,
+    "stop": scenario_stop,
 }
 
 
@@ -436,6 +453,10 @@ def engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]
             argv += ["--load-format", "dummy"]
         argv += args.vllm_arg
     argv += ["--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(args.port)]
+    if args.exit_guard:
+        # As a lane image runs its engine (lanectl/image/templates/_lane/engine.j2).
+        guard = pathlib.Path(os.environ.get("LANECTL_SRC") or REPO) / "lanectl" / "image" / "in_image" / "exit_guard.py"
+        argv = [sys.executable, str(guard), *argv]
     return argv, env
 
 
@@ -451,6 +472,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--asleep-wait", type=float, default=6)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, in this order")
+    parser.add_argument("--exit-guard", action="store_true", help="run the engine under lanectl's exit guard")
     parser.add_argument("--stub-version", help="STUB_VLLM_VERSION for --engine stub (e.g. 0.26.0, the record's)")
     args = parser.parse_args()
 
@@ -472,7 +494,7 @@ def main() -> int:
                 if name == "startup":
                     break
             rec.figure("seconds", round(time.monotonic() - started, 1))
-            if engine.proc.poll() is not None and name != "engine_kill":
+            if engine.proc.poll() is not None and name not in ("engine_kill", "stop"):
                 rec.figure("engine_exited", engine.proc.returncode)
                 break
     finally:
