@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from lanectl.health.engine_exit import EXIT_UNASKED, exit_detail
@@ -42,13 +41,11 @@ def test_an_exit_0_after_a_stop_signal_stays_0_and_the_signal_reached_the_engine
               "time.sleep(60)\n")
     guard = guarded(engine)
     assert guard.stdout is not None and guard.stdout.readline() == "ready\n"
-    started = time.monotonic()
     guard.send_signal(signal.SIGTERM)
-    out, err = guard.communicate(timeout=30)
+    out, err = guard.communicate(timeout=30)  # the engine sleeps 60 s: only the forwarded signal ends it sooner
     assert guard.returncode == 0, err
     assert out == "engine got SIGTERM\n"
     assert err == ""
-    assert time.monotonic() - started < 20, "the engine stopped on the signal, not at the end of its sleep"
 
 
 def test_other_codes_pass_through_and_a_signal_death_reads_as_128_plus_the_signal() -> None:
