@@ -96,3 +96,36 @@ def test_the_text_view_shows_each_candidate_then_the_bracket():
     assert text[-4:] == ["bracket: PASS (order ABCDA, 3 candidates; best that passed: faster)",
                          "  - fast: PASS (overall 1.100x)", "  - faster: PASS (overall 1.200x)",
                          "  - slow: FAIL (overall 0.900x)"]
+
+
+# -- calibration (`gate LANE --calibrate`: every arm ran the control) ---------------------------------------
+
+
+def calibration_arms(candidate_rate: float) -> list[LaneBench]:
+    return [measured("control-1", "a", 100), measured("candidate", "a", candidate_rate),
+            measured("control-2", "a", 100)]
+
+
+def test_a_quiet_calibration_passes_with_its_figures_first():
+    report = judge(calibration_arms(100), 1.025, max_false_promotion=0.05)
+    assert report.verdict == Verdict.PASS
+    assert report.calibration is not None
+    assert (report.calibration["false_promotion_rate"], report.calibration["cells_passed"]) == (0.0, 0)
+    assert report.reasons[0].startswith("false-promotion rate 0.0000 (allowed 0.05) over 1 cells")
+
+
+def test_a_calibration_whose_noise_cleared_the_bar_fails():
+    # One arm of the same lane measured 5% faster: noise alone would have promoted it.
+    report = judge(calibration_arms(105), 1.025, max_false_promotion=0.05)
+    assert report.verdict == Verdict.FAIL
+    assert report.calibration is not None
+    assert (report.calibration["false_promotion_rate"], report.calibration["cells_passed"]) == (1.0, 1)
+    assert report.reasons[-1].startswith("false-promotion rate 1.0000 (allowed 0.05) over 1 cells x")
+
+
+def test_a_calibration_with_a_cell_below_the_bar_fails_naming_it():
+    # Noise the other way: a cell that a real candidate would FAIL on is as disqualifying as one that passes.
+    report = judge(calibration_arms(90), 1.025, max_false_promotion=0.05)
+    assert report.verdict == Verdict.FAIL
+    assert report.calibration is not None and report.calibration["false_promotion_rate"] == 0.0
+    assert report.reasons[0].startswith("prose@1: fail: 0.900x against a bar of 1.025x")

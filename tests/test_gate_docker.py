@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -183,10 +184,12 @@ def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, 
     # Without the plot extra: the same verdict and exit code, the results written, no plot.
     no_plot = {"PYTHONPATH": without_matplotlib(tmp_path)["PYTHONPATH"]}
     code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
-    assert code == 1 and report["verdict"] == "inconclusive", report
+    # Inconclusive on a quiet machine; a busy one's noise can push a cell below the bar, which fails it
+    # (the calibration test above saw such noise). Either way it is not promoted.
+    assert code == 1 and report["verdict"] in ("inconclusive", "fail"), report
     assert report["promoted"] is None and active(lanes, state) == "demo-h1"
     run_dir = Path(report["run_dir"])
-    assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == "inconclusive"
+    assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == report["verdict"]
     assert not (run_dir / "ratios.png").exists()
 
 
@@ -230,10 +233,22 @@ def test_calibrate_runs_the_control_against_itself(lanes, state):
     result = lanes.cli("gate", "demo-h1", "--calibrate", "--workload", "gate-test", "--concurrency", "1",
                        "--no-gpu", state=state, timeout=600,
                        extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode in (0, 1), result.stdout + result.stderr
     [line] = [row for row in result.stdout.splitlines() if row.startswith("calibration (ABA of one lane)")]
-    rate = float(line.split("false-promotion rate ")[1].split()[0])
-    assert rate <= 0.05 and "(allowed 0.05), 0 of 2 cells passed the bar" in line
+    found = re.search(r"false-promotion rate (\d\.\d{4}) \(allowed 0.05\), (\d) of 2 cells passed the bar", line)
+    assert found, line
+    rate, cells_passed = float(found[1]), int(found[2])
+    # Whether this machine is quiet enough to gate on is what calibration measures, so the test cannot
+    # require that it is: a loaded CI machine measured 0.0503 and exited 1, as it should. The command is
+    # held to its own figures here; its verdict on chosen figures is tested pure in test_gate_bracket.py.
+    other_reasons = [row for row in result.stdout.splitlines()
+                     if row.startswith("  - ") and not row.startswith("  - false-promotion rate")]
+    if result.returncode == 0:
+        assert rate <= 0.05 and cells_passed == 0 and not other_reasons, result.stdout
+        assert "verdict: PASS" in result.stdout
+    else:
+        assert rate > 0.05 or cells_passed > 0 or other_reasons, result.stdout
+        assert "verdict: FAIL" in result.stdout
     assert active(lanes, state) == "demo-h1"
 
 
