@@ -142,7 +142,8 @@ def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(
     report = json.loads(result.stdout)["data"]
     assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate:t-flip", "candidate:t-fast", "control-2"]
     verdicts = {c["candidate"]: c["verdict"] for c in report["candidates"]}
-    # Both decode 1.25x faster; t-flip drifts from the controls' outputs, so only t-fast may be promoted.
+    # Both decode faster (t-fast 1.5x, t-flip 1.25x); t-flip drifts from the controls' outputs, so only t-fast
+    # may be promoted.
     assert verdicts == {"t-flip": "fail", "t-fast": "pass"}, [c["reasons"] for c in report["candidates"]]
     assert (report["best"], report["promoted"], report["order"]) == ("t-fast", "t-fast", "ABCA")
     assert active(lanes, state) == "t-fast"
