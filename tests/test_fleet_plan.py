@@ -15,6 +15,7 @@ from lanectl.fleet.plan import (
     service_name,
     spec_matches,
     task_problem,
+    why_swarm_rolled_back,
 )
 from lanectl.fleet.status import Probe, summarize
 from lanectl.image.containers import plan_containers
@@ -230,6 +231,23 @@ def test_reading_tasks():
                             task("pending", error="no suitable node (host-mode port already in use on 1 node)",
                                  created="2026-11-30T11:00:00Z")]) == "No such image: x"
     assert last_task_error([task("pending", error="no suitable node")]) == "no suitable node"
+
+
+def test_why_swarm_rolled_back_reads_the_update_tasks_final_record():
+    old = task("shutdown", desired="shutdown", message="shutdown", exit_code=0, created="2026-11-30T09:00:00Z")
+    rollback = task("starting", message="starting", created="2026-11-30T11:00:00Z")
+    # What this machine's swarm records for a task Docker stopped as unhealthy whose engine exited 0.
+    stopped = task("complete", desired="shutdown", message="finished", exit_code=0)
+    assert why_swarm_rolled_back([old, stopped, rollback]) == (
+        "the new task failed its health check and Swarm stopped it (it ended complete, exit 0, with no error)")
+    # An error in the record says more than the state, and wins.
+    crashed = task("failed", desired="shutdown", error="task: non-zero exit (137): unhealthy container",
+                   exit_code=137)
+    assert why_swarm_rolled_back([old, crashed, rollback]) == "task: non-zero exit (137): unhealthy container"
+    # A non-zero exit with no error is not called a health check failure.
+    killed = task("failed", desired="shutdown", message="started", exit_code=137)
+    assert why_swarm_rolled_back([old, killed, rollback]).startswith("the new task ended failed, exit code 137")
+    assert why_swarm_rolled_back([rollback]) == "Swarm's record names no task that stopped"
 
 
 def service(lane: str, role: str, node_name: str, sid: str, **kw) -> ServiceState:

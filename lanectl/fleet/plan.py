@@ -266,3 +266,26 @@ def last_task_error(tasks: Sequence[TaskInfo]) -> str | None:
 
 
 SCHEDULING_STATES = frozenset({"new", "pending", "assigned"})
+
+
+def why_swarm_rolled_back(tasks: Sequence[TaskInfo]) -> str:
+    """Why the new task did not make it, read from Swarm's final record of the service's tasks once its own
+    rollback completed (never from states lanectl's polls happened to catch: a busy machine misses them).
+
+    A task that Docker stopped for failing its health check carries no error when the engine then exits 0:
+    Docker's Swarm executor reports the health failure only with a non-zero exit, and records an exit 0 as
+    state `complete`, message `finished` (seen on this machine's two-node swarm, the t-unhealthy lane). An
+    engine in a lanectl image exits 0 only when asked to stop (the exit guard turns any other 0 into 70),
+    so the update's task ending that way with no error is a failed health check."""
+    error = last_task_error(tasks)
+    if error:
+        return error
+    stopped = [t for t in tasks if t.desired_state != "running"]
+    if not stopped:
+        return "Swarm's record names no task that stopped"
+    task = max(stopped, key=lambda t: t.created)  # the update's task: the rollback's own task is wanted running
+    if task.state in ("complete", "shutdown") and task.exit_code in (None, 0):
+        return (f"the new task failed its health check and Swarm stopped it (it ended {task.state}, exit 0, "
+                "with no error)")
+    code = f", {exit_code_text(task.exit_code)}" if task.exit_code not in (None, 0) else ""
+    return f"the new task ended {task.state}{code}: {task.message or 'Swarm gave no message'}"

@@ -28,10 +28,10 @@ from lanectl.fleet.plan import (
     NodeInfo,
     choose_nodes,
     current_task,
-    last_task_error,
     plan_service,
     spec_matches,
     task_problem,
+    why_swarm_rolled_back,
 )
 from lanectl.health.engine_http import engine_url
 from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateResult, HealthGate, MonotonicClock
@@ -411,7 +411,7 @@ class FleetRollout:
         """Until Swarm reports the update (or rollback) begun after `mark` finished: None, or what went wrong."""
         deadline = time.monotonic() + self._budget_seconds(lane)
         wanted = ROLLED_BACK if rollback else UPDATE_DONE
-        last, reason, task_state = "", "", ""
+        last = ""
         while time.monotonic() < deadline:
             service = self.swarm.service(service_id)
             if service is None:
@@ -420,19 +420,12 @@ class FleetRollout:
             state = service.update_state if fresh else "pending"
             if state == wanted:
                 return None
-            if state == "rollback_started" and not rollback:
-                reason = service.update_message  # why Swarm rolls back; once done it only says "rollback completed"
             if not rollback and state == ROLLED_BACK:
-                # Swarm's own message by then is only "rollback completed"; say what the new task did.
-                stuck = ("its health check never passed (the new task stayed 'starting')" if task_state == "starting"
-                         else f"the new task was last seen {task_state or 'pending'}")
-                why = last_task_error(self.swarm.tasks(service_id)) or reason or stuck
-                return SWARM_ROLLED_BACK + why
+                # Swarm's own message by then is only "rollback completed"; its record of the tasks says why.
+                return SWARM_ROLLED_BACK + why_swarm_rolled_back(self.swarm.tasks(service_id))
             if state in UPDATE_FAILED_STATES:
                 return f"Swarm update {state}: {service.update_message}"
             task = current_task(self.swarm.tasks(service_id))
-            if task is not None and state == "updating":
-                task_state = task.state
             now = f"{state}; task {task.state if task else 'none'}" + (
                 f" ({task.error})" if task and task.error else "")
             if now != last:
