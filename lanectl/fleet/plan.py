@@ -273,8 +273,9 @@ def why_swarm_rolled_back(tasks: Sequence[TaskInfo]) -> str:
     rollback completed (never from states lanectl's polls happened to catch: a busy machine misses them).
 
     A task that Docker stopped for failing its health check carries no error when the engine then exits 0:
-    Docker's Swarm executor reports the health failure only with a non-zero exit, and records an exit 0 as
-    state `complete`, message `finished` (seen on this machine's two-node swarm, the t-unhealthy lane). An
+    Docker's Swarm executor reports the health failure only with a non-zero exit (moby's
+    daemon/cluster/executor/container/controller.go, Start and Wait), and records an exit 0 as state
+    `complete`, message `finished` (seen on this machine's two-node swarm, the t-unhealthy lane). An
     engine in a lanectl image exits 0 only when asked to stop (the exit guard turns any other 0 into 70),
     so the update's task ending that way with no error is a failed health check."""
     error = last_task_error(tasks)
