@@ -39,7 +39,8 @@ case "${1:-}" in
     # the model (hermes: the ChatML template's tool-call convention).
     tools=(--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=hermes)
     # RUN_MODELS="8b tiny" by default; one of them to repeat a run (a call brings back a limited number of files);
-    # RUN_MODELS=guard: the exit guard's two cases on the tiny model.
+    # RUN_MODELS=guard: the exit guard's two cases on the tiny model; aa: the A/A arms (issue 32); drain: SIGTERM and
+    # sleep with requests in flight (issue 31).
     for model in ${RUN_MODELS:-8b tiny}; do
       case $model in
         8b) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
@@ -53,6 +54,20 @@ case "${1:-}" in
                  python3 gpu/vllm_serve/run.py --engine vllm --exit-guard --model /tmp/models/llama-tiny --vllm-arg=--enforce-eager \
                    --out "$OUT/exit-guard-$scenario" --only "startup,$scenario" "$@" 2>&1 | tee "$OUT/exit-guard-$scenario.log"
                done ;;
+        # Issue 32: identical arms of the unchanged 8B-shaped engine (aa_arms.json: every request of every arm).
+        aa) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape \
+              --out "$OUT/aa-8b" --only startup,aa_arms --aa-arms "${AA_ARMS:-14}" "$@" 2>&1 | tee "$OUT/aa-8b.log" ;;
+        # Issue 31: SIGTERM with 8 streams in flight, under the exit guard as a lane runs, at --shutdown-timeout
+        # 30 (after the sleep modes with streams in flight), 0 (vLLM's default) and 5 (a drain that cannot fit).
+        # Three launches make more files than one call brings back: they come back as one archive.
+        drain) work=/tmp/drain-record && rm -rf "$work" && mkdir -p "$work"
+               for timeout in 30 0 5; do
+                 only=startup,drain_stop; [ "$timeout" = 30 ] && only=startup,sleep_modes,drain_stop
+                 flag=(); [ "$timeout" != 0 ] && flag=(--vllm-arg=--shutdown-timeout "--vllm-arg=$timeout")
+                 python3 gpu/vllm_serve/run.py --engine vllm --dummy --exit-guard --model /tmp/models/llama-8b-shape \
+                   "${flag[@]}" --out "$work/drain-$timeout" --only "$only" "$@" 2>&1 | tee "$work/drain-$timeout.log"
+               done
+               tar -C "$work" -czf "$OUT/drain-record.tgz" . ;;
       esac
     done
     ;;

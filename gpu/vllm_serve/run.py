@@ -421,6 +421,191 @@ def scenario_stop(rec: Record, engine: Engine, args: argparse.Namespace) -> None
     rec.figure("log_after_stop", [line for line in engine.lines[log_from:] if line.strip()][-30:])
 
 
+# ---- A/A arms (issue 32) and drains (issue 31) -------------------------------------------------------
+
+AA_CLASSES = ("prose", "code")
+AA_CONCURRENCY = (1, 8, 32)
+
+
+def scenario_aa_arms(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """Identical arms of the unchanged engine, interleaved (arm k at 1, 8 and 32 streams for each class, then
+    arm k + 1), exactly as the gate's bench_lane sends them: the coding workload's prompts of the class with a
+    prefix of the arm's own (so no arm is served from another's prefix cache), max(prompts, 3 x streams)
+    requests, warm-up min(streams, 2), 128 tokens at temperature 0. Every request's start, finish, tokens and
+    rate is kept, in completion order, in aa_arms.json: the A/A data that the gate's intervals are judged on."""
+    from lanectl.bench.workload import load_workload, prefixed
+
+    workload = load_workload(REPO / "recipes" / "workloads" / "coding.yaml")
+    arms: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for index in range(args.aa_arms):
+        for klass in AA_CLASSES:
+            prompts = [prefixed(p, f"aa{index:02d}-{klass[:4]}") for p in workload.prompts(klass)]
+            for streams in AA_CONCURRENCY:
+                started = time.monotonic() - t0
+                arm = loadgen.run_arm(engine.base_url, MODEL_NAME, prompts, concurrency=streams,
+                                      requests=max(len(prompts), 3 * streams), max_tokens=workload.max_tokens,
+                                      warmup=min(streams, 2), temperature=workload.temperature, prompt_class=klass)
+                done = sorted(arm.results, key=lambda r: r.finished_s)
+                arms.append({"arm": index, "class": klass, "streams": streams, "started_s": round(started, 3),
+                             "wall_time_s": round(arm.wall_time_s, 4), "failed": arm.failed, "cut": arm.cut,
+                             "output_tok_per_s": round(arm.output_tok_per_s, 3),
+                             "requests": [{"prompt": r.prompt_index, "ok": r.ok, "started_s": round(r.started_s, 4),
+                                           "finished_s": round(r.finished_s, 4), "tokens": r.output_tokens,
+                                           "chunks": len(r.chunk_times_s),
+                                           "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 4),
+                                           "tok_per_s": round(r.tok_per_s, 4)} for r in done]})
+        print(f"  aa arm {index} done at {time.monotonic() - t0:.1f} s", flush=True)
+    (rec.out / "aa_arms.json").write_text(json.dumps({
+        "engine": args.engine, "model": args.model, "workload": "recipes/workloads/coding.yaml",
+        "max_tokens": workload.max_tokens, "order": "arm-major: for arm, for class, for streams", "arms": arms},
+        indent=1) + "\n")
+    for klass in AA_CLASSES:
+        for streams in AA_CONCURRENCY:
+            means = [sum(r["tok_per_s"] for r in a["requests"]) / len(a["requests"]) for a in arms
+                     if a["class"] == klass and a["streams"] == streams]
+            mean = sum(means) / len(means)
+            spread = (sum((m - mean) ** 2 for m in means) / (len(means) - 1)) ** 0.5 if len(means) > 1 else 0.0
+            rec.figure(f"{klass}@{streams}", {"arms": len(means), "mean_tok_per_s": round(mean, 3),
+                                              "arm_sd_percent": round(100 * spread / mean, 3)})
+
+
+class StreamWatch:
+    """One streaming completion in its own thread, as a client sees it: every chunk's time, how it ended
+    (finish_reason, [DONE], an error, or silence past `silence` seconds: a stalled stream)."""
+
+    def __init__(self, base_url: str, prompt: str, max_tokens: int, t0: float, silence: float = 15.0) -> None:
+        self.base_url, self.prompt, self.max_tokens, self.t0, self.silence = base_url, prompt, max_tokens, t0, silence
+        self.status: int | str | None = None
+        self.chunks: list[float] = []
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> StreamWatch:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        body = {"model": MODEL_NAME, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
+                "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+        timeout = httpx.Timeout(10.0, read=self.silence)
+        try:
+            with httpx.stream("POST", self.base_url + "/v1/completions", json=body, timeout=timeout) as response:
+                self.status = response.status_code
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[len("data: "):]
+                    if payload == "[DONE]":
+                        self.done = True
+                        continue
+                    event = json.loads(payload)
+                    for choice in event.get("choices") or []:
+                        self.chunks.append(time.monotonic() - self.t0)
+                        if choice.get("finish_reason"):
+                            self.finish_reason = choice["finish_reason"]
+                    if event.get("usage"):
+                        self.tokens = event["usage"].get("completion_tokens", self.tokens)
+        except httpx.HTTPError as exc:
+            self.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+
+    def summary(self, signal_at: float) -> dict[str, Any]:
+        return {"status": self.status, "finish_reason": self.finish_reason, "done": self.done, "error": self.error,
+                "completion_tokens": self.tokens, "chunks": len(self.chunks),
+                "last_chunk_after_signal_s": round(self.chunks[-1] - signal_at, 3) if self.chunks else None}
+
+
+def _requests_running(engine: Engine) -> dict[str, float]:
+    """vllm:num_requests_running / waiting from /metrics, summed over engines (what lanectl journals)."""
+    status, text = engine.http("GET", "/metrics", timeout=5)
+    found: dict[str, float] = {}
+    if isinstance(text, str):
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+            if values:
+                found[name] = sum(float(v) for v in values)
+    return found
+
+
+def _streams_in_flight(engine: Engine, count: int, max_tokens: int, t0: float) -> list[StreamWatch]:
+    watches = [StreamWatch(engine.base_url, f"Stream {i}: write a long story about the sea.", max_tokens, t0).start()
+               for i in range(count)]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(w.chunks for w in watches):
+        time.sleep(0.05)
+    return watches
+
+
+def scenario_drain_stop(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """8 streaming completions in flight, then SIGTERM to the server (under --exit-guard: to the guard, which
+    forwards it, as Docker's stop reaches a lane's engine). What each stream saw, what new requests got while
+    the engine drained, how long it took to exit and with which code, and what the engine logged."""
+    log_from = len(engine.lines)
+    t0 = time.monotonic()
+    watches = _streams_in_flight(engine, 8, args.drain_tokens, t0)
+    time.sleep(1.0)
+    rec.figure("in_flight_before_signal", _requests_running(engine))
+    signal_at = time.monotonic() - t0
+    os.kill(engine.proc.pid, signal.SIGTERM)
+    rec.event("note", text="SIGTERM sent with 8 streams in flight")
+    probes = []
+    refused = 0
+    while engine.proc.poll() is None and refused < 3 and time.monotonic() - t0 - signal_at < args.exit_wait:
+        at = round(time.monotonic() - t0 - signal_at, 3)
+        status, body = engine.http("POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "A new request:",
+                                                               "max_tokens": 2, "temperature": 0}, timeout=3)
+        message = body.get("error", {}).get("message") if isinstance(body, dict) and isinstance(
+            body.get("error"), dict) else (body if isinstance(body, str) else None)
+        probes.append({"t": at, "status": status, "message": (message or "")[:200]})
+        refused = refused + 1 if status == "refused" else 0
+        time.sleep(0.25)
+    try:
+        code = engine.proc.wait(max(1.0, args.exit_wait - (time.monotonic() - t0 - signal_at)))
+        exited_after = round(time.monotonic() - t0 - signal_at, 3)
+    except subprocess.TimeoutExpired:
+        code, exited_after = None, None
+    for watch in watches:
+        watch.thread.join(20)
+    rec.figure("new_requests_after_signal", probes)
+    rec.figure("streams", [w.summary(signal_at) for w in watches])
+    rec.figure("exit_code", code)
+    rec.figure("seconds_to_exit", exited_after)
+    time.sleep(0.5)
+    rec.figure("log_after_signal", [line for line in engine.lines[log_from:]
+                                    if re.search(r"(?i)shutdown|drain|abort|signal|exit|shutting|terminat", line)][:40])
+
+
+def scenario_sleep_modes(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """8 streams in flight, then POST /sleep?level=1&mode=wait, woken; then the same with mode=abort: what the
+    streams saw and how long each sleep took to answer (a sleep that waits lets in-flight requests finish)."""
+    endpoints = SleepEndpoints(engine.base_url, timeout=120)
+    for mode in ("wait", "abort"):
+        t0 = time.monotonic()
+        watches = _streams_in_flight(engine, 8, args.sleep_tokens, t0)
+        time.sleep(1.0)
+        running = _requests_running(engine)
+        asked_at = time.monotonic() - t0
+        status, body = engine.http("POST", f"/sleep?level=1&mode={mode}", timeout=120)
+        answered = round(time.monotonic() - t0 - asked_at, 3)
+        for watch in watches:
+            watch.thread.join(30)
+        sleeping = engine.http("GET", "/is_sleeping", timeout=10)
+        woke = None
+        try:
+            started = time.monotonic()
+            endpoints.wake_up()
+            woke = round(time.monotonic() - started, 3)
+        except StandbyError as exc:
+            woke = f"wake failed: {exc}"
+        rec.figure(mode, {"in_flight_before_sleep": running, "sleep_status": status, "sleep_body": body,
+                          "sleep_answered_after_s": answered, "is_sleeping_after": sleeping,
+                          "streams": [w.summary(asked_at) for w in watches], "wake": woke})
+    rec.figure("greedy_after", endpoints.greedy_text(MODEL_NAME, "The wake check:", 8))
+
+
 SCENARIOS: dict[str, Callable[[Record, Engine, argparse.Namespace], None]] = {
     "startup": scenario_startup,
     "probe": scenario_probe,
@@ -431,6 +616,9 @@ SCENARIOS: dict[str, Callable[[Record, Engine, argparse.Namespace], None]] = {
     "request_while_asleep": scenario_request_while_asleep,
     "engine_kill": scenario_engine_kill,
     "stop": scenario_stop,
+    "aa_arms": scenario_aa_arms,
+    "drain_stop": scenario_drain_stop,
+    "sleep_modes": scenario_sleep_modes,
 }
 
 
@@ -473,6 +661,10 @@ def main() -> int:
     parser.add_argument("--asleep-wait", type=float, default=6)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, in this order")
     parser.add_argument("--exit-guard", action="store_true", help="run the engine under lanectl's exit guard")
+    parser.add_argument("--aa-arms", type=int, default=16, help="aa_arms: identical arms per cell")
+    parser.add_argument("--drain-tokens", type=int, default=2048, help="drain_stop: tokens each stream asks for")
+    parser.add_argument("--sleep-tokens", type=int, default=768, help="sleep_modes: tokens each stream asks for")
+    parser.add_argument("--exit-wait", type=float, default=45, help="drain_stop: seconds to wait for the exit")
     parser.add_argument("--stub-version", help="STUB_VLLM_VERSION for --engine stub (e.g. 0.26.0, the record's)")
     args = parser.parse_args()
 
@@ -494,7 +686,7 @@ def main() -> int:
                 if name == "startup":
                     break
             rec.figure("seconds", round(time.monotonic() - started, 1))
-            if engine.proc.poll() is not None and name not in ("engine_kill", "stop"):
+            if engine.proc.poll() is not None and name not in ("engine_kill", "stop", "drain_stop"):
                 rec.figure("engine_exited", engine.proc.returncode)
                 break
     finally:
