@@ -279,8 +279,67 @@ class NoGpuRuntime(OperationFailed):
     pass
 
 
+@dataclass(frozen=True)
+class ListedContainer:
+    """A container as the engine's listing shows it: enough to plan a switch, with no inspect per container."""
+
+    name: str
+    id: str
+    image: str  # the reference it was created from
+    image_id: str
+    state: str  # created | running | paused | restarting | exited | removing | dead
+    status: str  # the engine's words: "Up 3 minutes", "Exited (137) 2 seconds ago"
+    labels: dict[str, str]
+    host_ports: tuple[tuple[str, int], ...]  # (protocol, host port) it publishes while it runs
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def live(self) -> bool:
+        """Running, or on its way (restarting) or frozen (paused): holding its GPUs and ports either way."""
+        return self.state in ("running", "restarting", "paused")
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code the listing's status text carries ("Exited (137) …"); None while it runs."""
+        found = EXITED.match(self.status)
+        return int(found.group(1)) if found and not self.live else None
+
+
+EXITED = re.compile(r"^Exited \((-?\d+)\)")
+
+
 class ContainerEngine(DockerEngine):
     """Container operations on lane containers, all addressed by name."""
+
+    def list_containers(self) -> list[ListedContainer]:
+        """Every container on the engine, running or not, in one request and without inspecting any.
+
+        Unfiltered on purpose: lane containers are picked out by their labels, and the others are read only
+        for the name or host port of a lane they may hold (a hand-run container has no lanectl label)."""
+        listed = []
+        for item in self.api.get("/containers/json", params={"all": True}):
+            labels = dict(item.get("Labels") or {})
+            if SWARM_TASK_LABEL in labels:
+                continue  # Swarm runs it, not the local lane code (a task inherits its image's lane labels)
+            ports = sorted({(str(port.get("Type") or "tcp"), int(port["PublicPort"]))
+                            for port in item.get("Ports") or () if port.get("PublicPort")})
+            listed.append(ListedContainer(
+                name=str((item.get("Names") or ["/"])[0]).lstrip("/"), id=str(item["Id"]),
+                image=str(item.get("Image") or ""), image_id=str(item.get("ImageID") or ""),
+                state=str(item.get("State") or ""), status=str(item.get("Status") or ""), labels=labels,
+                host_ports=tuple(ports)))
+        return listed
+
+    def lane_images(self) -> dict[str, str]:
+        """Every local image built for a lane, by tag: tag -> image ID (one request for all of them)."""
+        found: dict[str, str] = {}
+        for image in self.api.get("/images/json", params={"filters": filters(label="io.lanectl.lane")}):
+            for tag in image.get("RepoTags") or ():
+                found[str(tag)] = str(image["Id"])
+        return found
 
     def lane_containers(self, recipe: str | None = None) -> list[ContainerState]:
         label = f"io.lanectl.recipe={recipe}" if recipe else "io.lanectl.lane"
@@ -366,11 +425,11 @@ class ContainerEngine(DockerEngine):
         created = self.api.post("/containers/create", params={"name": spec.name}, body=config)
         return str(created["Id"])
 
-    def start(self, name: str) -> None:
+    def start(self, name: str) -> bool:
+        """Start the container; False when it was already running (the engine answers 304 and does nothing)."""
         for delay in (*START_RETRY_SECONDS, None):
             try:
-                self.api.post(self.api.url("/containers/{}/start", name))
-                return
+                return self.api.post_status(self.api.url("/containers/{}/start", name)) != 304
             except EngineError as exc:
                 error = exc
             if GPU_DRIVER_MISSING.search(error.explanation):
@@ -402,6 +461,12 @@ class ContainerEngine(DockerEngine):
         except NotFound:
             pass
 
+    def rename(self, name: str, new_name: str) -> None:
+        try:
+            self.api.post(self.api.url("/containers/{}/rename", name), params={"name": new_name})
+        except EngineError as exc:
+            raise OperationFailed(f"{name}: could not rename it {new_name}: {exc.explanation}") from None
+
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str:
         params: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": False,
                                   "since": since if since and since > 0 else None,
@@ -415,6 +480,13 @@ class ContainerEngine(DockerEngine):
         """The engine's container events (die, stop, kill, oom, health_status…) for containers with `label`, as
         they happen; `.json_objects()` reads them, `.close()` ends the stream."""
         return self.api.stream("GET", "/events", params={"filters": filters(type="container", label=label)})
+
+    def log_stream(self, name: str, *, since: float) -> Stream:
+        """The container's output from `since` (a UNIX time) as it comes, until the container stops; `close()`
+        ends it early. Raises NotFound for a container that is not there."""
+        params = {"stdout": True, "stderr": True, "follow": True, "since": since if since > 0 else None,
+                  "tail": "all"}
+        return self.api.stream("GET", self.api.url("/containers/{}/logs", name), params=params)
 
     def follow_logs(self, name: str, *, since: float | None = None, tail: int | str = "all") -> Iterator[bytes]:
         params = {"stdout": True, "stderr": True, "follow": True, "since": since if since and since > 0 else None,

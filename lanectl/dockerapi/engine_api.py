@@ -114,6 +114,13 @@ class Stream:
             self.close()
 
     def close(self) -> None:
+        """Ends the stream; a thread blocked reading it wakes (the socket is shut down, not only closed)."""
+        sock = self._connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the engine
         self.response.close()
         self._connection.close()
 
@@ -126,6 +133,7 @@ class EngineAPI:
         self._tls = tls
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+        self.requests = 0  # sent by this client, streams and the version check included (benchmarks count them)
         parts = urlsplit(base_url)
         if parts.scheme in ("unix", "http+unix"):
             self._socket_path: str | None = parts.path or "/var/run/docker.sock"
@@ -173,6 +181,10 @@ class EngineAPI:
     def post(self, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None, **options: Any) -> Any:
         return self._json(self._send("POST", path, params=params, body=body, **options))
 
+    def post_status(self, path: str, *, params: Mapping[str, Any] | None = None) -> int:
+        """A POST whose answer is only its status: 204 done, 304 nothing to do (a container already started)."""
+        return self._send("POST", path, params=params).status
+
     def delete(self, path: str, *, params: Mapping[str, Any] | None = None) -> Any:
         return self._json(self._send("DELETE", path, params=params))
 
@@ -186,6 +198,7 @@ class EngineAPI:
                headers: Mapping[str, str] | None = None) -> Stream:
         """A request whose answer is read as it comes, on a connection of its own, with no read timeout."""
         connection = self._connect(timeout=None)
+        self.requests += 1
         try:
             response = self._exchange(connection, method, path, params, body, headers)
             if response.status >= 400:
@@ -206,6 +219,7 @@ class EngineAPI:
               headers: Mapping[str, str] | None = None, timeout: float | None = TIMEOUT_SECONDS
               ) -> http.client.HTTPResponse:
         """One request on a kept-alive connection; its whole answer is read (as `.data`) and checked."""
+        self.requests += 1
         for attempt in (1, 2):
             connection, reused = self._borrow(timeout)
             try:

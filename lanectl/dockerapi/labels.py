@@ -5,3 +5,12 @@ LABEL_PREFIX = "io.lanectl."
 # (which lists containers labelled io.lanectl.lane) never mistakes a Swarm task for a local lane.
 FLEET_LABEL = LABEL_PREFIX + "fleet"
 LEASE_LABEL = LABEL_PREFIX + "lease"
+# Set on a container when lanectl creates it, never on an image: a container inherits its image's labels
+# (recipe, lane, inputs), so those say only what it was made from. This one holds the name lanectl gave it,
+# so a container lanectl did not create (a hand-run `docker run` of a lane image) has none, and one renamed
+# since has another name than its own.
+CREATED_AS_LABEL = LABEL_PREFIX + "container"
+# Also set at creation: the digest of the container's whole spec, and the spec's fields it was made from
+# (secret values only as keyed digests), so a plan can tell what changed in the recipe since.
+SPEC_LABEL = LABEL_PREFIX + "spec"
+SPEC_FIELDS_LABEL = LABEL_PREFIX + "spec-fields"
