@@ -26,6 +26,8 @@ STATE_VERSION: Literal[1] = 1
 MAX_STATE_BYTES = 1024 * 1024  # a few lane names and a lease; anything bigger was not written by lanectl
 # A lease past a year is a typo (or an overflow waiting to happen), not maintenance.
 MAX_DISARM_SECONDS = 366 * 86400
+# The reason of a switch's own lease starts with this: the watchdog tells it from an operator's by it.
+SWITCH_LEASE_PREFIX = "switch to "
 
 
 class WatchdogLease(StateFileModel):
@@ -130,8 +132,9 @@ class LaneStateStore:
                                 refuse=refuse)
         return state or LaneState()
 
-    def save(self, state: LaneState) -> None:
-        self._write(state)
+    def save(self, state: LaneState) -> LaneState:
+        """Write `state` whole; returns it as saved (with `updated` stamped)."""
+        return self._write(state)
 
     def update(self, change: Callable[[LaneState], LaneState]) -> LaneState:
         """Load, apply `change`, save; returns the state as saved (with `updated` stamped)."""

@@ -1,5 +1,11 @@
-"""One lock per host for every mutating command: an `flock` on `state_dir/host.lock`, and who holds it
-in `host.lock.json` beside it.
+"""One lock per Docker engine for every mutating command: an `flock` on a file named for the engine, in
+`$LANECTL_LOCK_DIR` (default `/run/lock/lanectl`), and who holds it in a `.json` file beside it.
+
+Per engine, not per state folder: two `lanectl up` run by root (state in /var/lib/lanectl) and by a user (state
+in ~/.local/state/lanectl) drive the same containers, so they must exclude each other. The engine is named by
+its address (the real path of its socket, or host:port), so /var/run/docker.sock and /run/docker.sock are one.
+Everyone who may use the engine may take its lock: the folder and its files belong to the socket's group
+(`docker`) with group write, and nobody else can write them.
 
 The kernel drops an flock when the process holding it dies, however it dies (SIGKILL included), so a
 lock is never left behind and nobody has to judge whether a holder is still alive. The details file
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -24,6 +31,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError
 
@@ -31,10 +39,42 @@ from lanectl.errors import OperationFailed
 from lanectl.state.atomic import write_atomically
 from lanectl.state.file_model import StateFileModel, Timestamp
 from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+from lanectl.state.paths import (
+    NotAStateFile,
+    StateDirUnsafe,
+    check_state_file,
+    create_state_dir,
+    read_state_file,
+    refuse_link,
+)
 
 POLL_SECONDS = 0.1
 MAX_HOLDER_BYTES = 64 * 1024
+LOCK_DIR = Path("/run/lock/lanectl")
+DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+
+
+def engine_lock(command: str, environ: dict[str, str] | None = None) -> HostLock:
+    """The lock of the Docker engine that `DOCKER_HOST` (or the default socket) names, for `command`."""
+    env = dict(os.environ if environ is None else environ)
+    host = env.get("DOCKER_HOST") or DEFAULT_ENGINE
+    parts = urlsplit(host)
+    socket_path = parts.path if parts.scheme in ("unix", "http+unix") else None
+    name = os.path.realpath(socket_path) if socket_path else f"{parts.hostname}:{parts.port}"
+    folder = Path(env.get("LANECTL_LOCK_DIR") or LOCK_DIR)
+    group = _group_of(socket_path)
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return HostLock(folder / f"engine-{digest}.lock", command, group=group, engine=name)
+
+
+def _group_of(socket_path: str | None) -> int | None:
+    """The group that may use the engine (its socket's), which may then share its lock; None: only root and us."""
+    if socket_path is None:
+        return None
+    try:
+        return os.stat(socket_path).st_gid
+    except OSError:
+        return None
 
 
 class LockHolder(StateFileModel):
@@ -51,6 +91,7 @@ class LockBusy(OperationFailed):
 
     def __init__(self, holder: dict[str, Any], details: Path):
         self.holder = holder
+        self.details = details
         if holder.get("pid") is None:
             message = f"locked by an unknown process ({details.name} missing or unreadable)"
         else:
@@ -70,6 +111,8 @@ class HostLock:
         path: Path,
         command: str,
         *,
+        group: int | None = None,
+        engine: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         now: Callable[[], datetime] = utc_now,
@@ -77,6 +120,9 @@ class HostLock:
         self.path = path
         self.holder_path = path.with_name(f"{path.name}.json")
         self.command = command
+        # Shared with the engine's group (see the module docstring): the lock's folder and files are theirs too.
+        self.group = group
+        self.engine = engine
         self.clock = clock
         self.sleep = sleep
         self.now = now
@@ -104,7 +150,7 @@ class HostLock:
                 self.took_over_from = {**left, "reason": f"pid {left['pid']} ended without releasing the lock"}
             holder = LockHolder(pid=os.getpid(), command=self.command, since=utc_timestamp(self.now()),
                                 host=socket.gethostname()).model_dump()
-            write_atomically(self.holder_path, json.dumps(holder).encode())
+            write_atomically(self.holder_path, json.dumps(holder).encode(), mode=self._mode)
         except OSError as exc:
             os.close(fd)  # lets the flock go, if we had it
             raise OperationFailed(f"could not take the lock {self.path}: {exc.strerror or exc}") from exc
@@ -136,15 +182,27 @@ class HostLock:
         finally:
             self.release()
 
+    @property
+    def _mode(self) -> int:
+        return 0o600 if self.group is None else 0o660
+
     def _open(self) -> int:
         try:
-            create_state_dir(self.path.parent)
-            check_state_file(self.path)
-            check_state_file(self.holder_path)
+            if self.group is None:
+                create_state_dir(self.path.parent)
+                check_state_file(self.path)
+                check_state_file(self.holder_path)
+            else:
+                _shared_lock_dir(self.path.parent, self.group)
+                refuse_link(self.path)
+                refuse_link(self.holder_path)
             # O_NOFOLLOW: a link planted after the check above is refused (ELOOP) rather than locked through.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, self._mode)
         except OSError as exc:
             raise OperationFailed(f"could not open the lock {self.path}: {exc.strerror or exc}") from exc
+        if self.group is not None:
+            with contextlib.suppress(OSError):  # a file another member made is theirs to keep as it is
+                os.fchmod(fd, self._mode)
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(fd)
@@ -154,10 +212,30 @@ class HostLock:
     def _read_holder(self) -> dict[str, Any] | None:
         """The details file, None when there is none or it is not one lanectl wrote."""
         try:
-            raw = read_state_file(self.holder_path, MAX_HOLDER_BYTES)
+            raw = read_state_file(self.holder_path, MAX_HOLDER_BYTES, shared=self.group is not None)
             return None if raw is None else LockHolder.model_validate_json(raw).model_dump()
         except (OSError, NotAStateFile, ValidationError):
             return None
+
+
+def _shared_lock_dir(folder: Path, group: int) -> None:
+    """The engine lock's folder: made if missing, belonging to the engine's group with group write (setgid, so
+    its files are the group's too); refused when it is a link or others (outside the group) can write it."""
+    if not folder.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a user outside the group keeps the folder to themselves
+            os.chown(folder, -1, group)
+            os.chmod(folder, 0o2770)
+    status = folder.lstat()
+    if stat.S_ISLNK(status.st_mode):
+        raise StateDirUnsafe(f"the engine lock folder {folder} is a symbolic link; set LANECTL_LOCK_DIR to a real "
+                             "folder")
+    if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
+        raise StateDirUnsafe(f"the engine lock folder {folder} can be written by anyone (mode "
+                             f"{stat.S_IMODE(status.st_mode):04o}); fix: chmod o-w {folder}")
+    if status.st_uid not in (0, os.geteuid()) and status.st_gid != group:
+        raise StateDirUnsafe(f"the engine lock folder {folder} belongs to another user and not to the engine's "
+                             f"group; fix: chgrp {group} {folder} && chmod 2770 {folder}")
 
 
 def _try_flock(fd: int) -> bool:

@@ -72,6 +72,11 @@ class StateFiles:
         return self.root / "host.lock"
 
     @property
+    def secret_key(self) -> Path:
+        """The key of the digests of secret values that lanectl stamps on containers (never the values)."""
+        return self.root / "secret-digest.key"
+
+    @property
     def standby(self) -> Path:
         """The lanes waiting asleep (vLLM sleep mode) beside the active one, for a rollback that wakes them."""
         return self.root / "standby.json"
@@ -139,13 +144,17 @@ class NotAStateFile(ValueError):
     """A state path holds something other than a regular file (a folder, a FIFO, a device)."""
 
 
-def read_state_file(path: Path, limit: int) -> bytes | None:
+def read_state_file(path: Path, limit: int, *, shared: bool = False) -> bytes | None:
     """The first `limit` + 1 bytes of a state file, None when there is none.
 
     Opened without following a link and without blocking, then checked to be a regular file:
-    a FIFO named `state.json` would otherwise hang every command that reads the state.
+    a FIFO named `state.json` would otherwise hang every command that reads the state. A `shared` file (the
+    engine lock's, in a folder its group may write) is not held to the state folder's owner-only rule.
     """
-    check_state_file(path)
+    if shared:
+        refuse_link(path)
+    else:
+        check_state_file(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:

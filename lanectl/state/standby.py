@@ -108,7 +108,9 @@ class StandbyStore:
         return state or StandbyState()
 
     def update(self, change: Callable[[StandbyState], StandbyState]) -> StandbyState:
-        state = change(self.load())
+        return self.save(change(self.load()))
+
+    def save(self, state: StandbyState) -> StandbyState:
         try:
             create_state_dir(self.path.parent)
             check_state_file(self.path)
