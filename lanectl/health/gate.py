@@ -45,6 +45,7 @@ STARTUP_STALL = "startup-stall"
 CONTAINER_EXITED = "container-exited"
 GENERATION = "generation"
 STARTUP_BUDGET = "startup-budget"
+INTERRUPTED = "interrupted"
 
 
 class Endpoints(Protocol):
@@ -120,6 +121,7 @@ class HealthGate:
         on_progress: Callable[[GateProgress], None] = lambda progress: None,
         *,
         fatal_lines: Sequence[re.Pattern[str]] = FATAL_ENGINE_LINES,
+        interrupted: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.health = health
         self.endpoints = endpoints
@@ -128,6 +130,9 @@ class HealthGate:
         self.clock = clock
         self.on_progress = on_progress
         self.fatal_lines = tuple(fatal_lines)
+        # A switch interrupted by Ctrl-C or SIGTERM stops waiting at the next poll: its way back must not wait
+        # out a startup budget of 20 minutes first. Returns why, or None.
+        self.interrupted = interrupted
         self.budget = health.startup_budget_minutes * 60
         self.forbid = [re.compile(pattern) for pattern in health.startup_log.forbid]
         self.expect = {pattern: re.compile(pattern) for pattern in health.startup_log.expect}
@@ -154,6 +159,10 @@ class HealthGate:
             )
 
         while True:
+            why = self.interrupted()
+            if why is not None:
+                detail = f"interrupted ({why}) after {_seconds(self.clock.monotonic() - start)} s"
+                return result(INTERRUPTED, detail, self._missing(seen))
             # The container first, then its log: a log read after the exit was seen holds the engine's
             # last words, so a crash that explains itself is reported by its fatal line, not as a bare exit.
             status = self.container.status()
