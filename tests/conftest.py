@@ -38,6 +38,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.side)
 
 
+@pytest.fixture(autouse=True)
+def engine_lock_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own engine lock folder: the suite's runs share one engine, and a test must not wait on (or
+    take) the lock of another run's switch; tests of the lock itself name the folder they share."""
+    monkeypatch.setenv("LANECTL_LOCK_DIR", str(tmp_path_factory.mktemp("engine-lock")))
+
+
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A throwaway project: the repo's images, kernels and patches, and an empty recipes folder.

@@ -78,8 +78,10 @@ class LaneProject:
 
     def env(self, state: Path) -> dict[str, str]:
         environment = {key: value for key, value in os.environ.items() if not key.startswith("LANECTL_")}
+        # The engine lock of this project's tests: one engine serves every test run at once, and a switch in
+        # another module's test must not make this one wait (the production default is /run/lock/lanectl).
         environment.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(self.root / "recipes"),
-                            "COLUMNS": "200"})
+                            "LANECTL_LOCK_DIR": str(self.root / "engine-lock"), "COLUMNS": "200"})
         return environment
 
     def cli(self, *args: str, state: Path, check: bool = False, timeout: float = 180,

@@ -68,7 +68,8 @@ def test_up_switch_noop_and_rollback(lanes, state):
     assert first.stdout.startswith("ok: demo-h1 is serving")
     second = lanes.cli("up", "demo-h2", "--no-gpu", state=state)
     assert second.returncode == 0, second.stderr
-    stderr_steps = [line for line in second.stderr.splitlines() if line.startswith("✓")]
+    stderr_steps = [line for line in second.stderr.splitlines()
+                    if line.startswith(("✓ stop", "✓ create", "✓ start"))]
     order = [line.split()[2] for line in stderr_steps[:4]]
     assert order == [lanes.container("demo-h1", "rtx"), lanes.container("demo-h1"), lanes.container("demo-h2"),
                      lanes.container("demo-h2")], "companion stops before primary; primary starts first"
@@ -174,7 +175,8 @@ def test_two_ups_at_once_the_second_waits_then_gives_up_naming_the_holder(lanes,
                             env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
-        while not (state / "host.lock.json").exists() and time.monotonic() < deadline:
+        locks = lanes.root / "engine-lock"
+        while not list(locks.glob("engine-*.lock.json")) and time.monotonic() < deadline:
             time.sleep(0.05)
         second = lanes.cli("up", "demo-h2", "--no-gpu", "--lock-wait", "1s", state=state)
         assert second.returncode == 1

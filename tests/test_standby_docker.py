@@ -135,7 +135,7 @@ def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
 
     back = rollback(lanes, state)
     assert "demo-h1 is serving (was demo-h2); woken from its standby in" in back.stdout, back.stdout
-    assert f"wake {lanes.container('demo-h1')} (primary of demo-h1)" in back.stderr
+    assert "wake demo-h1 (every container at once)" in back.stderr
     assert "check demo-h1's greedy output against the fingerprint" in back.stderr
     assert f"start {lanes.container('demo-h1')}" not in back.stderr, "a wake, not a start"
     assert started_at(lanes, "demo-h1") == h1_started, "the same engine process served again"
@@ -146,7 +146,7 @@ def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
     assert row(data, "demo-h2")["standby"] is None
 
     keys = [r.get("step") for r in records(lanes, state) if r["kind"] == "step"]
-    assert f"sleep:{lanes.container('demo-h1')}" in keys and f"wake:{lanes.container('demo-h1')}" in keys
+    assert f"sleep:{lanes.container('demo-h1')}" in keys and "wake:demo-h1" in keys
     assert "wake-check:demo-h1" in keys
 
 
@@ -230,7 +230,7 @@ def test_a_failed_gate_wakes_the_standby_it_left(lanes, state):
     h1_started = started_at(lanes, "demo-h1")
     failed = up(lanes, state, "demo-broken", code=1)
     assert "Rolled back: demo-h1 is serving again (woken from its standby in " in failed.stdout
-    assert f"wake {lanes.container('demo-h1')}" in failed.stderr
+    assert "wake demo-h1 (every container at once)" in failed.stderr
     assert started_at(lanes, "demo-h1") == h1_started, "woken, not restarted"
     assert serving(status(lanes, state), "demo-h1")
 
@@ -273,22 +273,23 @@ def test_down_stops_the_standbys_too(lanes, state):
 
 def test_dry_run_shows_the_sleep_and_the_wake(lanes, state):
     up(lanes, state, "demo-h1")
-    plan = lanes.cli("up", "demo-h2", "--dry-run", state=state, check=True).stdout
+    plan = lanes.cli("up", "demo-h2", "--dry-run", "--no-gpu", state=state, check=True).stdout
     assert f"would put {lanes.container('demo-h1')} (primary of demo-h1) to sleep" in plan
     up(lanes, state, "demo-h2")
-    plan = lanes.cli("rollback", "--dry-run", state=state, check=True).stdout
-    assert f"would wake {lanes.container('demo-h1')} (primary of demo-h1)" in plan
+    plan = lanes.cli("rollback", "--dry-run", "--no-gpu", state=state, check=True).stdout
+    assert "would wake demo-h1 (every container at once)" in plan
     assert "not left asleep: the lane it rolls back to needs all of its GPU memory back" in plan
 
 
 def test_a_switch_killed_after_the_sleep_is_undone_by_waking_the_standby(lanes, state):
     up(lanes, state, "demo-h1")
     h1_started = started_at(lanes, "demo-h1")
-    killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state, extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": "2"})
+    # Steps: disarm, sleep the companion, sleep the primary: killed right after the last.
+    killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state, extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": "3"})
     assert killed.returncode == -9, killed.stdout + killed.stderr
     assert is_sleeping(lanes, "demo-h1"), "killed right after demo-h1 fell asleep"
     again = up(lanes, state, "demo-h1")
     assert "undid the interrupted switch to demo-h2; demo-h1 is serving again" in again.stderr, again.stderr
-    assert f"wake {lanes.container('demo-h1')}" in again.stderr
+    assert "wake demo-h1 (every container at once)" in again.stderr
     assert started_at(lanes, "demo-h1") == h1_started
     assert serving(status(lanes, state), "demo-h1")

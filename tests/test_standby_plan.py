@@ -1,110 +1,138 @@
-"""The pure standby rules of a switch plan: who sleeps, who is stopped and why, and what a wake needs."""
+"""The pure standby rules of a switch plan: who sleeps, who is stopped and why, what a wake needs, and what is
+done when a sleep or a wake fails."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from lanectl.lanes.plan import StandbyFacts, gpu_memory_shortfall, plan_switch, standby_refusal
-from lanectl.project import Project
-from lanectl.recipe.catalog import load_catalog
-from tests.conftest import REPO
-from tests.test_switch_plan import container, keys
+from lanectl.lanes.plan import gpu_memory_shortfall, plan_rollback, plan_up, standby_refusal
+from lanectl.recipe.catalog import Catalog
+from tests.switch_box import Box, keys, repo_catalog, with_engine
 
 H1, H2, BROKEN = "lanectl-demo-demo-h1", "lanectl-demo-demo-h2", "lanectl-demo-demo-broken"
-ROOMY = 64.0  # GiB of host memory: the demo lanes' weights (2 GiB) fit
 
 
 @pytest.fixture(scope="module")
-def catalog():
-    return load_catalog(Project.locate(REPO / "recipes"))
+def catalog() -> Catalog:
+    return repo_catalog()
 
 
-def running(catalog, *lanes: str, image: str = "img"):
-    return [container(catalog, lane, role, "running", f"{image}:{lane}") for lane in lanes
-            for role in ("primary", "rtx")]
-
-
-def facts(**kwargs) -> StandbyFacts:
-    base = {"fingerprinted": frozenset({"demo-h1", "demo-h2", "demo-broken"}), "host_available_gib": ROOMY}
-    return StandbyFacts(**{**base, **kwargs})
+def h1_serving(catalog: Catalog) -> Box:
+    return Box(catalog).run("demo-h1").build("demo-h2").active("demo-h1", "demo-h1").fingerprinted(
+        "demo-h1", "demo-h2", "demo-broken")
 
 
 def test_the_active_lane_sleeps_companion_first_and_memory_is_checked_before_the_new_lane_starts(catalog):
-    steps = plan_switch(catalog.lane("demo-h2"), "img:demo-h2", catalog, running(catalog, "demo-h1"),
-                        active="demo-h1", standby=facts())
-    assert keys(steps) == [f"sleep:{H1}-rtx", f"sleep:{H1}", "check-memory:demo-h2",
-                           f"create:{H2}", f"start:{H2}", f"create:{H2}-rtx", f"start:{H2}-rtx",
-                           "gate:demo-h2", "activate:demo-h2"]
+    plan = plan_up(catalog, h1_serving(catalog).snapshot(), catalog.lane("demo-h2"))
+    assert keys(plan) == ["disarm:demo-h2", f"sleep:{H1}-rtx", f"sleep:{H1}", "check-memory:demo-h2",
+                          f"create:{H2}", f"start:{H2}", f"create:{H2}-rtx", f"start:{H2}-rtx",
+                          "gate:demo-h2", "activate:demo-h2", "arm:demo-h2"]
+    sleep, memory = plan.phases[1], plan.phases[2]
+    assert [s.key for s in sleep.fallback] == [f"stop:{H1}-rtx", f"stop:{H1}", "forget-standby:demo-h1"], \
+        "a sleep that fails stops the lane instead"
+    assert [s.key for s in memory.fallback][-1] == "forget-standby:demo-h1"
+    assert [s.key for phase in plan.way_back for s in phase.steps][:4] == [
+        f"stop:{H2}-rtx", f"stop:{H2}", "wake:demo-h1", "gate:demo-h1"], "the way back wakes the lane it left"
 
 
 def test_a_lane_that_is_not_active_is_stopped_not_put_to_sleep(catalog):
-    steps = plan_switch(catalog.lane("demo-h2"), "img:demo-h2", catalog, running(catalog, "demo-h1"),
-                        active=None, standby=facts())
-    assert keys(steps)[:2] == [f"stop:{H1}-rtx", f"stop:{H1}"] and "sleep" not in {s.action for s in steps}
-    assert steps[0].why == ""
+    box = h1_serving(catalog).active(None, "demo-h1")
+    plan = plan_up(catalog, box.snapshot(), catalog.lane("demo-h2"))
+    assert keys(plan)[1:3] == [f"stop:{H1}-rtx", f"stop:{H1}"] and "sleep" not in {s.action for s in plan.steps}
+    assert plan.steps[1].why == ""
 
 
 @pytest.mark.parametrize(("change", "why"), [
-    ({"rollback": True}, "not left asleep: a rollback stops the lane it leaves"),
-    ({"fingerprinted": frozenset()},
+    ("rollback", "not left asleep: a rollback stops the lane it leaves"),
+    ("no fingerprint",
      "not left asleep: no wake-check fingerprint is recorded for it, so a wake could not be checked"),
-    ({"host_available_gib": 1.5},
+    ("little memory",
      "not left asleep: host memory: 1.5 GiB available, its weights need 2 GiB (level-1 sleep copies them to host "
      "memory)"),
-    ({"host_available_gib": None},
+    ("memory unknown",
      "not left asleep: host memory is unknown (/proc/meminfo unreadable), and level-1 sleep copies the weights there"),
 ])
 def test_an_active_lane_that_cannot_sleep_safely_is_stopped_with_the_reason(catalog, change, why):
-    steps = plan_switch(catalog.lane("demo-h2"), "img:demo-h2", catalog, running(catalog, "demo-h1"),
-                        active="demo-h1", standby=facts(**change))
-    assert keys(steps)[:2] == [f"stop:{H1}-rtx", f"stop:{H1}"]
-    assert {s.why for s in steps[:2]} == {why}
-    assert steps[1].describe().endswith(f"allowing 10 s to exit ({why})")
-    assert "check-memory:demo-h2" not in keys(steps)
+    box = h1_serving(catalog)
+    if change == "no fingerprint":
+        box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    box.host_memory_gib = {"little memory": 1.5, "memory unknown": None}.get(change, box.host_memory_gib)
+    target = catalog.lane("demo-h2")
+    plan = plan_rollback(catalog, box.snapshot(), target) if change == "rollback" else \
+        plan_up(catalog, box.snapshot(), target)
+    assert keys(plan)[1:3] == [f"stop:{H1}-rtx", f"stop:{H1}"]
+    assert {s.why for s in plan.steps[1:3]} == {why}
+    assert plan.steps[2].describe().endswith(f"allowing 10 s to exit ({why})")
+    assert "check-memory:demo-h2" not in keys(plan)
 
 
 def test_a_lane_without_standby_in_its_recipe_is_stopped_silently(catalog):
-    steps = plan_switch(catalog.lane("h2-REF"), "img:h2", catalog, running(catalog, "h1-REF"),
-                        active="h1-REF", standby=facts())
-    assert [s.action for s in steps[:2]] == ["stop", "stop"] and steps[0].why == ""
+    box = Box(catalog).run("h1-REF").build("h2-REF").active("h1-REF", "h1-REF")
+    plan = plan_up(catalog, box.snapshot(), catalog.lane("h2-REF"))
+    assert [s.action for s in plan.steps[1:3]] == ["stop", "stop"] and plan.steps[1].why == ""
 
 
-def test_a_standby_target_is_woken_and_held_to_gate_and_wake_check(catalog):
-    observed = running(catalog, "demo-h1", "demo-h2")
-    steps = plan_switch(catalog.lane("demo-h1"), "img:demo-h1", catalog, observed, active="demo-h2",
-                        standby=facts(asleep=frozenset({"demo-h1"}), rollback=True))
-    assert keys(steps) == [f"stop:{H2}-rtx", f"stop:{H2}", f"wake:{H1}", f"wake:{H1}-rtx", "gate:demo-h1",
-                           "wake-check:demo-h1", "activate:demo-h1"]
-    assert steps[0].why == "not left asleep: the lane it rolls back to needs all of its GPU memory back"
+def test_a_standby_target_is_woken_and_held_to_gate_and_wake_check_and_falls_back_to_the_cold_path(catalog):
+    box = Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+    plan = plan_rollback(catalog, box.snapshot(), None)
+    assert keys(plan) == ["disarm:demo-h1", f"stop:{H2}-rtx", f"stop:{H2}", "wake:demo-h1", "gate:demo-h1",
+                          "wake-check:demo-h1", "activate:demo-h1", "arm:demo-h1"]
+    assert plan.steps[1].why == "not left asleep: the lane it rolls back to needs all of its GPU memory back"
+    wake = next(phase for phase in plan.phases if phase.steps[0].action == "wake")
+    assert wake.steps[1].seconds == 30, "a woken lane's gate has the wake's budget"
+    assert [s.key for s in wake.fallback] == [f"stop:{H1}-rtx", f"stop:{H1}", f"start:{H1}", f"start:{H1}-rtx",
+                                              "gate:demo-h1"]
+    assert wake.fallback[-1].seconds == 120, "the cold path's gate has the startup budget"
 
 
 def test_an_up_that_wakes_a_standby_still_stops_the_lane_it_leaves(catalog):
-    observed = running(catalog, "demo-h1", "demo-h2")
-    steps = plan_switch(catalog.lane("demo-h1"), "img:demo-h1", catalog, observed, active="demo-h2",
-                        standby=facts(asleep=frozenset({"demo-h1"})))
-    assert [s.action for s in steps[:2]] == ["stop", "stop"], "never two sleepers on one GPU set"
+    box = Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+    box.fingerprinted("demo-h2")
+    plan = plan_up(catalog, box.snapshot(), catalog.lane("demo-h1"))
+    assert [s.action for s in plan.steps[1:3]] == ["stop", "stop"], "never two sleepers on one GPU set"
 
 
 def test_one_standby_per_gpu_set_the_older_one_is_stopped(catalog):
-    observed = running(catalog, "demo-h1", "demo-h2")
-    steps = plan_switch(catalog.lane("demo-broken"), "img:demo-broken", catalog, observed, active="demo-h2",
-                        standby=facts(asleep=frozenset({"demo-h1"})))
-    assert keys(steps)[:5] == [f"stop:{H1}-rtx", f"stop:{H1}", f"sleep:{H2}-rtx", f"sleep:{H2}",
-                               "check-memory:demo-broken"]
-    assert steps[0].why == "ends its standby: demo-broken takes its GPUs"
+    box = Box(catalog).run("demo-h1").run("demo-h2").build("demo-broken").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1").fingerprinted("demo-h2")
+    plan = plan_up(catalog, box.snapshot(), catalog.lane("demo-broken"))
+    assert keys(plan)[1:7] == [f"stop:{H1}-rtx", f"stop:{H1}", "forget-standby:demo-h1", f"sleep:{H2}-rtx",
+                               f"sleep:{H2}", "check-memory:demo-broken"]
+    assert plan.steps[1].why == "ends its standby: demo-broken takes its GPUs"
+
+
+def test_a_standby_whose_container_no_longer_matches_the_recipe_is_dropped_and_started_cold(catalog):
+    box = Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+    edited = with_engine(catalog, "demo-h1", shm_size="2g")
+    plan = plan_rollback(edited, box.snapshot(catalog=edited), None)
+    assert plan.notes == ("the standby of demo-h1 is lost: its primary container no longer matches the recipe "
+                          "(shm_size none → 2g); a rollback to it is a cold start",
+                          "demo-h1 has no standby to wake; starting it cold")
+    assert "wake:demo-h1" not in keys(plan) and f"create:{H1}" in keys(plan)
+    assert keys(plan)[1] == "forget-standby:demo-h1"
+
+
+def test_a_standby_that_died_asleep_is_lost(catalog):
+    box = Box(catalog).run("demo-h1", "exited").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1")
+    plan = plan_rollback(catalog, box.snapshot(), None)
+    assert "its primary container exited while asleep (exit code 0: vLLM exits 0 when its engine core dies)" in \
+        plan.notes[0]
+    assert keys(plan)[4:6] == [f"start:{H1}", f"start:{H1}-rtx"]
 
 
 def test_a_shared_host_port_stops_the_lane_it_would_block(catalog):
     """Validation refuses this within a recipe; across recipes the plan still must not leave a port taken."""
-    from dataclasses import replace
-
     h1 = catalog.lane("demo-h1")
     h2 = catalog.lane("demo-h2")
     same_port = replace(h2, spec=h2.spec.model_copy(update={"engine": h2.spec.engine.model_copy(
         update={"ports": h1.spec.engine.ports})}))
-    assert standby_refusal(h1, same_port, facts()) == (
+    snapshot = h1_serving(catalog).snapshot()
+    assert standby_refusal(h1, same_port, snapshot, rollback=False) == (
         "demo-h2 publishes its host port 18000/tcp, which a sleeping lane keeps")
-    assert standby_refusal(h1, h2, facts()) is None
+    assert standby_refusal(h1, h2, snapshot, rollback=False) is None
 
 
 MIB = 1024

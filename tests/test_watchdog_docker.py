@@ -146,6 +146,21 @@ def test_a_crash_is_restarted(lanes, state, sink, tmp_path):
     assert sink.received and sink.received[0]["alert"]["severity"] == "warning"
 
 
+def test_a_pass_killed_mid_restart_is_finished_by_the_next_one_and_counted_once(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    docker.from_env().containers.get(lanes.container("demo-h1")).kill()
+    # The restart's steps: stop the companion, wait for GPU memory, start the primary: killed right after it.
+    killed = lanes.cli("watchdog", "check", state=state, extra_env={"LANECTL_KERNEL_LOG": empty_kernel_log(tmp_path),
+                                                                    "LANECTL_TEST_CRASH_AFTER_STEP": "3"})
+    assert killed.returncode == -9
+    assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}, "counted when it began"
+    data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
+    assert "reconciled an unfinished switch first (finished the interrupted switch: demo-h1 passed its gate)" in \
+        data["outcome"], data
+    assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}, "finished, not counted again"
+    assert check(lanes, state, kernel_log=empty_kernel_log(tmp_path))["exit_code"] == 0
+
+
 def test_a_crash_loop_rolls_back_to_the_known_good_lane(lanes, state, sink, tmp_path):
     kernel_log = empty_kernel_log(tmp_path)
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
@@ -407,8 +422,10 @@ def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
         docker.from_env().containers.get(lanes.container("demo-h1")).kill()
         killed = time.monotonic()
         deadline = killed + 30
+        # The restart is counted when it begins and its outcome recorded when it ends: a stop before that is an
+        # interrupted restart, which goes back (stops the lane) by design.
         while time.monotonic() < deadline:
-            if watchdog_status(lanes, state)["restarts_total"].get("demo-h1"):
+            if watchdog_status(lanes, state)["last_action"]:
                 break
             time.sleep(0.2)
         assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}
@@ -436,7 +453,7 @@ def test_run_mode_overlaps_the_probes_of_a_hung_engine(lanes, state, tmp_path):
         time.sleep(2)
         admin(lanes, "hang")
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not watchdog_status(lanes, state)["restarts_total"].get("demo-h1"):
+        while time.monotonic() < deadline and not watchdog_status(lanes, state)["last_action"]:
             time.sleep(0.2)
         assert watchdog_status(lanes, state)["restarts_total"] == {"demo-h1": 1}
     finally:

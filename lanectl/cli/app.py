@@ -255,12 +255,13 @@ def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go bac
 @app.command()
 def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default: the active lane).",
                                                           autocompletion=complete_lane)] = None,
-         lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
+         dry_run: DryRunOption = False, lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
     """Stop a lane (companions first, then the primary); its containers are kept for a later start.
     Without LANE: the active lane and every lane waiting asleep as a standby."""
     from lanectl.commands import switch
 
-    show(switch.down(catalog(), lane, lock_wait=_seconds(lock_wait, "--lock-wait"), reporter=_reporter()), as_json)
+    show(switch.down(catalog(), lane, dry_run=dry_run, lock_wait=_seconds(lock_wait, "--lock-wait"),
+                     reporter=_reporter()), as_json)
 
 
 @app.command()

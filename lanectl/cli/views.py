@@ -99,7 +99,7 @@ def fleet_switch(result: Result) -> list[Line]:
 
 def _outcome(data: Mapping[str, Any], failed: str) -> list[Line]:
     """The result line; the failed engine's last log lines on stderr."""
-    colour = "green" if data["result"] in ("ok", "noop") else "red"
+    colour = "green" if data["result"] in ("ok", "noop", "finished", "undone") else "red"
     lines = [line((data["result"], colour), ": ", data["message"])]
     tail = data["diagnostics"].get("log_tail")
     if tail:
@@ -133,6 +133,9 @@ def status(result: Result) -> list[Line]:
                 detail += f" (exit {c['exit_code']})"
             stale: list[Span] = [] if c["current_build"] else [(f"  older build {c['image']}", "yellow")]
             lines.append(line(f"    {c['role']:<8} {c['name']:<40} {detail:<14} restarts {c['restarts']}", *stale))
+            if c.get("drift"):
+                lines.append(line(("      differs from the recipe: ", "yellow"), ", ".join(c["drift"]),
+                                  f" (`lanectl up {lane['lane']}` recreates it)"))
     watchdog = data["watchdog"]
     lease = watchdog["lease"]
     lease_text = (f"; lease until {lease['until']} ({lease['reason']}){' expired' if lease['expired'] else ''}"
@@ -146,6 +149,9 @@ def status(result: Result) -> list[Line]:
                           f"({len(u['done_steps'])}/{len(u['steps'])} steps); the next up/rollback finishes "
                           f"or undoes it"))
     lines += [line(f"journal: {problem}", err=True) for problem in data["journal_problems"]]
+    lines += [line(("foreign container ", "red"), f"{f['name']} ({f['what']}; in the way of "
+                   f"{', '.join(f['lanes'])}): lanectl will not stop or adopt it; clear it with `{f['clear_with']}`")
+              for f in data.get("foreign_containers", [])]
     lines += [line(f"container {name} has lanectl labels but its lane is not in the recipes", err=True)
               for name in data["unknown_containers"]]
     return lines

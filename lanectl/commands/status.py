@@ -1,22 +1,25 @@
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine, ContainerState
 from lanectl.health.engine_exit import exit_detail
-from lanectl.image.render import plan_image
+from lanectl.host.host_memory import available_gib
+from lanectl.lanes.inventory import LANE_LABEL, RECIPE_LABEL, Inventory, LaneContainer
+from lanectl.lanes.snapshot import take_snapshot
 from lanectl.output import Result
-from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
-from lanectl.state.lanes import LaneStateStore
 from lanectl.state.paths import StateFiles, state_dir
 from lanectl.state.pushes import PushStore
-from lanectl.state.standby import StandbyRecord, StandbyStore
+from lanectl.state.standby import StandbyRecord
 
 
 def lane_status(catalog: Catalog) -> Result:
-    """Everything an operator asks at 3 a.m.: what runs, is it healthy, which build, and is a way back there.
+    """Everything an operator asks at 3 a.m.: what runs, is it healthy, which build, is a way back there, what
+    differs from the recipes, and what on the engine is in a lane's way.
 
     The JSON shape (version 1 of the envelope) is documented in the README.
     """
@@ -25,44 +28,45 @@ def lane_status(catalog: Catalog) -> Result:
     directory = state_dir()
     engine = ContainerEngine()
     files = StateFiles(directory)
-    state = LaneStateStore(files.lanes).load()
-    standbys = StandbyStore(files.standby).load()
     journal = Journal(files.journal)
     pushes = PushStore(directory)
-    containers = engine.lane_containers()
-    by_lane: dict[tuple[str, str], list[ContainerState]] = {}
-    for container in containers:
-        by_lane.setdefault((container.recipe, container.lane), []).append(container)
+    snapshot = take_snapshot(catalog, engine, files, also=catalog.lanes, environ=os.environ,
+                             create_secret_key=False, host_memory=available_gib)
+    inventory = Inventory(catalog, snapshot)
+    state, standbys = snapshot.state, snapshot.standby
     now = datetime.now(UTC)
     # Mid-switch the active lane is stopped on purpose (stop-first); `unfinished_switch` says so instead.
-    switching = _unfinished(journal) is not None
+    switching = snapshot.unfinished is not None
     lanes = []
     for lane in sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name)):
-        tag = plan_image(lane).tag
-        order = {role: index for index, role in enumerate(lane.roles)}
-        own = sorted(by_lane.get((lane.recipe.id, lane.name), []), key=lambda c: order.get(c.role, len(order)))
+        plan = snapshot.image_plans[lane.name]
+        built = snapshot.images.get(plan.tag)
+        own = inventory.containers(lane)
+        details = {c.name: engine.container(c.name) for c in own}
+        primary = inventory.container(lane, "primary")
         health = None
-        primary = next((c for c in own if c.role == ROLE_PRIMARY), None)
-        if primary is not None and primary.running:
+        if primary is not None and primary.listed.running:
             probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
             health = "ok" if probe.ok else probe.detail
-        image_labels = engine.image_labels(primary.image) if primary else None
+        image_labels = engine.image_labels(primary.listed.image_id) if primary else None
         lanes.append({
             "lane": lane.name,
             "recipe": lane.recipe.id,
             "active": state.active == lane.name,
             "known_good": lane.name in state.known_good,
-            "image": tag,
-            "built": engine.image_labels(tag) is not None,
+            "image": plan.tag,
+            "built": built is not None,
             "health": health,
             "dead": _dead(lane, own) if state.active == lane.name and not switching else None,
             "standby": _standby(standbys.standby(lane.name), now, primary),
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
-            "containers": [_container(c, tag, now) for c in own],
-            "pushed": _pushed(pushes, tag, lane.spec.image.registry),
+            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, inventory.drift(c),
+                                      now) for c in own],
+            "pushed": _pushed(pushes, plan.tag, lane.spec.image.registry),
         })
     known = {(lane.recipe.id, lane.name) for lane in catalog.lanes.values()}
+    foreign_names = {f.listed.name for f in inventory.foreign}
     lease = state.watchdog_lease
     return Result("status", {
         "state_dir": str(directory),
@@ -76,7 +80,12 @@ def lane_status(catalog: Catalog) -> Result:
         "unfinished_switch": _unfinished(journal),
         "journal_problems": journal.tail(200).problems,
         "lanes": lanes,
-        "unknown_containers": [c.name for c in containers if (c.recipe, c.lane) not in known],
+        "foreign_containers": [{"name": f.listed.name, "what": f.what, "lanes": list(f.lanes),
+                                "status": f.listed.status, "clear_with": f.clearing_command()}
+                               for f in inventory.foreign],
+        "unknown_containers": [c.name for c in snapshot.containers
+                               if LANE_LABEL in c.labels and c.name not in foreign_names
+                               and (c.labels.get(RECIPE_LABEL), c.labels.get(LANE_LABEL)) not in known],
     })
 
 
@@ -96,36 +105,52 @@ def _unfinished(journal: Journal) -> dict[str, Any] | None:
     return {key: intent.get(key) for key in ("switch", "action", "from", "to", "ts", "who", "steps", "done_steps")}
 
 
-def _standby(record: StandbyRecord | None, now: datetime, primary: ContainerState | None) -> dict[str, Any] | None:
+def _standby(record: StandbyRecord | None, now: datetime, primary: LaneContainer | None) -> dict[str, Any] | None:
     """A lane waiting asleep: since when, for how long, the GPU memory it still holds as its engine reported it;
     `alive` false when its container no longer runs (the next rollback drops it and starts the lane cold)."""
     if record is None:
         return None
     since = datetime.fromisoformat(record.since)
     return {"since": record.since, "seconds": round((now - since).total_seconds()), "resident_gib": record.resident_gib,
-            "fingerprint_recorded": record.fingerprint.recorded, "alive": primary is not None and primary.running}
+            "fingerprint_recorded": record.fingerprint.recorded,
+            "alive": primary is not None and primary.listed.running}
 
 
-def _dead(lane: Lane, own: list[ContainerState]) -> str | None:
+def _dead(lane: Lane, own: list[LaneContainer]) -> str | None:
     """Why the active lane is not serving when one of its containers is not running: lanectl moves `active` when
     it stops a lane, so an exit here is a death, whatever its code (vLLM exits 0 when its engine core dies)."""
-    running = {c.role for c in own if c.running}
-    by_role = {c.role: c for c in own}
-    down = [f"{role} {'is gone' if role not in by_role else exit_detail(by_role[role].status, by_role[role].exit_code)}"
-            for role in lane.roles if role not in running]
+    by_role = {c.role: c.listed for c in own}
+    down = []
+    for role in lane.roles:
+        listed = by_role.get(role)
+        if listed is None:
+            down.append(f"{role} is gone")
+        elif not listed.running:
+            down.append(f"{role} {exit_detail(listed.state, listed.exit_code)}")
     return "; ".join(down) or None
 
 
-def _container(state: ContainerState, tag: str, now: datetime) -> dict[str, Any]:
-    started = state.started_epoch
-    uptime = round(now.timestamp() - started) if state.running and started else None
+def _wanted_image(inventory: Inventory, container: LaneContainer) -> str | None:
+    """The image ID the role's container would be created from now (a companion may run an image of its own)."""
+    desired = inventory.desired(container.lane, container.role)
+    return str(desired.fields["image_id"]) if desired else None
+
+
+def _container(container: LaneContainer, state: ContainerState | None, built: str | None, drift: list[str],
+               now: datetime) -> dict[str, Any]:
+    started = state.started_epoch if state else None
+    running = container.listed.running
+    uptime = round(now.timestamp() - started) if running and started else None
     return {
-        "name": state.name,
-        "role": state.role,
-        "status": state.status,
-        "exit_code": state.exit_code,
-        "image": state.image,
-        "current_build": state.image == tag or state.role != ROLE_PRIMARY,
+        "name": container.name,
+        "role": container.role,
+        "status": container.listed.state,
+        "exit_code": state.exit_code if state else container.listed.exit_code,
+        "image": container.listed.image,
+        "image_id": container.listed.image_id,
+        # The image it runs by ID: a rebuild under the same tag is another build.
+        "current_build": built is not None and container.listed.image_id == built,
+        "drift": drift,
         "uptime_seconds": uptime,
-        "restarts": state.restart_count,
+        "restarts": state.restart_count if state else 0,
     }

@@ -1,4 +1,9 @@
-"""`up`, `rollback` and `down`: on this box's engine, or with --fleet on the Swarm nodes; --dry-run plans only."""
+"""`up`, `rollback` and `down`: on this box's engine, or with --fleet on the Swarm nodes; --dry-run plans only.
+
+A local switch and its --dry-run are one code path up to the plan: the same snapshot, the same planner. The dry
+run prints the plan and stops; the switch takes the engine lock, plans again from a fresh snapshot (the engine
+may have changed meanwhile) and runs exactly that plan.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,16 @@ from contextlib import contextmanager
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import BadInput
-from lanectl.lanes.plan import plan_switch
-from lanectl.lanes.switcher import LaneSwitcher, Reporter, SwitchOutcome, built_tag, rollback_target, standby_facts
+from lanectl.lanes.execute import Reporter, SwitchOutcome
+from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_rollback, plan_up
+from lanectl.lanes.snapshot import Snapshot
+from lanectl.lanes.switcher import LaneSwitcher
 from lanectl.output import Result
-from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.recipe.catalog import Catalog
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
-from lanectl.state.lock import HostLock
+from lanectl.state.lock import engine_lock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
-from lanectl.state.standby import StandbyStore
 
 
 def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
@@ -33,11 +39,14 @@ def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry
         if no_rollback:
             raise BadInput("--no-rollback is for local lanes; on Swarm a failed update is always rolled back")
         if dry_run:
-            return _plan(target, fleet_commands.dry_run_up(catalog, target, list(nodes), canary))
+            return Result("plan", {"lane": target.name,
+                                   "steps": fleet_commands.dry_run_up(catalog, target, list(nodes), canary)})
         return fleet_commands.run(lambda rollout: rollout.up(target, nodes=nodes, canary=canary), catalog,
                                   f"lanectl up {lane} --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
     if dry_run:
-        return _plan(target, dry_run_up(catalog, target))
+        return dry_run_plan(catalog, lambda snapshot: plan_up(
+            catalog, snapshot, target, rollback_on_failure=not no_rollback, with_gpus=not no_gpu), target.name,
+            reporter=reporter, no_gpu=no_gpu)
     return run(lambda lanes: lanes.up(target, rollback_on_failure=not no_rollback), catalog, f"lanectl up {lane}",
                lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
 
@@ -60,20 +69,21 @@ def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait:
         return fleet_commands.run(lambda rollout: rollout.rollback(target, nodes=nodes, canary=canary), catalog,
                                   "lanectl rollback --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
     if dry_run:
-        planned = target or rollback_target(catalog, LaneStateStore(StateFiles(state_dir()).lanes).load())
-        return _plan(planned, dry_run_up(catalog, planned, rollback=True))
+        return dry_run_plan(catalog, lambda snapshot: plan_rollback(catalog, snapshot, target, with_gpus=not no_gpu),
+                            *([target.name] if target else []), reporter=reporter, no_gpu=no_gpu)
     return run(lambda lanes: lanes.rollback(target), catalog, "lanectl rollback" + (f" --to {to}" if to else ""),
                lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
 
 
-def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float) -> Result:
+def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float, dry_run: bool = False) -> Result:
     """Stop `lane`, or the active one and every lane waiting asleep as a standby (companions first); their
     containers are kept for a later start."""
     files = StateFiles(state_dir())
     name = lane or LaneStateStore(files.lanes).load().active
-    if name is None and not StandbyStore(files.standby).load().standbys:
-        raise BadInput("no active lane; name the lane to stop")
     target = catalog.lane(name) if name else None
+    if dry_run:
+        return dry_run_plan(catalog, lambda snapshot: plan_down(catalog, snapshot, target, with_standbys=lane is None),
+                            *([target.name] if target else []), reporter=reporter, no_gpu=False)
     return run(lambda lanes: lanes.down(target, with_standbys=lane is None), catalog,
                f"lanectl down {lane or name or '(standbys)'}", lock_wait=lock_wait, reporter=reporter)
 
@@ -83,47 +93,50 @@ def _require_fleet_for_nodes(nodes: Sequence[str], canary: str | None, fleet: bo
         raise BadInput("--nodes and --canary choose Swarm nodes; add --fleet")
 
 
-def _plan(lane: Lane, steps: list[str]) -> Result:
-    return Result("plan", {"lane": lane.name, "steps": steps})
+def dry_run_plan(catalog: Catalog, planner: Callable[[Snapshot], Plan], *lanes: str, reporter: Reporter,
+                 no_gpu: bool) -> Result:
+    """What the command would do, from what the engine shows now: the plan it would run, as it would run it.
+    Changes nothing and takes no lock."""
+    switcher = _switcher(catalog, reporter=reporter, no_gpu=no_gpu)
+    snapshot = switcher.snapshot(*lanes, create_secret_key=False)
+    data: dict[str, object] = {}
+    lines: list[str] = []
+    unfinished = plan_reconcile(catalog, snapshot, with_gpus=not no_gpu)
+    if unfinished is not None:
+        intent = snapshot.unfinished or {}
+        lines.append(f"would first finish or undo the unfinished {intent.get('action')} "
+                     f"({intent.get('from') or '-'} -> {intent.get('to') or '-'}):")
+        lines += [f"  {line}" for line in unfinished.lines()]
+        lines.append("then, planned from what the engine shows now (the plan is made again after it):")
+        data["reconcile"] = unfinished.as_dict()
+    plan = planner(snapshot)
+    data.update(plan.as_dict())
+    data["steps"] = [*lines, *plan.lines()]
+    return Result("plan", data)
+
+
+def _switcher(catalog: Catalog, *, reporter: Reporter, no_gpu: bool) -> LaneSwitcher:
+    files = StateFiles(state_dir())
+    return LaneSwitcher(catalog, ContainerEngine(), Journal(files.journal), LaneStateStore(files.lanes),
+                        reporter=reporter, no_gpu=no_gpu)
 
 
 @contextmanager
 def switcher(catalog: Catalog, command: str, *, lock_wait: float, reporter: Reporter,
              no_gpu: bool = False) -> Iterator[LaneSwitcher]:
-    """One mutation at a time per host: the lock is held for the whole command and released on any exit."""
+    """One mutation at a time per Docker engine: its lock is held for the whole command and released on any
+    exit."""
     directory = state_dir()
     create_state_dir(directory)
-    engine = ContainerEngine()
-    files = StateFiles(directory)
-    journal = Journal(files.journal)
-    lock = HostLock(files.host_lock, command)
+    lanes = _switcher(catalog, reporter=reporter, no_gpu=no_gpu)
+    lock = engine_lock(command)
     with lock.held(lock_wait):
         if lock.took_over_from:
             holder = lock.took_over_from
-            journal.append("note", message=f"took over the lock of pid {holder.get('pid')} "
-                                           f"({holder.get('command')}) since {holder.get('since')}: "
-                                           f"{holder.get('reason')}")
-        yield LaneSwitcher(catalog, engine, journal, LaneStateStore(files.lanes), reporter=reporter,
-                           no_gpu=no_gpu)
-
-
-def dry_run_up(catalog: Catalog, lane: Lane, *, rollback: bool = False) -> list[str]:
-    """What `up` would do, from what the engine shows now; changes nothing and takes no lock."""
-    files = StateFiles(state_dir())
-    engine = ContainerEngine()
-    lines = []
-    unfinished = Journal(files.journal).unfinished_intent()
-    if unfinished:
-        lines.append(f"would first reconcile the unfinished {unfinished['action']} "
-                     f"({unfinished.get('from') or '-'} -> {unfinished.get('to') or '-'})")
-    observed = engine.lane_containers()
-    facts = standby_facts(catalog, StandbyStore(files.standby), observed, rollback=rollback)
-    active = LaneStateStore(files.lanes).load().active
-    steps = plan_switch(lane, built_tag(engine, lane), catalog, observed, active=active, standby=facts)
-    lines.append(f"would disarm the watchdog for {lane.name}'s startup budget")
-    lines += [f"would {step.describe()}" for step in steps]
-    lines.append(f"would re-arm the watchdog; on a failed gate, stop {lane.name} and bring the previous lane back")
-    return lines
+            lanes.journal.append("note", message=f"took over the lock of pid {holder.get('pid')} "
+                                                 f"({holder.get('command')}) since {holder.get('since')}: "
+                                                 f"{holder.get('reason')}")
+        yield lanes
 
 
 def run(action: Callable[[LaneSwitcher], SwitchOutcome], catalog: Catalog, command: str, *, lock_wait: float,
@@ -133,3 +146,4 @@ def run(action: Callable[[LaneSwitcher], SwitchOutcome], catalog: Catalog, comma
     return Result("switch", {"result": outcome.result, "message": outcome.message, "lane": outcome.lane,
                              "steps": list(outcome.steps), "diagnostics": outcome.diagnostics},
                   exit_code=outcome.exit_code)
+

@@ -1,25 +1,40 @@
-"""Planning a switch between lanes: pure functions from what the engine shows to a list of steps.
+"""Planning every change to the box's lanes: a pure function from a snapshot and an intent to a whole plan.
 
-The box runs one lane at a time where lanes share a GPU or a host port: a single GPU cannot
-hold two lanes, so a switch stops the old lane first (a start-first rolling update deadlocks).
+`plan_up`, `plan_rollback`, `plan_down`, `plan_restart` and `plan_reconcile` take what `take_snapshot` read and
+return a `Plan`: the steps in order, grouped in phases; what replaces a phase when one of its steps fails (a
+sleep that fails stops the lane instead; a wake that fails starts it cold); and the way back when a step with
+no such fallback fails or the switch is interrupted. The executor (`lanes/execute.py`) runs exactly these
+steps, and `--dry-run` prints exactly this plan.
 
-A lane whose recipe asks for a standby is put to sleep instead (vLLM sleep mode frees its GPU memory but
-keeps its process), so that a rollback to it is a wake; at most one lane sleeps on a GPU, and a lane that
-cannot sleep safely (no fingerprint to check its wake against, too little host memory for its weights,
-a port the next lane needs, a rollback leaving it) is stopped, with the reason on its step.
+The box runs one lane at a time where lanes share a GPU or a host port: a single GPU cannot hold two lanes, so
+a switch stops the old lane first (a start-first rolling update deadlocks). A lane whose recipe asks for a
+standby is put to sleep instead, so that a rollback to it is a wake; at most one lane sleeps on a GPU, and a
+lane that cannot sleep safely is stopped, with the reason on its step. A container whose spec differs from its
+lane's recipe (its digest, `image/containers.py`) is recreated, and the step names what changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from lanectl.dockerapi.containers import ContainerState
+from lanectl.dockerapi.containers import ContainerSpec
+from lanectl.errors import BadInput, OperationFailed
+from lanectl.health.engine_exit import exit_code_text
+from lanectl.lanes.inventory import ASIDE_MARK, Inventory, LaneContainer, host_ports
+from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+from lanectl.state.lanes import LaneState
 
-Action = Literal["stop", "remove", "create", "start", "gate", "activate", "sleep", "check-memory", "wake",
-                 "wake-check"]
+# A switch disarms the watchdog for the target's startup budget plus this margin; the plan re-arms it.
+LEASE_MARGIN_SECONDS = 300
+
+Action = Literal["disarm", "arm", "stop", "remove", "set-aside", "restore", "create", "start", "gate", "activate",
+                 "deactivate", "sleep", "check-memory", "wake", "wake-check", "forget-standby", "gpu-memory"]
+# finish / undo / finish-down: what a plan for a switch a killed run left unfinished does with it.
+Kind = Literal["up", "rollback", "down", "restart", "finish", "undo", "finish-down", "noop"]
 
 
 @dataclass(frozen=True)
@@ -28,111 +43,164 @@ class Step:
     lane: str
     container: str = ""
     role: str = ""
-    timeout: int = 0
-    why: str = field(default="", compare=False)  # why a lane that could wait asleep is stopped instead
+    seconds: float = 0  # stop: the container's stop timeout; gate: its budget; disarm: the lease
+    why: str = field(default="", compare=False)
+    spec: ContainerSpec | None = field(default=None, compare=False, repr=False)  # create: exactly what
+    rename_to: str = ""  # set-aside, restore: the container's new name
 
     @property
     def key(self) -> str:
-        """Stable name of the step in the journal."""
+        """The step's name in the journal and in `--dry-run --json`."""
         return f"{self.action}:{self.container or self.lane}"
 
     def describe(self) -> str:
         what = f"{self.container} ({self.role} of {self.lane})" if self.container else self.lane
-        if self.action == "stop":
-            return f"stop {what}, allowing {self.timeout} s to exit" + (f" ({self.why})" if self.why else "")
-        if self.action == "sleep":
-            return f"put {what} to sleep (vLLM sleep mode, level 1): it stays as a standby"
-        if self.action == "check-memory":
-            return f"check that the GPUs have the memory {self.lane} needs beside the standby"
-        if self.action == "wake":
-            return f"wake {what}"
-        if self.action == "wake-check":
-            return f"check {self.lane}'s greedy output against the fingerprint of its last passed gate"
-        if self.action == "remove":
-            return f"remove {what}: its image is not the lane's current build"
-        if self.action == "create":
-            return f"create {what}"
-        if self.action == "start":
-            return f"start {what}"
-        if self.action == "gate":
-            return f"hold {self.lane} to its health gate"
-        return f"mark {self.lane} active and known-good"
+        why = f" ({self.why})" if self.why else ""
+        texts = {
+            "disarm": f"disarm the watchdog for {self.seconds:.0f} s ({self.lane}'s startup budget and a margin)",
+            "arm": "re-arm the watchdog",
+            "stop": f"stop {what}, allowing {self.seconds:.0f} s to exit{why}",
+            "remove": f"remove {what}{why}",
+            "set-aside": f"set {what} aside as {self.rename_to}, until its replacement passes its gate",
+            "restore": f"restore {self.container} as {self.rename_to}",
+            "create": f"create {what}{why}",
+            "start": f"start {what}",
+            "gate": f"hold {self.lane} to its health gate (within {self.seconds:g} s)",
+            "activate": f"mark {self.lane} active and known-good",
+            "deactivate": f"mark {self.lane} no longer active{why}",
+            "sleep": f"put {what} to sleep (vLLM sleep mode, level 1): it stays as a standby",
+            "check-memory": f"check that the GPUs have the memory {self.lane} needs beside the standby",
+            "wake": f"wake {self.lane} (every container at once)",
+            "wake-check": f"check {self.lane}'s greedy output against the fingerprint of its last passed gate",
+            "forget-standby": f"forget {self.lane}'s standby{why}",
+            "gpu-memory": f"wait until {self.lane}'s GPUs have released their memory",
+        }
+        return texts[self.action]
 
 
-def gpu_ids(lane: Lane) -> set[str] | None:
-    """The GPUs a lane's containers ask for; None means "all or an unnamed count" (conflicts with any GPU)."""
-    return lane.spec.gpu_ids()
+@dataclass(frozen=True)
+class Phase:
+    """Steps that run in order. When one fails: the `fallback` runs instead of the rest and the plan goes on
+    (a standby that cannot sleep is stopped); with no fallback, the plan takes its way back. An `optional`
+    phase's failure is reported and the plan goes on: it comes after the lane passed its gate."""
+
+    steps: tuple[Step, ...]
+    fallback: tuple[Step, ...] = ()
+    optional: bool = False
 
 
-def host_ports(lane: Lane) -> set[tuple[str, int]]:
-    engines = [lane.spec.engine, *(c.engine for c in lane.spec.companions.values())]
-    return {(port.protocol, port.published) for engine in engines for port in engine.ports}
+@dataclass(frozen=True)
+class Plan:
+    kind: Kind
+    lane: str | None  # the lane it brings up (or stops, for down)
+    previous: str | None = None  # the lane the way back brings back
+    phases: tuple[Phase, ...] = ()
+    way_back: tuple[Phase, ...] = ()  # when a step with no fallback fails, or the switch is interrupted
+    abandon: tuple[Step, ...] = ()  # when the way back fails too
+    message: str = ""  # a no-op's answer
+    alone: str = ""  # why the way back only stops the lane: "--no-rollback", "there was no lane before it"
+    notes: tuple[str, ...] = ()  # what the planner noticed: a standby lost, a cold start and why
+    with_gpus: bool = True
+    budget_seconds: float = 0  # the longest gate of the plan: how long the watchdog is disarmed, less the margin
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The main path: what runs when every step succeeds."""
+        return tuple(step for phase in self.phases for step in phase.steps)
+
+    @property
+    def keys(self) -> list[str]:
+        return [step.key for step in self.steps]
+
+    def lines(self) -> list[str]:
+        """The plan as `--dry-run` prints it: every step, each fallback under its phase, then the way back."""
+        if self.kind == "noop":
+            return [f"would do nothing: {self.message}"]
+        lines = [f"note: {note}" for note in self.notes]
+        for phase in self.phases:
+            lines += [f"would {step.describe()}" for step in phase.steps]
+            if phase.fallback:
+                lines.append("  if that fails: " + "; ".join(step.describe() for step in phase.fallback))
+        if self.way_back:
+            reason = f"bring {self.previous} back" if self.previous else f"stop {self.lane}"
+            lines.append(f"on a failed step or an interrupt, {reason}:")
+            for phase in self.way_back:
+                lines += [f"  would {step.describe()}" for step in phase.steps]
+                if phase.fallback:
+                    lines.append("    if that fails: " + "; ".join(step.describe() for step in phase.fallback))
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        def phases(group: tuple[Phase, ...]) -> list[dict[str, Any]]:
+            return [{"steps": [s.key for s in p.steps], "fallback": [s.key for s in p.fallback],
+                     "optional": p.optional} for p in group]
+
+        return {"kind": self.kind, "lane": self.lane, "previous": self.previous, "keys": self.keys,
+                "steps": self.lines(), "phases": phases(self.phases), "way_back": phases(self.way_back),
+                "abandon": [s.key for s in self.abandon], "notes": list(self.notes), "message": self.message}
 
 
-def uses_gpus(lane: Lane) -> bool:
-    return lane.spec.uses_gpus()
-
+# -- conflicts and standbys ----------------------------------------------------------------------------------
 
 def lanes_conflict(a: Lane, b: Lane) -> bool:
     if host_ports(a) & host_ports(b):
         return True
-    if uses_gpus(a) and uses_gpus(b):
-        ids_a, ids_b = gpu_ids(a), gpu_ids(b)
+    if a.spec.uses_gpus() and b.spec.uses_gpus():
+        ids_a, ids_b = a.spec.gpu_ids(), b.spec.gpu_ids()
         return ids_a is None or ids_b is None or bool(ids_a & ids_b)
     return False
 
 
-def stop_steps(lane: Lane, observed: dict[str, ContainerState], why: str = "") -> list[Step]:
-    """Companions stop before their primary."""
-    steps = []
-    for role in reversed(lane.roles):
-        name = lane.container_name(role)
-        state = observed.get(name)
-        if state is not None and state.status in ("running", "restarting", "paused"):
-            steps.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role), why))
-    return steps
-
-
-def sleep_steps(lane: Lane) -> list[Step]:
-    """Companions fall asleep before their primary, as they stop before it."""
-    return [Step("sleep", lane.name, lane.container_name(role), role) for role in reversed(lane.roles)]
-
-
-def wake_steps(lane: Lane) -> list[Step]:
-    """Every container wakes (the switcher wakes them together: separate engines on separate GPUs), then the
-    gate and the wake check."""
-    return [*(Step("wake", lane.name, lane.container_name(role), role) for role in lane.roles),
-            Step("gate", lane.name), Step("wake-check", lane.name)]
-
-
-@dataclass(frozen=True)
-class StandbyFacts:
-    """What a plan needs to know about standbys, measured by the caller."""
-
-    asleep: frozenset[str] = frozenset()  # lanes recorded asleep whose containers all still run
-    fingerprinted: frozenset[str] = frozenset()  # lanes with a wake-check fingerprint from a passed gate
-    host_available_gib: float | None = None  # MemAvailable
-    rollback: bool = False  # a rollback never leaves the lane it rolls away from asleep
-
-
-def standby_refusal(leaving: Lane, target: Lane, facts: StandbyFacts) -> str | None:
-    """Why `leaving` (a lane whose recipe asks for a standby) must be stopped rather than left asleep beside
-    `target`; None when it may sleep."""
+def standby_refusal(leaving: Lane, target: Lane, snapshot: Snapshot, *, rollback: bool) -> str | None:
+    """Why `leaving` (the active lane) must be stopped rather than left asleep beside `target`; None when it may
+    sleep."""
     standby = leaving.spec.standby
     if standby is None:
         return "its recipe asks for no standby"
-    if facts.rollback:
+    if rollback:
         return "a rollback stops the lane it leaves"
     shared = sorted(host_ports(leaving) & host_ports(target))
     if shared:
         return f"{target.name} publishes its host port {shared[0][1]}/{shared[0][0]}, which a sleeping lane keeps"
-    if leaving.name not in facts.fingerprinted:
+    if leaving.name not in snapshot.standby.fingerprints:
         return "no wake-check fingerprint is recorded for it, so a wake could not be checked"
-    if facts.host_available_gib is None:
+    memory = snapshot.host_memory_gib
+    if memory is None:
         return "host memory is unknown (/proc/meminfo unreadable), and level-1 sleep copies the weights there"
-    if facts.host_available_gib < standby.weights_gib:
-        return (f"host memory: {facts.host_available_gib:.1f} GiB available, its weights need "
-                f"{standby.weights_gib:g} GiB (level-1 sleep copies them to host memory)")
+    if memory < standby.weights_gib:
+        return (f"host memory: {memory:.1f} GiB available, its weights need {standby.weights_gib:g} GiB "
+                "(level-1 sleep copies them to host memory)")
+    return None
+
+
+def standbys(inventory: Inventory, *, drift: bool = True) -> tuple[set[str], list[tuple[str, str]]]:
+    """The recorded standbys that can still be woken, and the lost ones with why: a container that died or was
+    removed while asleep, a lane gone from the recipes, and with `drift` one whose containers no longer match the
+    recipe (a switch judges that; the watchdog, which does not know whether a lane runs with --no-gpu, does not)."""
+    asleep: set[str] = set()
+    lost: list[tuple[str, str]] = []
+    for record in inventory.snapshot.standby.standbys:
+        lane = inventory.catalog.lanes.get(record.lane)
+        reason = "its lane is no longer in the recipes" if lane is None else _why_lost(inventory, lane, drift)
+        if reason is None:
+            asleep.add(record.lane)
+        else:
+            lost.append((record.lane, reason))
+    return asleep, lost
+
+
+def _why_lost(inventory: Inventory, lane: Lane, drift: bool) -> str | None:
+    for role in lane.roles:
+        container = inventory.container(lane, role)
+        if container is None:
+            return f"its {role} container was removed while asleep"
+        if not container.listed.running:
+            code = container.listed.exit_code
+            return f"its {role} container {container.listed.state} while asleep" + (
+                f" ({exit_code_text(code)})" if code is not None else "")
+        changes = inventory.drift(container) if drift else []
+        if changes:
+            return f"its {role} container no longer matches the recipe ({', '.join(changes)})"
     return None
 
 
@@ -156,68 +224,95 @@ def gpu_memory_shortfall(target: Lane, memory: dict[str, tuple[int, int]]) -> st
     return None
 
 
-def bring_up_steps(lane: Lane, image_tag: str, observed: dict[str, ContainerState]) -> list[Step]:
-    """Primary first, then companions; a container built from another image is recreated."""
+# -- step builders --------------------------------------------------------------------------------------------
+
+def stop_steps(inventory: Inventory, lane: Lane, why: str = "", *, every: bool = False) -> tuple[Step, ...]:
+    """Companions stop before their primary; only live containers, unless `every` (a way back stops whatever
+    the failed switch may have started)."""
+    steps = []
+    for role in reversed(lane.roles):
+        container = inventory.container(lane, role)
+        if every or (container is not None and container.listed.live):
+            steps.append(Step("stop", lane.name, lane.container_name(role), role, _stop_timeout(lane, role), why))
+    return tuple(steps)
+
+
+def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -> tuple[Step, ...]:
+    """Primary first, then companions: each created when missing, recreated when its spec differs from the
+    recipe (`recreate`; a watchdog restart repairs, it does not upgrade), started when stopped. A companion
+    starts after its primary: a running one is stopped while its primary is (re)started."""
+    first: list[Step] = []
     steps: list[Step] = []
-    primary = observed.get(lane.container_name())
-    primary_ready = primary is not None and primary.running and primary.image == image_tag
+    primary = inventory.container(lane, ROLE_PRIMARY)
+    primary_ready = primary is not None and primary.listed.running and not (recreate and inventory.drift(primary))
     for role in lane.roles:
         name = lane.container_name(role)
-        state = observed.get(name)
-        wanted = image_tag if role == ROLE_PRIMARY else (lane.spec.companions[role].image or image_tag)
-        if role != ROLE_PRIMARY and not primary_ready and state is not None and state.running:
-            # A companion starts after its primary: stop it while the primary is (re)started.
-            steps.insert(0, Step("stop", lane.name, name, role, _stop_timeout(lane, role)))
-            state = None if state.image != wanted else _stopped(state)
-        if state is not None and state.image != wanted:
-            steps += [Step("remove", lane.name, name, role), Step("create", lane.name, name, role),
+        container = inventory.container(lane, role)
+        changes = inventory.drift(container) if container is not None and recreate else []
+        live = container is not None and container.listed.live
+        if role != ROLE_PRIMARY and not primary_ready and live:
+            first.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role),
+                              f"its primary is being {'re' if primary else ''}started"))
+            live = False
+        if container is None:
+            steps += [_create(inventory, lane, role, ""), Step("start", lane.name, name, role)]
+        elif changes:
+            if live:
+                steps.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role), "to recreate it"))
+            # Renamed, not removed: until the new container passes its gate, the old one is the way back.
+            steps += [Step("set-aside", lane.name, name, role, rename_to=aside_name(container)),
+                      _create(inventory, lane, role, "recreated: " + ", ".join(changes)),
                       Step("start", lane.name, name, role)]
-        elif state is None:
-            steps += [Step("create", lane.name, name, role), Step("start", lane.name, name, role)]
-        elif not state.running:
+        elif not (container.listed.running and live):
             steps.append(Step("start", lane.name, name, role))
-    return steps
+    return (*first, *steps)
 
 
-def plan_switch(target: Lane, image_tag: str, catalog: Catalog, observed: list[ContainerState], *,
-                active: str | None = None, standby: StandbyFacts = StandbyFacts()) -> list[Step]:
-    """Leave the lanes that conflict with `target` (the active one asleep when its recipe asks and it may;
-    every other one stopped), then bring `target` up: wake it when it waits asleep, else start it."""
-    by_name = {state.name: state for state in observed}
-    waking = target.name in standby.asleep
-    leaving = [lane for lane in running_lanes(catalog, observed)
-               if lane.name != target.name and lanes_conflict(lane, target)]
-    sleeper = next((lane for lane in leaving if lane.name == active and lane.spec.standby is not None), None)
-    refusal = None
-    if sleeper is not None:
-        refusal = ("the lane it rolls back to needs all of its GPU memory back" if waking
-                   else standby_refusal(sleeper, target, standby))
-    sleeps = sleeper if refusal is None else None
+def aside_name(container: LaneContainer) -> str:
+    """What a container being replaced is renamed to, until its replacement passes its gate."""
+    return f"{container.name}{ASIDE_MARK}{container.listed.id[:12]}"
+
+
+def _asides(steps: tuple[Step, ...]) -> list[Step]:
+    return [step for step in steps if step.action == "set-aside"]
+
+
+def _drop_asides(asides: list[Step], why: str) -> tuple[Step, ...]:
+    return tuple(Step("remove", s.lane, s.rename_to, s.role, why=why) for s in asides)
+
+
+def _put_back(asides: list[Step]) -> tuple[Step, ...]:
+    """The way back from a recreate: the new container goes, the one set aside takes its name again."""
     steps: list[Step] = []
-    for lane in running_lanes(catalog, observed):
-        if lane is sleeps:
-            continue
-        if lane.name in standby.asleep and lane in leaving:
-            steps += stop_steps(lane, by_name, f"ends its standby: {target.name} takes its GPUs")
-        elif lane.name in standby.asleep and sleeps is not None and lanes_conflict(lane, sleeps):
-            steps += stop_steps(lane, by_name, f"ends its standby: one per GPU set, and {sleeps.name} takes its place")
-        elif lane in leaving:
-            steps += stop_steps(lane, by_name, f"not left asleep: {refusal}" if lane is sleeper else "")
-    if sleeps is not None:
-        steps += [*sleep_steps(sleeps), Step("check-memory", target.name)]
-    if waking:
-        steps += [*wake_steps(target), Step("activate", target.name)]
-        return steps
-    steps += bring_up_steps(target, image_tag, by_name)
-    steps += [Step("gate", target.name), Step("activate", target.name)]
-    return steps
+    for aside in asides:
+        steps += [Step("remove", aside.lane, aside.container, aside.role, why="the replacement did not pass"),
+                  Step("restore", aside.lane, aside.rename_to, aside.role, rename_to=aside.container)]
+    return tuple(steps)
 
 
-def running_lanes(catalog: Catalog, observed: list[ContainerState]) -> list[Lane]:
-    """Lanes of this catalog with a running container; another project's lane of the same name is not ours."""
-    keys = dict.fromkeys((s.recipe, s.lane) for s in observed if s.status in ("running", "restarting", "paused"))
-    return [catalog.lanes[lane] for recipe, lane in keys
-            if lane in catalog.lanes and catalog.lanes[lane].recipe.id == recipe]
+def _create(inventory: Inventory, lane: Lane, role: str, why: str) -> Step:
+    desired = inventory.desired(lane, role)
+    if desired is None:
+        raise OperationFailed(f"{lane.name}: its {role} container must be created, and its image is not here; "
+                              f"run `lanectl build {lane.name}` first")
+    return Step("create", lane.name, lane.container_name(role), role, why=why, spec=desired.spec)
+
+
+def _gate(lane: Lane, *, woken: bool = False) -> Step:
+    standby = lane.spec.standby
+    if woken and standby is not None:
+        # A woken lane is held to its gate within the wake's budget, not the model's startup budget: a wake that
+        # left the engine broken must fall back to the cold path in seconds, not after 20 minutes.
+        return Step("gate", lane.name, seconds=standby.wake_timeout_seconds)
+    return Step("gate", lane.name, seconds=lane.spec.health.startup_budget_minutes * 60)
+
+
+def _wake_phase(inventory: Inventory, lane: Lane) -> Phase:
+    """Wake, gate, wake check; on any failure the cold path (stop, start, gate), so a rollback through a standby
+    is never worse than one without."""
+    cold = (*stop_steps(inventory, lane, "cold path", every=True), *(Step("start", lane.name, lane.container_name(
+        role), role) for role in lane.roles), _gate(lane))
+    return Phase((Step("wake", lane.name), _gate(lane, woken=True), Step("wake-check", lane.name)), fallback=cold)
 
 
 def _stop_timeout(lane: Lane, role: str) -> int:
@@ -225,7 +320,269 @@ def _stop_timeout(lane: Lane, role: str) -> int:
     return engine.stop_timeout_seconds
 
 
-def _stopped(state: ContainerState) -> ContainerState:
+def _disarm(lane: Lane) -> Step:
+    return Step("disarm", lane.name, seconds=lane.spec.health.startup_budget_minutes * 60 + LEASE_MARGIN_SECONDS)
+
+
+# -- refusals -------------------------------------------------------------------------------------------------
+
+def refuse_foreign(inventory: Inventory, lane: Lane) -> None:
+    """Containers lanectl did not make that hold the lane's names or host ports: the switch would fail on them
+    after stopping what serves, so it is refused before anything changes (exit 2)."""
+    blocking = inventory.blocking(lane)
+    if blocking:
+        found = "; ".join(f"{f.describe()}: clear it with `{f.clearing_command()}`" for f in blocking)
+        raise BadInput(f"{lane.name} cannot start: {found}. lanectl did not create "
+                       f"{'it' if len(blocking) == 1 else 'them'} and will not stop or adopt "
+                       f"{'it' if len(blocking) == 1 else 'them'}; nothing was changed")
+
+
+def require_built(snapshot: Snapshot, lane: Lane) -> None:
+    if snapshot.built(lane.name) is None:
+        tag = snapshot.image_plans[lane.name].tag if lane.name in snapshot.image_plans else lane.name
+        raise OperationFailed(f"{lane.name}: image {tag} is not built; run `lanectl build {lane.name}` first")
+
+
+# -- the intents ----------------------------------------------------------------------------------------------
+
+def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: bool = False,
+            rollback_on_failure: bool = True, with_gpus: bool = True) -> Plan:
+    """Make `target` the serving lane: leave the lanes that conflict with it (the active one asleep when its
+    recipe asks and it may; every other one stopped), bring it up (woken when it waits asleep), gate it, mark it
+    active; on a failed step, stop it and bring the previous lane back."""
+    inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    require_built(snapshot, target)
+    refuse_foreign(inventory, target)
+    state = snapshot.state
+    asleep, lost = standbys(inventory)
+    kind: Kind = "rollback" if rollback else "up"
+    if (state.active == target.name and target.name not in asleep and inventory.running(target)
+            and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
+        return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
+    notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
+    phases = [Phase((_disarm(target),)),
+              *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost)]
+    waking = target.name in asleep
+    live = [lane for lane in inventory.live_lanes() if lane.name != target.name]
+    leaving = [lane for lane in live if lanes_conflict(lane, target)]
+    sleeper = next((lane for lane in leaving if lane.name == state.active and lane.spec.standby is not None), None)
+    refusal = None
+    if sleeper is not None:
+        refusal = ("the lane it rolls back to needs all of its GPU memory back" if waking
+                   else standby_refusal(sleeper, target, snapshot, rollback=rollback))
+    sleeps = sleeper if refusal is None else None
+    if target.spec.standby is not None and not waking and (rollback or target.name in snapshot.standby.dropped):
+        dropped = snapshot.standby.dropped.get(target.name)
+        notes.append(f"{target.name} has no standby to wake" + (f" (dropped {dropped.at}: {dropped.reason})"
+                                                                 if dropped else "") + "; starting it cold")
+    for lane in live:
+        if lane is sleeps:
+            continue
+        if lane.name in asleep and lane in leaving:
+            why = f"ends its standby: {target.name} takes its GPUs"
+        elif lane.name in asleep and sleeps is not None and lanes_conflict(lane, sleeps):
+            why = f"ends its standby: one per GPU set, and {sleeps.name} takes its place"
+        elif lane in leaving:
+            why = f"not left asleep: {refusal}" if lane is sleeper else ""
+        else:
+            continue
+        forget = (Step("forget-standby", lane.name, why=why),) if lane.name in asleep else ()
+        phases.append(Phase((*stop_steps(inventory, lane, why), *forget)))
+    if sleeps is not None:
+        stop_instead = (*stop_steps(inventory, sleeps, "stopped instead of left asleep"),
+                        Step("forget-standby", sleeps.name, why="its sleep failed"))
+        phases.append(Phase(tuple(Step("sleep", sleeps.name, sleeps.container_name(role), role)
+                                  for role in reversed(sleeps.roles)), fallback=stop_instead))
+        memory_short = (*stop_steps(inventory, sleeps, f"GPU memory beside it: {target.name} needs it", every=True),
+                        Step("forget-standby", sleeps.name, why=f"{target.name} needs the GPU memory it held"))
+        phases.append(Phase((Step("check-memory", target.name),), fallback=memory_short))
+    bring_up: tuple[Step, ...] = ()
+    if waking:
+        phases.append(_wake_phase(inventory, target))
+    else:
+        bring_up = bring_up_steps(inventory, target)
+        phases.append(Phase((*bring_up, _gate(target))))
+    asides = _asides(bring_up)
+    phases.append(Phase((Step("activate", target.name),), optional=True))
+    prune = (*_drop_asides(asides, "replaced by a container that passed its gate"),
+             *_prune(inventory, target, {target.name, *(lane.name for lane in live if lane not in leaving),
+                                         *([sleeps.name] if sleeps else []),
+                                         *(asleep - {lane.name for lane in leaving})}))
+    if prune:
+        phases.append(Phase(prune, optional=True))
+    phases.append(Phase((Step("arm", target.name),), optional=True))
+    previous = _previous(state, leaving)
+    if previous is None and state.active == target.name and asides and any(
+            c.listed.live for c in inventory.containers(target)):
+        previous = target  # a recreate of the serving lane goes back to the lane as it was
+    way_back, abandon = _way_back(inventory, target, previous, slept=sleeps, rollback_on_failure=rollback_on_failure,
+                                  asides=asides)
+    alone = "" if previous and rollback_on_failure else (
+        "--no-rollback" if previous else "there was no lane before it")
+    return Plan(kind, target.name, previous.name if previous and rollback_on_failure else None, tuple(phases),
+                way_back, abandon, alone=alone, notes=tuple(notes), with_gpus=with_gpus,
+                budget_seconds=target.spec.health.startup_budget_minutes * 60)
+
+
+def plan_rollback(catalog: Catalog, snapshot: Snapshot, to: Lane | None, *, with_gpus: bool = True) -> Plan:
+    """Back to `to`, or the last known-good lane before the active one, through the same path as `up`."""
+    return plan_up(catalog, snapshot, to or rollback_target(catalog, snapshot.state), rollback=True,
+                   with_gpus=with_gpus)
+
+
+def rollback_target(catalog: Catalog, state: LaneState) -> Lane:
+    """The last known-good lane before the active one."""
+    name = state.last_known_good_before(state.active)
+    if name is None:
+        raise BadInput("no known-good lane to roll back to (none recorded before "
+                       f"{state.active or 'the current state'}); name one with --to")
+    if name not in catalog.lanes:
+        raise BadInput(f"the last known-good lane {name} is no longer in the recipes; name one with --to")
+    return catalog.lanes[name]
+
+
+def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_standbys: bool) -> Plan:
+    """Stop `lane`, and with `with_standbys` every lane waiting asleep too (`lanectl down` of the box); their
+    containers are kept for a later start."""
+    inventory = Inventory(catalog, snapshot)
+    targets = [lane] if lane is not None else []
+    if with_standbys:
+        targets += [catalog.lanes[r.lane] for r in snapshot.standby.standbys
+                    if r.lane in catalog.lanes and r.lane not in {t.name for t in targets}]
+    if not targets:
+        raise BadInput("no active lane and no standby; name the lane to stop")
+    phases = []
+    for target in targets:
+        recorded = snapshot.standby.standby(target.name) is not None
+        steps = [*stop_steps(inventory, target, "down" if recorded else "")]
+        if recorded:
+            steps.append(Step("forget-standby", target.name, why="down"))
+        if snapshot.state.active == target.name:
+            steps.append(Step("deactivate", target.name, why="down"))
+        phases.append(Phase(tuple(steps)))
+    return Plan("down", targets[0].name, phases=tuple(phases))
+
+
+def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus: bool) -> Plan:
+    """The watchdog's restart of the active lane: stop it, wait for its GPUs' memory, start it as it was (a
+    restart repairs, it does not upgrade: a container is recreated only when it is gone), gate it. A lane that
+    fails its gate is stopped again, so the next pass counts it. Refused while another lane that conflicts
+    with it is live: the watchdog never starts a second lane on a GPU."""
+    inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    refuse_foreign(inventory, lane)
+    serving = [other.name for other in inventory.live_lanes() if other.name != lane.name
+               and lanes_conflict(other, lane)]
+    if serving:
+        raise OperationFailed(f"not restarting {lane.name}: {', '.join(serving)} runs on its GPUs or host ports; "
+                              "the box must not run two lanes there (run `lanectl status`)")
+    notes = [f"{c.name} is restarted as it was; its recipe changed since ({', '.join(changes)}): "
+             f"`lanectl up {lane.name}` recreates it" for c in inventory.containers(lane)
+             if (changes := inventory.drift(c))]
+    phases = (Phase(stop_steps(inventory, lane)), Phase((Step("gpu-memory", lane.name),)),
+              Phase((*bring_up_steps(_as_stopped(inventory, lane), lane, recreate=False), _gate(lane))),
+              Phase((Step("activate", lane.name),), optional=True))
+    return Plan("restart", lane.name, lane.name, phases, way_back=(Phase(stop_steps(inventory, lane, every=True)),),
+                notes=tuple(notes), with_gpus=with_gpus,
+                budget_seconds=lane.spec.health.startup_budget_minutes * 60)
+
+
+def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = True) -> Plan | None:
+    """Finish or undo the switch a killed run left unfinished, against what the engine shows: its target runs
+    and passes its gate (finish), or it is stopped and the lane before it brought back (undo, which is also the
+    finish's way back). An unfinished `down` is finished."""
+    intent = snapshot.unfinished
+    if intent is None:
+        return None
+    inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    to_name, from_name = intent.get("to"), intent.get("from")
+    previous = catalog.lanes.get(from_name) if isinstance(from_name, str) else None
+    if intent.get("action") == "down":
+        steps: list[Step] = []
+        if previous is not None:
+            steps += stop_steps(inventory, previous)
+            if snapshot.state.active == previous.name:
+                steps.append(Step("deactivate", previous.name, why="down"))
+        return Plan("finish-down", from_name if isinstance(from_name, str) else None, phases=(Phase(tuple(steps)),))
+    target = catalog.lanes.get(to_name) if isinstance(to_name, str) else None
+    # A killed restart (from and to the same lane) is undone by restarting the lane: stop it, start it, gate it.
+    slept = previous if previous is not None and previous.name in standbys(inventory)[0] else None
+    if target is None:
+        way_back, abandon = _restore(inventory, previous, slept=slept)
+        return Plan("undo", to_name if isinstance(to_name, str) else None, previous.name if previous else None,
+                    way_back, abandon=abandon, alone="there was no lane before it")
+    way_back, abandon = _way_back(inventory, target, previous, slept=slept, rollback_on_failure=True)
+    alone = "" if previous else "there was no lane before it"
+    primary = inventory.container(target, ROLE_PRIMARY)
+    if primary is None or not primary.listed.running:
+        return Plan("undo", target.name, previous.name if previous else None, way_back, abandon=abandon, alone=alone)
+    # The companions the killed run had not started yet start now; nothing is recreated here (a later `up` does).
+    phases = (Phase((*bring_up_steps(inventory, target, recreate=False), _gate(target))),
+              Phase((Step("activate", target.name),), optional=True), Phase((Step("arm", target.name),), optional=True))
+    return Plan("finish", target.name, previous.name if previous else None, phases, way_back, abandon, alone=alone,
+                with_gpus=with_gpus, budget_seconds=target.spec.health.startup_budget_minutes * 60)
+
+
+# -- the way back ---------------------------------------------------------------------------------------------
+
+def _previous(state: LaneState, leaving: list[Lane]) -> Lane | None:
+    """The lane a failed switch goes back to: the active one if the switch stops it, else the first it stops."""
+    for lane in leaving:
+        if lane.name == state.active:
+            return lane
+    return leaving[0] if leaving else None
+
+
+def _way_back(inventory: Inventory, target: Lane, previous: Lane | None, *, slept: Lane | None,
+              rollback_on_failure: bool, asides: Sequence[Step] = ()) -> tuple[tuple[Phase, ...], tuple[Step, ...]]:
+    """Stop the target (and put back any container the switch set aside), then bring the previous lane back
+    (woken if the switch left it asleep), gate it and mark it active; without a previous lane (or with
+    --no-rollback) the target stays stopped for debugging."""
+    stop_target = Phase((*stop_steps(inventory, target, every=True), *_put_back(list(asides))))
+    if previous is None or not rollback_on_failure:
+        touched = previous or target
+        return (stop_target, Phase((Step("deactivate", touched.name, why="nothing serves"),
+                                    Step("arm", touched.name)))), ()
+    phases, abandon = _restore(inventory, previous, slept=slept)
+    return (stop_target, *phases), abandon
+
+
+def _restore(inventory: Inventory, lane: Lane | None, *,
+             slept: Lane | None = None) -> tuple[tuple[Phase, ...], tuple[Step, ...]]:
+    """Bring `lane` back as it was: woken if it was left asleep, else its kept containers started (created
+    when gone), gated and marked active."""
+    if lane is None:
+        return (Phase((Step("arm", "watchdog"),)),), ()
+    if slept is not None and slept.name == lane.name:
+        bring = _wake_phase(inventory, lane)
+    else:
+        bring = Phase((*bring_up_steps(_as_stopped(inventory, lane), lane, recreate=False), _gate(lane)))
+    abandon = (Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
+    return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)))), abandon
+
+
+def _as_stopped(inventory: Inventory, lane: Lane) -> Inventory:
+    """The inventory as it is once `lane` was stopped: what bringing it back must start."""
     from dataclasses import replace
 
-    return replace(state, status="exited")
+    stopped = Inventory.__new__(Inventory)
+    stopped.__dict__.update(inventory.__dict__)
+    stopped.own = {name: (replace(c, listed=replace(c.listed, state="exited")) if c.lane.name == lane.name else c)
+                   for name, c in inventory.own.items()}
+    return stopped
+
+
+def _prune(inventory: Inventory, target: Lane, running_after: set[str]) -> tuple[Step, ...]:
+    """Keep the stopped containers of the last few known-good lanes (a rollback is then a start); remove older
+    ones of the target's recipe. Only containers lanectl created; never one that runs after the switch."""
+    keep = target.recipe.keep_stopped_lanes
+    known = [name for name in inventory.snapshot.state.known_good if name != target.name]
+    recent = set(list(reversed(known))[:keep])
+    steps = [Step("remove", c.lane.name, c.name, c.role, why="set aside by a switch that did not finish")
+             for c in inventory.aside.values() if c.lane.recipe.id == target.recipe.id]
+    for container in inventory.own.values():
+        lane = container.lane
+        if lane.recipe.id != target.recipe.id or lane.name in recent or lane.name in running_after:
+            continue
+        steps.append(Step("remove", lane.name, container.name, container.role,
+                          why=f"older than the last {keep} lanes kept for rollback"))
+    return tuple(steps)

@@ -16,12 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lanectl.dockerapi.containers import ContainerEngine
-from lanectl.health.engine_exit import exit_code_text
 from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
-from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.recipe.catalog import ROLE_PRIMARY, Lane
 from lanectl.recipe.model import Engine
-from lanectl.state.standby import StandbyStore
 
 # vLLM's worker logs this once asleep: "Sleep mode freed 71.25 GiB memory, 1.38 GiB memory is still in use."
 RESIDENT_LINE = re.compile(r"Sleep mode freed [0-9.]+ GiB memory, ([0-9.]+) GiB memory is still in use")
@@ -150,33 +147,3 @@ class SleepEndpoints:
         if not isinstance(text, str):
             raise StandbyError(f"/v1/completions answered a {type(text).__name__} as text")
         return text
-
-
-def lost_standbys(catalog: Catalog, engine: ContainerEngine, store: StandbyStore) -> list[tuple[str, str]]:
-    """Standbys recorded asleep that can no longer be woken, each dropped from the record with its reason:
-    a container that died or was removed while asleep, a lane rebuilt since, a lane gone from the recipes.
-    Returns (lane, reason) for each, for the caller to say (the next rollback to it is a cold start)."""
-    lost = []
-    for record in store.load().standbys:
-        reason = _why_lost(catalog, engine, record.lane)
-        if reason is not None:
-            store.drop(record.lane, reason)
-            lost.append((record.lane, reason))
-    return lost
-
-
-def _why_lost(catalog: Catalog, engine: ContainerEngine, name: str) -> str | None:
-    from lanectl.image.render import plan_image
-
-    lane = catalog.lanes.get(name)
-    if lane is None:
-        return "its lane is no longer in the recipes"
-    for role in lane.roles:
-        state = engine.container(lane.container_name(role))
-        if state is None:
-            return f"its {role} container was removed while asleep"
-        if not state.running:
-            return f"its {role} container {state.status} while asleep ({exit_code_text(state.exit_code)})"
-        if role == ROLE_PRIMARY and state.image != plan_image(lane).tag:
-            return "the lane was rebuilt since it fell asleep; the sleeping container runs the old build"
-    return None

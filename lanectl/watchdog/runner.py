@@ -22,10 +22,9 @@ from lanectl.health.engine_exit import exit_code_text
 from lanectl.health.engine_log import fatal_engine_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
-from lanectl.lanes.standby import lost_standbys
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal, utc_timestamp
-from lanectl.state.lanes import LaneState, LaneStateStore
+from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
 from lanectl.state.paths import StateFiles, check_state_file
 from lanectl.state.standby import StandbyStore
 from lanectl.watchdog.policy import Decision, Observation, decide
@@ -33,7 +32,8 @@ from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
 
 if TYPE_CHECKING:
     # The switcher (and the image rendering it brings) is needed only when a pass acts.
-    from lanectl.lanes.switcher import Reporter
+    from lanectl.lanes.execute import SwitchOutcome
+    from lanectl.lanes.switcher import LaneSwitcher, Reporter
 
 # A pass that must act waits this long for a command holding the host lock (a switch in progress
 # has disarmed the watchdog anyway); past it the pass skips acting and says so.
@@ -190,6 +190,12 @@ class Watchdog:
         started = time.monotonic()
         record = self._load_memory()
         state = self.lanes.load()
+        reconciled = self._reconcile_dead_switch(state)
+        if reconciled is not None:
+            # What the reconciled state says is active is what this pass watches; it acts from the next pass on.
+            result = PassResult(EXIT_FAILED, reconciled.lane, "reconcile", reconciled.message, reconciled.result)
+            self._finish(record, result, started, self.now(), True, None)
+            return result
         now = self.now()
         armed = state.watchdog_armed_at(now)
         standbys = self._check_standbys()
@@ -236,7 +242,17 @@ class Watchdog:
         the record, so the next rollback to it says it starts cold rather than trying to wake a process that is
         gone."""
         store = StandbyStore(StateFiles(self.directory).standby)
-        for name, reason in lost_standbys(self.catalog, self.engine, store):
+        recorded = store.load()
+        if not recorded.standbys or self.engine is None:
+            return store
+        from lanectl.lanes.inventory import Inventory
+        from lanectl.lanes.plan import standbys
+        from lanectl.lanes.snapshot import take_snapshot
+
+        snapshot = take_snapshot(self.catalog, self.engine, self.files, environ={}, create_secret_key=False,
+                                 host_memory=lambda: None)
+        for name, reason in standbys(Inventory(self.catalog, snapshot), drift=False)[1]:
+            store.drop(name, reason)
             message = f"the standby of {name} is gone: {reason}; dropped, a rollback to it will be a cold start"
             self.journal.append("watchdog", event="standby-lost", lane=name, message=message)
             self.reporter.note(message)
@@ -324,26 +340,73 @@ class Watchdog:
 
     # -- acting --------------------------------------------------------------------------------------
 
-    def _act(self, lane: Lane, decision: Decision, record: WatchdogRecord) -> tuple[str, WatchdogRecord]:
-        from lanectl.lanes.switcher import LaneSwitcher
-        from lanectl.state.lock import HostLock, LockBusy
+    def _reconcile_dead_switch(self, state: LaneState) -> SwitchOutcome | None:
+        """A switch disarms the watchdog for its lease. When the switch that set the lease is dead (its engine
+        lock is free), the box must not stay unguarded for the rest of the lease: the switch is finished or
+        undone now, under the lock, before anything is decided (a killed switch must never be followed by a
+        restart of the lane it was leaving: two lanes on one GPU)."""
+        lease = state.watchdog_lease
+        if lease is None or not lease.reason.startswith(SWITCH_LEASE_PREFIX) or self.engine is None:
+            return None
+        if state.lease_expired(self.now()) and Journal(self.files.journal).unfinished_intent() is None:
+            return None
+        from lanectl.state.lock import LockBusy, engine_lock
 
-        lock = HostLock(self.files.host_lock, f"lanectl watchdog {decision.action} {lane.name}")
+        lock = engine_lock("lanectl watchdog reconcile")
+        try:
+            lock.acquire(0)
+        except LockBusy:
+            return None  # the switch is alive and will re-arm the watchdog itself
+        try:
+            outcome = self._switcher(None).reconcile()
+        finally:
+            lock.release()
+        if outcome is None:
+            return None
+        if outcome.signum is not None:
+            raise SystemExit(128 + outcome.signum)
+        self.journal.append("watchdog", event="reconciled", lane=outcome.lane, message=outcome.message)
+        self.reporter.note(f"reconciled a switch that died with its lease: {outcome.message}")
+        return outcome
+
+    def _switcher(self, lane: Lane | None) -> LaneSwitcher:
+        from lanectl.lanes.switcher import LaneSwitcher
+
+        return LaneSwitcher(self.catalog, self.engine, self.journal, self.lanes, reporter=self.reporter,
+                            no_gpu=lane is not None and self._lane_ran_without_gpus(lane))
+
+    def _act(self, lane: Lane, decision: Decision, record: WatchdogRecord) -> tuple[str, WatchdogRecord]:
+        from lanectl.state.lock import LockBusy, engine_lock
+
+        lock = engine_lock(f"lanectl watchdog {decision.action} {lane.name}")
         try:
             lock.acquire(ACT_LOCK_WAIT_SECONDS)
         except LockBusy as exc:
             return f"skipped: {exc}", record
         try:
-            switcher = LaneSwitcher(self.catalog, self.engine, self.journal, self.lanes, reporter=self.reporter,
-                                    no_gpu=self._lane_ran_without_gpus(lane))
+            switcher = self._switcher(lane)
+            reconciled = switcher.reconcile()
+            if reconciled is not None:
+                # The lane this pass judged may not be the active one any more: the next pass judges again.
+                message = f"reconciled an unfinished switch first ({reconciled.message}); not acting this pass"
+                self.journal.append("watchdog", event="reconciled", lane=reconciled.lane, message=message)
+                return message, record
             if decision.action == "restart":
                 gpus = lane.spec.engine.gpus.device_ids if lane.spec.engine.gpus else None
-                outcome = switcher.restart(lane, before_start=lambda: self.gpu_wait(
-                    gpus, lane.spec.watchdog.gpu_memory_release_timeout_seconds))
+                # Counted before it runs: a pass killed mid-restart has used one of the budget's restarts, and the
+                # next pass, which finishes or undoes it, must not count it again.
                 memory = replace(record.memory, restarts=(*record.memory.restarts, utc_timestamp(self.now())),
                                  consecutive_failures=0, ready_since_start=False)
                 totals = {**record.restarts_total, lane.name: record.restarts_total.get(lane.name, 0) + 1}
                 record = replace(record, memory=memory, restarts_total=totals, last_generation_probe=None)
+                self.memory.save(record)
+                try:
+                    outcome = switcher.restart(lane, before_start=lambda: self.gpu_wait(
+                        gpus, lane.spec.watchdog.gpu_memory_release_timeout_seconds))
+                except LanectlError as exc:
+                    message = f"not restarted: {exc}"
+                    self._alert("critical", lane, f"watchdog could not restart {lane.name}", message, decision)
+                    return message, self._after_action(record, decision, message)
                 severity = "warning" if outcome.result == "ok" else "critical"
             elif decision.action == "rollback":
                 try:
@@ -364,7 +427,13 @@ class Watchdog:
         finally:
             lock.release()
         self._alert(severity, lane, f"watchdog {decision.action} of {lane.name}", outcome.message, decision)
-        return f"{outcome.result}: {outcome.message}", self._after_action(record, decision, outcome.message)
+        record = self._after_action(record, decision, outcome.message)
+        if outcome.signum is not None:
+            # The signal that interrupted the action (the service manager stopping the watchdog, Ctrl-C) was taken
+            # by the switch for its way back; it still ends this watchdog, once the pass is recorded.
+            self.memory.save(record)
+            raise SystemExit(128 + outcome.signum)
+        return f"{outcome.result}: {outcome.message}", record
 
     def _after_action(self, record: WatchdogRecord, decision: Decision, outcome: str) -> WatchdogRecord:
         return replace(record, last_action={"ts": utc_timestamp(self.now()), "action": decision.action,

@@ -1,0 +1,166 @@
+"""What a switch asks a lane's engines, as opposed to Docker: its health gate, sleep, wake and greedy output.
+
+`LaneEngines` is the one real implementation; the executor takes any object with these four methods, so its
+tests can stand in for the engines without HTTP.
+
+The gate reads the engine's log through one followed log stream, which also ends when the container stops:
+a gate costs Docker one request (and an inspect if the container exits), however many polls it takes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.dockerapi.engine_api import NotFound, Stream
+from lanectl.health.engine_exit import exit_detail
+from lanectl.health.gate import ContainerStatus, GateProgress, GateResult, HealthGate
+from lanectl.health.probe import EndpointProbe, probe_base_url
+from lanectl.lanes.standby import SleepEndpoints, StandbyError, role_base_url
+from lanectl.recipe.catalog import Lane
+
+
+class EngineCalls(Protocol):
+    def gate(self, lane: Lane, budget_seconds: float, since: float | None) -> GateResult:
+        """Hold the lane's primary to its health gate within `budget_seconds`, judging its log from `since`
+        (a UNIX time; None: from the start of the container's current run)."""
+        ...
+
+    def sleep(self, lane: Lane, role: str) -> None: ...
+
+    def wake(self, lane: Lane) -> None:
+        """Wake every container of the lane; raises StandbyError naming each that failed."""
+        ...
+
+    def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str: ...
+
+
+class LaneEngines:
+    def __init__(self, engine: ContainerEngine, *, on_gate: Callable[[GateProgress], None],
+                 interrupted: Callable[[], str | None], sleep: Callable[[float], None] = time.sleep):
+        self.engine = engine
+        self.on_gate = on_gate
+        self.interrupted = interrupted
+        self.pause = sleep
+
+    def gate(self, lane: Lane, budget_seconds: float, since: float | None) -> GateResult:
+        name = lane.container_name()
+        if since is None:
+            # A container an earlier, killed run started: its startup lines predate this command and count.
+            state = self.engine.container(name)
+            started = state.started_epoch if state else None
+            since = started - 1.0 if started else time.time()
+        health = lane.spec.health.model_copy(update={"startup_budget_minutes": budget_seconds / 60})
+        log = FollowedLog(self.engine, name, since)
+        try:
+            gate = HealthGate(health, EndpointProbe(probe_base_url(lane), health), log, log, _Clock(self.pause),
+                              self.on_gate, interrupted=self.interrupted)
+            return gate.wait()
+        finally:
+            log.close()
+
+    def sleep(self, lane: Lane, role: str) -> None:
+        standby = lane.spec.standby
+        if standby is None:
+            raise StandbyError(f"{lane.name}'s recipe asks for no standby")
+        SleepEndpoints(role_base_url(lane, role), standby.wake_timeout_seconds).sleep(standby.level)
+
+    def wake(self, lane: Lane) -> None:
+        """Every container at once: they are separate engines on separate GPUs, and waking them one after
+        another would add each one's wake time to the rollback."""
+        standby = lane.spec.standby
+        if standby is None:
+            raise StandbyError(f"{lane.name}'s recipe asks for no standby")
+
+        def wake(role: str) -> str | None:
+            try:
+                SleepEndpoints(role_base_url(lane, role), standby.wake_timeout_seconds).wake_up()
+            except StandbyError as exc:
+                return f"{lane.container_name(role)}: {exc}"
+            return None
+
+        with ThreadPoolExecutor(max_workers=len(lane.roles)) as pool:
+            failed = [error for error in pool.map(wake, lane.roles) if error]
+        if failed:
+            raise StandbyError("; ".join(failed))
+
+    def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str:
+        timeout = lane.spec.health.generation_probe.timeout_seconds
+        return SleepEndpoints(probe_base_url(lane), timeout).greedy_text(lane.spec.health.served_model_name,
+                                                                         prompt, max_tokens)
+
+
+class _Clock:
+    def __init__(self, pause: Callable[[float], None]):
+        self.pause = pause
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self.pause(seconds)
+
+
+class FollowedLog:
+    """A container's log from `since`, read as it comes by one followed stream in a thread: the gate's log
+    source and its container watch in one. The stream ends when the container stops; only then is the
+    container inspected, once, for its exit code."""
+
+    def __init__(self, engine: ContainerEngine, name: str, since: float):
+        self.engine, self.name = engine, name
+        self.lines: list[str] = []
+        self.read = 0
+        self.partial = b""
+        self.ended = threading.Event()
+        self.lock = threading.Lock()
+        self.exit: ContainerStatus | None = None
+        self.stream: Stream | None = None
+        try:
+            self.stream = engine.log_stream(name, since=since)
+        except NotFound:
+            self.ended.set()
+            return
+        threading.Thread(target=self._follow, args=(self.stream,), daemon=True).start()
+
+    def _follow(self, stream: Stream) -> None:
+        try:
+            for chunk in stream.log_chunks():
+                with self.lock:
+                    *complete, self.partial = (self.partial + chunk).split(b"\n")
+                    self.lines += [line.decode(errors="replace") for line in complete]
+        except Exception:  # the engine went away, or the stream was closed: the container is inspected instead
+            pass
+        finally:
+            with self.lock:
+                if self.partial:
+                    self.lines.append(self.partial.decode(errors="replace"))
+                    self.partial = b""
+            self.ended.set()
+
+    def new_lines(self) -> list[str]:
+        with self.lock:
+            fresh, self.read = self.lines[self.read:], len(self.lines)
+        return fresh
+
+    def status(self) -> ContainerStatus:
+        if not self.ended.is_set():
+            return ContainerStatus(running=True, exit_code=None, detail="running")
+        if self.exit is None:
+            state = self.engine.container(self.name)
+            if state is None:
+                self.exit = ContainerStatus(running=False, exit_code=None, detail="gone (removed)")
+            elif state.running:
+                # The stream broke but the container runs (the engine restarted): it is judged running.
+                return ContainerStatus(running=True, exit_code=None, detail="running")
+            else:
+                self.exit = ContainerStatus(running=False, exit_code=state.exit_code,
+                                            detail=exit_detail(state.status, state.exit_code))
+        return self.exit
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()

@@ -1,0 +1,532 @@
+"""Running a plan: each step as the plan says, nothing else; a failed step takes the plan's own fallback or way
+back. Every step is journaled after it ran, behind an intent record that names the plan's steps, so a run
+killed at any point leaves a trail the next command finishes or undoes (`plan_reconcile`).
+
+A first Ctrl-C or SIGTERM lets the step in progress finish and takes the way back (once the lane passed its
+gate, only the bookkeeping after it remains, and it runs); a second stops at once (`lanes/interrupt.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from lanectl.dockerapi.containers import ContainerSpec, ContainerState, NoGpuRuntime
+from lanectl.errors import OperationFailed
+from lanectl.health.gate import INTERRUPTED, PROBE_ACCESS_LINE, GateResult
+from lanectl.lanes.engine_calls import EngineCalls
+from lanectl.lanes.interrupt import Interrupt, SwitchAborted
+from lanectl.lanes.plan import Phase, Plan, Step, gpu_memory_shortfall
+from lanectl.lanes.standby import StandbyError, resident_gib
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.state.journal import Journal, current_user_at_host
+from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
+from lanectl.state.standby import Fingerprint, StandbyRecord, StandbyState, StandbyStore
+
+# Test seams, never set outside tests: after the Nth step is journaled the process kills itself with SIGKILL
+# (an operator's kill -9), or sends itself the named signals ("3:INT" or "3:INT,5:TERM").
+CRASH_AFTER_STEP_ENV = "LANECTL_TEST_CRASH_AFTER_STEP"
+SIGNAL_AFTER_STEP_ENV = "LANECTL_TEST_SIGNAL_AFTER_STEP"
+
+
+class Engine(Protocol):
+    """The Docker operations a plan's steps make (ContainerEngine; an in-memory engine in the tests)."""
+
+    def create(self, spec: ContainerSpec, *, with_gpus: bool, environ: Mapping[str, str]) -> str: ...
+
+    def start(self, name: str) -> bool:
+        """False when the container was already running."""
+        ...
+
+    def stop(self, name: str, timeout: int) -> None: ...
+
+    def remove(self, name: str) -> None: ...
+
+    def rename(self, name: str, new_name: str) -> None: ...
+
+    def container(self, name: str) -> ContainerState | None: ...
+
+    def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str: ...
+
+
+class Reporter(Protocol):
+    """What a switch tells the person watching; the CLI gives one that prints with rich."""
+
+    def step(self, text: str, *, ok: bool = True) -> None:
+        """A step that ran; `ok=False` when it ran and failed (a gate that did not pass)."""
+
+    def gate(self, progress: Any) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SwitchOutcome:
+    result: str  # ok | noop | failed | rolled-back | finished | undone | interrupted | aborted
+    message: str
+    lane: str | None
+    steps: tuple[str, ...] = ()
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    signum: int | None = None  # the signal that interrupted it
+
+    @property
+    def exit_code(self) -> int:
+        if self.signum is not None:
+            return 128 + self.signum  # as a shell reports a command ended by that signal: cron and CI can tell
+        return 0 if self.result in ("ok", "noop", "finished", "undone") else 1
+
+
+class StepFailed(Exception):
+    def __init__(self, message: str, gate: GateResult | None = None, *, cause: str = ""):
+        super().__init__(message)
+        self.gate = gate
+        self.cause = cause or message  # what went wrong, without the step's name
+
+
+@dataclass
+class _Run:
+    """What one execution of a plan has seen so far."""
+
+    switch: str
+    plan: Plan
+    done: list[str] = field(default_factory=list)
+    started: dict[str, float] = field(default_factory=dict)  # lane -> when its primary was started (UNIX time)
+    slept: list[str] = field(default_factory=list)
+    woken: dict[str, str] = field(default_factory=dict)  # lane -> how it came back
+    warnings: list[str] = field(default_factory=list)
+    wake_started: dict[str, float] = field(default_factory=dict)
+
+
+class Executor:
+    def __init__(self, catalog: Catalog, engine: Engine, journal: Journal, states: LaneStateStore,
+                 standbys: StandbyStore, calls: EngineCalls, reporter: Reporter, *, interrupt: Interrupt,
+                 environ: Mapping[str, str] = os.environ,
+                 gpu_memory: Callable[[], dict[str, tuple[int, int]] | None] = lambda: None,
+                 before_start: Callable[[], str] = lambda: "", now: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.catalog = catalog
+        self.engine = engine
+        self.journal = journal
+        self.states = states
+        self.standbys = standbys
+        self.calls = calls
+        self.reporter = reporter
+        self.interrupt = interrupt
+        self.environ = environ
+        self.gpu_memory = gpu_memory
+        self.before_start = before_start
+        self.now = now
+        self._seams = _seams(environ)
+        self._steps_done = 0
+
+    # -- a plan ----------------------------------------------------------------------------------------------
+
+    def run(self, plan: Plan, *, why: str, switch: str | None = None, state: LaneState | None = None,
+            standby: StandbyState | None = None) -> SwitchOutcome:
+        """Run `plan`; `switch` continues an unfinished switch's journal (a reconcile) instead of a new intent.
+        `state` and `standby` are the state files as the plan's snapshot read them: under the engine lock nobody
+        else changes them, so each is written after every change and never read again."""
+        if plan.kind == "noop":
+            return SwitchOutcome("noop", plan.message, plan.lane)
+        self.lane_state = state if state is not None else self.states.load()
+        self.standby_state = standby if standby is not None else self.standbys.load()
+        if switch is None:
+            action = "up" if plan.kind == "rollback" else plan.kind
+            from_lane = plan.lane if plan.kind == "down" else plan.previous
+            to_lane = None if plan.kind == "down" else plan.lane
+            switch = self.journal.record_intent(action=action, from_lane=from_lane, to_lane=to_lane, why=why,
+                                                steps=plan.keys)["switch"]
+        run = _Run(switch, plan)
+        for note in plan.notes:
+            self.reporter.note(note)
+            self.journal.append("note", switch=switch, lane=plan.lane, message=note)
+        try:
+            with self.interrupt.catching():
+                return self._run(run)
+        except SwitchAborted as exc:
+            return self._aborted(run, exc.signum)
+
+    def _run(self, run: _Run) -> SwitchOutcome:
+        plan = run.plan
+        failure: StepFailed | None = None
+        for phase in plan.phases:
+            if not phase.optional and self.interrupt.pending():
+                failure = StepFailed(f"interrupted by {self.interrupt.pending()}")
+                break
+            failure = self._phase(run, phase)
+            if failure is not None:
+                break
+        if failure is None:
+            return self._succeeded(run)
+        return self._go_back(run, failure)
+
+    def _phase(self, run: _Run, phase: Phase) -> StepFailed | None:
+        """Run one phase; the failure that sends the plan back, or None (done, or replaced by its fallback)."""
+        for step in phase.steps:
+            if not phase.optional and self.interrupt.pending():
+                return StepFailed(f"interrupted by {self.interrupt.pending()}")
+            try:
+                self._step(run, step)
+            except StepFailed as failed:
+                if phase.optional:
+                    run.warnings.append(str(failed))
+                    continue
+                if not phase.fallback or self.interrupt.pending():
+                    return failed
+                return self._fallback(run, step, phase, failed)
+        return None
+
+    def _fallback(self, run: _Run, step: Step, phase: Phase, failed: StepFailed) -> StepFailed | None:
+        lane = phase.fallback[0].lane
+        if step.action == "sleep":
+            message = f"{lane} is stopped instead of left asleep: sleep failed: {failed.cause}"
+        elif step.action == "check-memory":
+            message = f"{lane} is stopped instead of left asleep: {failed.cause}"
+        else:
+            message = f"wake of {lane} failed ({failed.cause}); cold path: stop, start, gate"
+            run.woken[lane] = f"its wake failed ({failed.cause}), so it was started cold"
+            run.wake_started.pop(lane, None)
+        if lane in run.slept:
+            run.slept.remove(lane)
+        self.reporter.note(message)
+        self.journal.append("note", switch=run.switch, lane=step.lane, message=message)
+        for fallback in phase.fallback:
+            try:
+                self._step(run, fallback, cause=failed.cause)
+            except StepFailed as again:
+                return again
+        return None
+
+    def _succeeded(self, run: _Run) -> SwitchOutcome:
+        plan = run.plan
+        result = "ok"
+        if plan.kind in ("down", "finish-down"):
+            message = "; ".join(self._down_messages(run))
+            if plan.kind == "finish-down":
+                message, result = f"finished the interrupted down of {plan.lane}", "finished"
+            self._outcome(run, result, message)
+            return SwitchOutcome(result, message, None, tuple(run.done))
+        if plan.kind == "restart":
+            message = f"{plan.lane} restarted and passed its gate"
+        elif plan.kind == "finish":
+            message, result = f"finished the interrupted switch: {plan.lane} passed its gate", "finished"
+        elif plan.kind == "undo":
+            message, result = self._undone(run, None), "undone"
+        else:
+            message = f"{plan.lane} is serving" + (f" (was {plan.previous})" if plan.previous else "")
+            if plan.lane in run.woken:
+                message += f"; {run.woken[plan.lane]}"
+            if run.slept:
+                message += f"; {', '.join(run.slept)} waits asleep as a standby"
+        if run.warnings:
+            # Past its gate the lane serves whatever failed after it; undoing that would take a healthy lane down.
+            message += (f". BUT: {'; '.join(w.rstrip('.') for w in run.warnings)}. {plan.lane} serves and passed its "
+                        "gate; fix the cause, "
+                        f"then `lanectl up {plan.lane}` records it")
+            result = "failed"
+        self._outcome(run, result, message)
+        serving = plan.previous if plan.kind == "undo" else plan.lane
+        return SwitchOutcome(result, message, serving, tuple(run.done))
+
+    def _undone(self, run: _Run, back: str | None) -> str:
+        plan = run.plan
+        message = f"undid the interrupted switch to {plan.lane or '-'}"
+        if plan.previous:
+            message += f"; {plan.previous} " + ("is serving again" if back is None else f"did not come back: {back}")
+        return message
+
+    def _go_back(self, run: _Run, failure: StepFailed) -> SwitchOutcome:
+        plan = run.plan
+        signal_name = self.interrupt.take()
+        signum = self.interrupt.signum if signal_name else None
+        diagnostics = self._diagnostics(run, failure)
+        if plan.kind in ("down", "finish-down"):
+            message = "; ".join(self._down_messages(run)) + f"; then {failure}"
+            result = "interrupted" if signal_name else "failed"
+            self._outcome(run, result, message)
+            return SwitchOutcome(result, message, None, tuple(run.done), signum=signum)
+        back = self._way_back(run)
+        serving = plan.previous if back is None and plan.previous else None
+        if plan.kind == "restart":
+            message, result = f"{failure}; {plan.lane} is stopped", "failed"
+        elif plan.kind in ("finish", "undo"):
+            message, result = self._undone(run, back), "undone" if back is None else "failed"
+        elif back is not None:
+            message, result = f"{failure}. Rolling back to {plan.previous} FAILED too ({back}); no lane is serving", \
+                "failed"
+        elif plan.previous:
+            message, result = f"{failure}. Rolled back: {plan.previous} is serving again", "rolled-back"
+            if plan.previous in run.woken:
+                message += f" ({run.woken[plan.previous]})"
+        else:
+            message = f"{failure}. {plan.lane} is stopped for debugging; nothing else was started ({plan.alone})"
+            result = "failed"
+        if signal_name:
+            result = "interrupted"
+            if serving is None:
+                message += "; nothing serves now"
+        self._outcome(run, result, message)
+        return SwitchOutcome(result, message, serving, tuple(run.done), diagnostics, signum=signum)
+
+    def _way_back(self, run: _Run) -> str | None:
+        """Run the way back; None when it brought what it must back, else why not (after the plan's abandon)."""
+        for phase in run.plan.way_back:
+            failed = self._phase(run, phase)
+            if failed is not None:
+                for step in run.plan.abandon:
+                    try:
+                        self._step(run, step)
+                    except StepFailed as again:
+                        run.warnings.append(str(again))
+                return failed.gate.failed_check + ": " + failed.gate.detail if failed.gate and \
+                    failed.gate.failed_check else str(failed)
+        return None
+
+    def _aborted(self, run: _Run, signum: int) -> SwitchOutcome:
+        name = signal.Signals(signum).name
+        message = (f"stopped at once by a second signal ({name}) after {len(run.done)} step(s); the switch is "
+                   f"left unfinished: the next `lanectl up`, `rollback` or watchdog pass finishes or undoes it "
+                   f"(`lanectl status` shows it)")
+        try:
+            self.journal.append("note", switch=run.switch, lane=run.plan.lane, message=message)
+        except Exception:  # the journal may be what failed; the message still reaches the operator
+            pass
+        return SwitchOutcome("aborted", message, None, tuple(run.done), signum=signum)
+
+    def _outcome(self, run: _Run, result: str, message: str) -> None:
+        try:
+            self.journal.record_outcome(run.switch, result, message)
+        except Exception as exc:  # the lanes are as the message says whatever the journal could keep
+            self.reporter.note(f"the outcome could not be journaled ({exc}); the next command reconciles the "
+                               "switch against what the engine shows")
+
+    def _down_messages(self, run: _Run) -> list[str]:
+        messages = []
+        for phase in run.plan.phases:
+            if not phase.steps:
+                continue
+            lane = phase.steps[0].lane
+            stopped = [s for s in phase.steps if s.action == "stop"]
+            standby = any(s.action == "forget-standby" for s in phase.steps)
+            what = f"{lane} (standby)" if standby else lane
+            messages.append(f"{what} stopped" if stopped else f"{lane} was not running")
+        return messages or [f"{run.plan.lane} was not running"]
+
+    def _diagnostics(self, run: _Run, failure: StepFailed) -> dict[str, Any]:
+        lane = self.catalog.lanes.get(run.plan.lane or "")
+        if lane is None or run.plan.kind == "down":
+            return {}
+        gate = failure.gate
+        name = lane.container_name()
+        state = self.engine.container(name) if gate is None or gate.exit_code is None else None
+        tail = list(gate.log_tail) if gate else self.engine.logs(name, tail=60).splitlines()
+        exit_code = gate.exit_code if gate and gate.exit_code is not None else None
+        diagnostics = {
+            "failed": str(failure),
+            "check": gate.failed_check if gate else None,
+            "exit_code": exit_code if exit_code is not None else (state.exit_code if state else None),
+            "log_tail": [line for line in tail if not PROBE_ACCESS_LINE.search(line)][-30:],
+        }
+        try:
+            self.journal.append("diagnostics", switch=run.switch, lane=lane.name, **diagnostics)
+        except Exception:
+            pass
+        return diagnostics
+
+    # -- one step --------------------------------------------------------------------------------------------
+
+    def _step(self, run: _Run, step: Step, *, cause: str = "") -> None:
+        clock = time.monotonic()
+        try:
+            note = self._do(run, step, cause)
+        except StepFailed as failed:
+            gate = failed.gate
+            reason = f"{gate.failed_check}: {gate.detail}" if gate and gate.failed_check else f": {failed}"
+            self._done(run, step, f"{time.monotonic() - clock:.2f} s; failed {reason}".replace("failed :", "failed:"),
+                       ok=False)
+            raise
+        except NoGpuRuntime as exc:
+            self._done(run, step, f"failed: {exc}", ok=False)
+            raise StepFailed(str(exc)) from None
+        except (OperationFailed, StandbyError, OSError, ValueError) as exc:
+            self._done(run, step, f"{time.monotonic() - clock:.2f} s; failed: {exc}", ok=False)
+            raise StepFailed(f"{step.describe()}: {exc}", cause=str(exc)) from None
+        except Exception as exc:  # whatever broke, the plan's way back must still run
+            self._done(run, step, f"failed: {type(exc).__name__}: {exc}", ok=False)
+            raise StepFailed(f"{step.describe()}: {type(exc).__name__}: {exc}",
+                             cause=f"{type(exc).__name__}: {exc}") from None
+        self._done(run, step, f"{time.monotonic() - clock:.2f} s" + (f"; {note}" if note else ""))
+
+    def _do(self, run: _Run, step: Step, cause: str) -> str:
+        lane = self.catalog.lanes.get(step.lane)
+        action = step.action
+        if action == "disarm":
+            self._lanes(lambda s: s.disarmed_for(step.seconds, f"{SWITCH_LEASE_PREFIX}{step.lane}", _who(), self.now()))
+        elif action == "arm":
+            self._lanes(LaneState.armed)
+        elif action == "deactivate":
+            self._lanes(lambda s: s.with_inactive() if s.active == step.lane else s)
+        elif action == "forget-standby":
+            reason = f"{step.why}: {cause}" if cause else step.why
+            self._standbys(lambda s: s.without(step.lane, reason, self.now()))
+        elif action == "stop":
+            self.engine.stop(step.container, int(step.seconds))
+        elif action == "remove":
+            self.engine.remove(step.container)
+        elif action in ("set-aside", "restore"):
+            self.engine.rename(step.container, step.rename_to)
+        elif action == "create":
+            assert step.spec is not None, "a plan's create step carries its spec"
+            self.engine.create(step.spec, with_gpus=True, environ=self.environ)
+        elif action == "start":
+            moment = time.time()
+            # The gate judges the log of the run this step began; a primary that was already running (a way back
+            # taken before its lane was stopped) is judged from its own start.
+            started = self.engine.start(step.container)
+            if step.role == ROLE_PRIMARY and started:
+                run.started[step.lane] = moment
+            elif step.role == ROLE_PRIMARY:
+                run.started.pop(step.lane, None)
+            return "" if started else "it was running"
+        elif action == "gpu-memory":
+            return self.before_start() or "not waited: no GPU memory to release here"
+        else:
+            assert lane is not None, f"{step.lane} is in the plan, so in the catalog"
+            return self._engine_step(run, step, lane)
+        return ""
+
+    def _engine_step(self, run: _Run, step: Step, lane: Lane) -> str:
+        action = step.action
+        if action == "gate":
+            result = self.calls.gate(lane, step.seconds, run.started.get(lane.name))
+            if result.failed_check == INTERRUPTED:
+                raise StepFailed(f"interrupted by {self.interrupt.name} while {lane.name} was held to its gate",
+                                 result)
+            if not result.passed:
+                raise StepFailed(f"{lane.name} failed its health gate ({result.failed_check}): {result.detail}",
+                                 result)
+            if lane.name in run.wake_started:
+                seconds = time.monotonic() - run.wake_started[lane.name]
+                run.woken[lane.name] = f"woken from its standby in {seconds:.1f} s, gate and wake check included"
+            return "passed"
+        if action == "activate":
+            self._lanes(lambda s: s.with_active(lane.name).with_known_good(lane.name))
+            return self._fingerprint(lane)
+        if action == "sleep":
+            return self._sleep(run, step, lane)
+        if action == "check-memory":
+            return self._check_memory(run, lane)
+        if action == "wake":
+            run.wake_started[lane.name] = time.monotonic()
+            self.calls.wake(lane)
+            return ""
+        if action == "wake-check":
+            return self._wake_check(run, lane)
+        raise AssertionError(f"unknown step {step.action}")
+
+    def _sleep(self, run: _Run, step: Step, lane: Lane) -> str:
+        recorded = self.standby_state
+        if recorded.standby(lane.name) is None:
+            fingerprint = recorded.fingerprints.get(lane.name)
+            if fingerprint is None:
+                raise StepFailed("no wake-check fingerprint is recorded for it")
+            # Recorded before the first sleep request: a run killed mid-sleep leaves a lane lanectl knows of.
+            record = StandbyRecord(lane=lane.name, since=self.standbys.timestamp(), fingerprint=fingerprint)
+            self._standbys(lambda s: s.with_standby(record))
+        started = time.time()
+        self.calls.sleep(lane, step.role)
+        if step.role == ROLE_PRIMARY:
+            run.slept.append(lane.name)
+            resident = resident_gib(self.engine.logs(step.container, since=started - 1))
+            if resident is not None:
+                self._standbys(lambda s: s.with_standby(s.standby(lane.name).model_copy(  # type: ignore[union-attr]
+                    update={"resident_gib": resident})) if s.standby(lane.name) else s)
+                return f"{resident:g} GiB still in use on the GPU"
+        return ""
+
+    def _check_memory(self, run: _Run, target: Lane) -> str:
+        if not run.slept:
+            return "no lane was left asleep"
+        if not run.plan.with_gpus:
+            return "not checked: the lanes run without GPUs (--no-gpu)"
+        memory = self.gpu_memory()
+        if memory is None:
+            return "not checked: nvidia-smi not found"
+        shortfall = gpu_memory_shortfall(target, memory)
+        if shortfall is not None:
+            run.slept.clear()  # the fallback stops the standby
+            raise StepFailed(f"GPU memory beside it: {shortfall}")
+        return "enough"
+
+    def _wake_check(self, run: _Run, lane: Lane) -> str:
+        record = self.standby_state.standby(lane.name)
+        if record is None:
+            raise StepFailed("its standby record (and fingerprint) is gone")
+        fingerprint = record.fingerprint
+        try:
+            text = self.calls.greedy(lane, fingerprint.prompt, fingerprint.max_tokens)
+        except StandbyError as exc:
+            raise StepFailed(f"wake check: {exc}") from None
+        if text != fingerprint.text:
+            raise StepFailed(f"wake check: greedy output {text!r} differs from the fingerprint "
+                             f"{fingerprint.text!r} recorded {fingerprint.recorded}")
+        return f"output matches the fingerprint recorded {fingerprint.recorded}"
+
+    def _fingerprint(self, lane: Lane) -> str:
+        """A lane that passed its gate serves: it is no standby now, and (when its recipe asks for standbys) its
+        greedy output for the wake-check prompt is what any later wake must reproduce."""
+        state = self.standby_state
+        if lane.spec.standby is None:
+            if state.standby(lane.name) is not None or lane.name in state.dropped:
+                self._standbys(lambda s: s.serving(lane.name))
+            return ""
+        check = lane.spec.standby.wake_check
+        try:
+            text = self.calls.greedy(lane, check.prompt, check.max_tokens)
+        except StandbyError as exc:
+            message = f"no wake-check fingerprint for {lane.name} ({exc}): it will be stopped, not left asleep"
+            self.reporter.note(message)
+            self.journal.append("note", lane=lane.name, message=message)
+            self._standbys(lambda s: s.serving(lane.name).model_copy(
+                update={"fingerprints": {k: v for k, v in s.fingerprints.items() if k != lane.name}}))
+            return "no fingerprint"
+        fingerprint = Fingerprint(prompt=check.prompt, max_tokens=check.max_tokens, text=text,
+                                  recorded=self.standbys.timestamp())
+        self._standbys(lambda s: s.serving(lane.name).with_fingerprint(lane.name, fingerprint))
+        return "wake-check fingerprint recorded"
+
+    def _lanes(self, change: Callable[[LaneState], LaneState]) -> None:
+        self.lane_state = self.states.save(change(self.lane_state))
+
+    def _standbys(self, change: Callable[[StandbyState], StandbyState]) -> None:
+        self.standby_state = self.standbys.save(change(self.standby_state))
+
+    def _done(self, run: _Run, step: Step, detail: str, *, ok: bool = True) -> None:
+        """Journal a step that ran, show it, and honour the test seams."""
+        try:
+            self.journal.record_step(run.switch, step.key, detail)
+        finally:
+            run.done.append(step.key)
+            self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
+        self._steps_done += 1
+        for signum in self._seams.get(self._steps_done, ()):
+            os.kill(os.getpid(), signum)
+
+
+def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
+    seams: dict[int, list[int]] = {}
+    crash = environ.get(CRASH_AFTER_STEP_ENV)
+    if crash:
+        seams.setdefault(int(crash), []).append(signal.SIGKILL)
+    for item in filter(None, environ.get(SIGNAL_AFTER_STEP_ENV, "").split(",")):
+        count, _, name = item.partition(":")
+        seams.setdefault(int(count), []).append(signal.Signals[f"SIG{name}"])
+    return seams
+
+
+def _who() -> str:
+    return f"{current_user_at_host()} pid {os.getpid()}"

@@ -1,0 +1,206 @@
+"""Which containers on the engine are lanes, and how each differs from its lane's recipe. Pure, from a snapshot.
+
+A container is a lane container when lanectl created it for that lane's role: its creation label holds its own
+name, and its lane, recipe and role labels are those of the lane whose naming gives that name. A container
+merely made from a lane image carries the image's lane labels but no creation label; one renamed since carries
+a creation label with another name. Those, and any container that holds a lane's name or publishes its host
+port, are *foreign*: reported, never adopted, stopped or pruned, and a switch that would need what they hold is
+refused before it changes anything.
+
+Containers lanectl created before it stamped them (a role label, the right name, no creation label) are lane
+containers whose spec is unknown: a switch recreates them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
+from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
+from lanectl.image.containers import plan_containers, spec_changes, spec_digest, spec_fields, stamped
+from lanectl.lanes.snapshot import Snapshot
+from lanectl.recipe.catalog import Catalog, Lane
+
+# A container being replaced is renamed `<name>.was-<id>` until its replacement passes its gate (lanes/plan.py).
+ASIDE_MARK = ".was-"
+LANE_LABEL = LABEL_PREFIX + "lane"
+RECIPE_LABEL = LABEL_PREFIX + "recipe"
+ROLE_LABEL = LABEL_PREFIX + "role"
+
+
+@dataclass(frozen=True)
+class LaneContainer:
+    """A container lanectl created for one role of a lane."""
+
+    listed: ListedContainer
+    lane: Lane
+    role: str
+    fields: dict[str, Any] | None  # the spec it was created from; None: before lanectl recorded it
+
+    @property
+    def name(self) -> str:
+        return self.listed.name
+
+
+@dataclass(frozen=True)
+class ForeignContainer:
+    """A container that is not a lane container but holds what a lane needs, or claims to be one."""
+
+    listed: ListedContainer
+    what: str  # what it is: "renamed", "not created by lanectl", "holds the name", "holds a host port"
+    lanes: tuple[str, ...]  # the lanes whose name or port it holds, or whose image it was made from
+
+    def describe(self) -> str:
+        return f"{self.listed.name} ({self.what})"
+
+    def clearing_command(self) -> str:
+        return f"docker rm -f {self.listed.name}" if self.what != "holds a host port" else \
+            f"docker stop {self.listed.name}"
+
+
+@dataclass(frozen=True)
+class Desired:
+    """A role's container as lanectl would create it now: the stamped spec and the fields it covers."""
+
+    spec: ContainerSpec
+    fields: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        return spec_digest(self.fields)
+
+
+class Inventory:
+    """The snapshot's containers sorted into lane containers and foreign ones, and each lane's desired specs."""
+
+    def __init__(self, catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = True):
+        self.catalog = catalog
+        self.snapshot = snapshot
+        self.with_gpus = with_gpus
+        self.by_name: dict[str, tuple[Lane, str]] = {
+            lane.container_name(role): (lane, role) for lane in catalog.lanes.values() for role in lane.roles}
+        self.own: dict[str, LaneContainer] = {}
+        self.aside: dict[str, LaneContainer] = {}  # set aside by a switch that has not finished, by their names
+        self.foreign: list[ForeignContainer] = []
+        for listed in snapshot.containers:
+            self._sort(listed)
+
+    def _sort(self, listed: ListedContainer) -> None:
+        labels = listed.labels
+        owner = self.by_name.get(listed.name)
+        created_as = labels.get(CREATED_AS_LABEL)
+        set_aside = created_as is not None and listed.name.startswith(created_as + ASIDE_MARK)
+        if set_aside and not listed.live and created_as in self.by_name and self._made_for(
+                listed, *self.by_name[created_as]):
+            lane, role = self.by_name[created_as]
+            self.aside[listed.name] = LaneContainer(listed, lane, role, _fields(labels))
+            return
+        if owner is not None and self._made_for(listed, *owner):
+            lane, role = owner
+            if created_as == listed.name or (created_as is None and ROLE_LABEL in labels):
+                self.own[listed.name] = LaneContainer(listed, lane, role, _fields(labels))
+                return
+        claimed = labels.get(LANE_LABEL, "")
+        claims = claimed in self.catalog.lanes and labels.get(RECIPE_LABEL) == self.catalog.lanes[claimed].recipe.id
+        lanes = self._held(listed)
+        if created_as is not None and created_as != listed.name and (claims or lanes):
+            self.foreign.append(ForeignContainer(listed, f"renamed: lanectl created it as {created_as}",
+                                                 tuple(dict.fromkeys([*([claimed] if claims else []), *lanes]))))
+        elif claims and created_as is None:
+            self.foreign.append(ForeignContainer(listed, f"made from {claimed}'s image but not created by lanectl",
+                                                 tuple(dict.fromkeys([claimed, *lanes]))))
+        elif owner is not None:
+            self.foreign.append(ForeignContainer(listed, f"holds the name of {owner[0].name}'s {owner[1]} container",
+                                                 tuple(dict.fromkeys([owner[0].name, *lanes]))))
+        elif lanes:
+            self.foreign.append(ForeignContainer(listed, "holds a host port", tuple(lanes)))
+
+    def _made_for(self, listed: ListedContainer, lane: Lane, role: str) -> bool:
+        labels = listed.labels
+        return (labels.get(LANE_LABEL), labels.get(RECIPE_LABEL), labels.get(ROLE_LABEL, role)) == (
+            lane.name, lane.recipe.id, role)
+
+    def _held(self, listed: ListedContainer) -> list[str]:
+        """The lanes one of whose host ports this container publishes while it runs."""
+        if not listed.live or not listed.host_ports:
+            return []
+        held = set(listed.host_ports)
+        return [lane.name for lane in self.catalog.lanes.values() if held & host_ports(lane)]
+
+    # -- lanes -------------------------------------------------------------------------------------------
+
+    def container(self, lane: Lane, role: str) -> LaneContainer | None:
+        return self.own.get(lane.container_name(role))
+
+    def containers(self, lane: Lane) -> list[LaneContainer]:
+        """The lane's containers in role order (primary first)."""
+        return [c for c in (self.container(lane, role) for role in lane.roles) if c is not None]
+
+    def live_lanes(self) -> list[Lane]:
+        """Lanes with a lane container that holds its GPUs and ports (running, restarting or paused)."""
+        names = dict.fromkeys(c.lane.name for c in self.own.values() if c.listed.live)
+        return [self.catalog.lanes[name] for name in names]
+
+    def running(self, lane: Lane) -> bool:
+        """Every container of the lane runs."""
+        return all((c := self.container(lane, role)) is not None and c.listed.running for role in lane.roles)
+
+    def blocking(self, lane: Lane) -> list[ForeignContainer]:
+        """Foreign containers holding one of the lane's container names, or (running) one of its host ports."""
+        names = {lane.container_name(role) for role in lane.roles}
+        ports = host_ports(lane)
+        return [f for f in self.foreign
+                if f.listed.name in names or (f.listed.live and set(f.listed.host_ports) & ports)]
+
+    # -- specs -------------------------------------------------------------------------------------------
+
+    @cached_property
+    def _desired(self) -> dict[str, dict[str, Desired]]:
+        found: dict[str, dict[str, Desired]] = {}
+        for name, plan in self.snapshot.image_plans.items():
+            lane = self.catalog.lanes.get(name)
+            if lane is None or self.snapshot.images.get(plan.tag) is None:
+                continue
+            roles: dict[str, Desired] = {}
+            for spec in plan_containers(lane, plan, with_gpus=self.with_gpus):
+                image_id = self.snapshot.images.get(spec.image)
+                if image_id is None:
+                    break  # a companion image that is not here: the lane cannot be created as it stands
+                fields = spec_fields(spec, image_id, self.snapshot.secret_digests)
+                roles[spec.role] = Desired(stamped(spec, fields), fields)
+            else:
+                found[name] = roles
+        return found
+
+    def desired(self, lane: Lane, role: str) -> Desired | None:
+        """The role's container as lanectl would create it now; None when the lane's images are not all here."""
+        return self._desired.get(lane.name, {}).get(role)
+
+    def drift(self, container: LaneContainer) -> list[str]:
+        """How the container differs from what its lane's recipe says now ([] when current, or when the lane's
+        build is not here to compare with)."""
+        desired = self.desired(container.lane, container.role)
+        if desired is None:
+            return []
+        if container.listed.labels.get(SPEC_LABEL) == desired.digest:
+            return []
+        return spec_changes(container.fields, desired.fields)
+
+
+def host_ports(lane: Lane) -> set[tuple[str, int]]:
+    engines = [lane.spec.engine, *(c.engine for c in lane.spec.companions.values())]
+    return {(port.protocol, port.published) for engine in engines for port in engine.ports}
+
+
+def _fields(labels: dict[str, str]) -> dict[str, Any] | None:
+    raw = labels.get(SPEC_FIELDS_LABEL)
+    if raw is None:
+        return None
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None

@@ -1,0 +1,100 @@
+"""What a command knows before it plans: one snapshot of the engine, the state files and the lanes' builds.
+
+`take_snapshot` reads everything a switch is planned from, once: one listing of the engine's containers (no
+inspect), one listing of the lane images, `state.json`, `standby.json`, the journal's unfinished switch, each
+lane's image plan (rendered once), the keyed digests of the secrets in lanectl's environment, the host's free
+memory, and whether the active lane answers `/health`. The planner (`lanes/plan.py`) is a pure function of it;
+nothing re-reads a file or asks the engine again while planning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lanectl.dockerapi.containers import ListedContainer
+from lanectl.image.render import ImagePlan, plan_image
+from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.state.journal import Journal
+from lanectl.state.lanes import LaneState, LaneStateStore
+from lanectl.state.paths import StateFiles
+from lanectl.state.secret_digests import secret_digests
+from lanectl.state.standby import StandbyState, StandbyStore
+
+
+class EngineListing(Protocol):
+    def list_containers(self) -> list[ListedContainer]: ...
+
+    def lane_images(self) -> dict[str, str]: ...
+
+    def image_id(self, ref: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    containers: tuple[ListedContainer, ...]
+    state: LaneState
+    standby: StandbyState
+    unfinished: Mapping[str, Any] | None  # the journal's intent without an outcome, with its done_steps
+    images: Mapping[str, str]  # image reference -> ID, for the lane builds (and companion images) present
+    image_plans: Mapping[str, ImagePlan]  # lane -> its build, for the lanes the command may touch
+    secret_digests: Mapping[str, str] = field(default_factory=dict)  # secret name -> keyed digest (set ones)
+    host_memory_gib: float | None = None  # MemAvailable: where a sleeping lane's weights go
+    active_healthy: bool | None = None  # the active lane's /health, when its primary runs
+
+    def built(self, lane: str) -> str | None:
+        """The image ID of the lane's current build, None when it is not built."""
+        plan = self.image_plans.get(lane)
+        return None if plan is None else self.images.get(plan.tag)
+
+    def listed(self, name: str) -> ListedContainer | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+
+def lanes_in_scope(catalog: Catalog, state: LaneState, standby: StandbyState, containers: Iterable[ListedContainer],
+                   *, also: Iterable[str] = ()) -> list[Lane]:
+    """The lanes a switch may touch: those named, the active one, the known-good ones (a way back), the
+    standbys, and every lane with a container on the engine."""
+    names = {*also, *(state.known_good), *(r.lane for r in standby.standbys)}
+    if state.active:
+        names.add(state.active)
+    recipes = {lane.recipe.id for lane in catalog.lanes.values()}
+    names |= {c.labels.get("io.lanectl.lane", "") for c in containers if c.labels.get("io.lanectl.recipe") in recipes}
+    return [catalog.lanes[name] for name in sorted(names) if name in catalog.lanes]
+
+
+def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *, also: Iterable[str] = (),
+                  environ: Mapping[str, str], create_secret_key: bool,
+                  host_memory: Callable[[], float | None],
+                  health: Callable[[Lane], bool] | None = None) -> Snapshot:
+    state = LaneStateStore(files.lanes).load()
+    standby = StandbyStore(files.standby).load()
+    unfinished = Journal(files.journal).unfinished_intent()
+    containers = tuple(engine.list_containers())
+    lanes = lanes_in_scope(catalog, state, standby, containers, also=[*also, *_intent_lanes(unfinished)])
+    plans = {lane.name: plan_image(lane) for lane in lanes}
+    images = dict(engine.lane_images())
+    for lane in lanes:
+        for companion in lane.spec.companions.values():
+            if companion.image and companion.image not in images:
+                found = engine.image_id(companion.image)
+                if found is not None:
+                    images[companion.image] = found
+    secrets = {name for lane in lanes for _, role in lane.spec.engines() for name in role.secret_env}
+    active_healthy = None
+    if health is not None and state.active in catalog.lanes:
+        lane = catalog.lanes[state.active]
+        primary = next((c for c in containers if c.name == lane.container_name()), None)
+        if primary is not None and primary.running:
+            active_healthy = health(lane)
+    return Snapshot(containers=containers, state=state, standby=standby, unfinished=unfinished, images=images,
+                    image_plans=plans,
+                    secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
+                    host_memory_gib=host_memory(), active_healthy=active_healthy)
+
+
+def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:
+    if intent is None:
+        return []
+    return [name for name in (intent.get("from"), intent.get("to")) if isinstance(name, str)]

@@ -1,0 +1,308 @@
+"""The switch on the real engine, where only Docker can show it: a recipe change reaches the containers (docker
+inspect), --dry-run is what `up` journals, containers lanectl did not make are left alone, one lock per engine,
+and Ctrl-C or SIGTERM at any step leaves a serving lane or says that none serves.
+
+The demo recipe under a unique id (tests/lane_fixtures.py); lanes built once; containers removed after each test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.lane_fixtures import LaneProject, free_port, make_lane_project, remove_containers, remove_everything
+
+pytestmark = pytest.mark.docker
+
+LANES = ["demo-h1", "demo-h2", "t-slow"]
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory):
+    project = make_lane_project(tmp_path_factory.mktemp("switch"))
+    project.cli("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
+    yield project
+    remove_everything(project)
+
+
+@pytest.fixture
+def state(lanes: LaneProject, tmp_path: Path):
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    original = recipe.read_text()
+    yield tmp_path / "state"
+    recipe.write_text(original)
+    client = docker.from_env()
+    for container in client.containers.list(all=True):
+        if container.name.startswith(lanes.prefix) or container.name.startswith(f"hand-{lanes.prefix}"):
+            container.remove(force=True)
+    remove_containers(lanes)
+
+
+def cli(lanes: LaneProject, state: Path, *args: str, code: int | None = 0, **env: str):
+    result = lanes.cli(*args, state=state, extra_env=env or None, timeout=300)
+    if code is not None:
+        assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def status(lanes: LaneProject, state: Path) -> dict:
+    return json.loads(cli(lanes, state, "status", "--json").stdout)["data"]
+
+
+def row(data: dict, lane: str) -> dict:
+    return next(r for r in data["lanes"] if r["lane"] == lane)
+
+
+def inspect(lanes: LaneProject, lane: str, role: str = "primary") -> dict:
+    return docker.from_env().api.inspect_container(lanes.container(lane, role))
+
+
+def running(lanes: LaneProject) -> set[str]:
+    client = docker.from_env()
+    return {c.name for c in client.containers.list(filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"})}
+
+
+def edit_lane(lanes: LaneProject, lane: str, block: str) -> None:
+    """Add fields to one lane of the test recipe (maps merge into the defaults, lists replace)."""
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    text = recipe.read_text()
+    head = re.search(rf"^  {re.escape(lane)}:\n(    description: .*\n)?", text, re.MULTILINE)
+    assert head, lane
+    recipe.write_text(text[:head.end()] + block + text[head.end():])
+
+
+def journaled_steps(lanes: LaneProject, state: Path) -> list[list[str]]:
+    """The steps of each switch in the journal, in order."""
+    records = json.loads(cli(lanes, state, "history", "-n", "1000", "--json").stdout)["data"]["records"]
+    switches: dict[str, list[str]] = {}
+    for record in records:
+        if record["kind"] == "intent":
+            switches[record["switch"]] = []
+        elif record["kind"] == "step":
+            switches[record["switch"]].append(record["step"])
+    return list(switches.values())
+
+
+def test_every_container_field_of_a_changed_recipe_reaches_the_containers_and_status_and_dry_run_name_it(lanes, state):
+    port, volume = free_port(), f"lt-cache-{uuid.uuid4().hex[:8]}"
+    secret = {"LT_SECRET": "first-value"}
+    cli(lanes, state, "up", "demo-h1", "--no-gpu", **secret)
+    before = inspect(lanes, "demo-h1")
+    edit_lane(lanes, "demo-h1", f"""    engine:
+      ports: [{{container: 8000, host: {port}, host_ip: 127.0.0.2}}]
+      volumes: [{{volume: {volume}, target: /cache}}]
+      secret_env: [LT_SECRET]
+      shm_size: 96m
+      ipc: private
+      user: "0:0"
+      stop_timeout_seconds: 7
+    companions:
+      rtx:
+        engine:
+          env: {{LT_RTX: "1"}}
+""")
+    try:
+        drift = {c["role"]: c["drift"] for c in row(status(lanes, state), "demo-h1")["containers"]}
+        assert [d.split(" ")[0] for d in drift["primary"]] == ["secret_env", "ports", "volumes", "shm_size", "ipc",
+                                                                "user", "stop_timeout_seconds"], drift
+        assert drift["rtx"] == ["env +LT_RTX"]
+        dry = json.loads(cli(lanes, state, "up", "demo-h1", "--no-gpu", "--dry-run", "--json", **secret).stdout)
+        plan_text = "\n".join(dry["data"]["steps"])
+        assert f"127.0.0.2:{port}->8000/tcp" in plan_text and "shm_size none → 96m" in plan_text
+        assert "first-value" not in json.dumps(dry), "a secret's value is never shown"
+        up = cli(lanes, state, "up", "demo-h1", "--no-gpu", **secret)
+        assert up.stdout.startswith("ok: demo-h1 is serving")
+        assert journaled_steps(lanes, state)[-1] == dry["data"]["keys"], "--dry-run is what up ran"
+
+        after = inspect(lanes, "demo-h1")
+        assert after["Id"] != before["Id"], "a new container, not the same old one"
+        host = after["HostConfig"]
+        assert host["PortBindings"]["8000/tcp"] == [{"HostIp": "127.0.0.2", "HostPort": str(port)}]
+        assert any(m["Name"] == volume and m["Destination"] == "/cache" for m in after["Mounts"])
+        assert "LT_SECRET=first-value" in after["Config"]["Env"]
+        assert (host["ShmSize"], host["IpcMode"], after["Config"]["User"], after["Config"]["StopTimeout"]) == (
+            96 * 2**20, "private", "0:0", 7)
+        assert "first-value" not in json.dumps(after["Config"]["Labels"])
+        assert "LT_RTX=1" in inspect(lanes, "demo-h1", "rtx")["Config"]["Env"]
+        assert all(c["drift"] == [] for c in row(status(lanes, state), "demo-h1")["containers"])
+        assert not [n for n in docker.from_env().containers.list(all=True) if ".was-" in n.name
+                    and n.name.startswith(lanes.prefix)], "the containers set aside are gone once it passed"
+
+        changed = cli(lanes, state, "up", "demo-h1", "--no-gpu", LT_SECRET="second-value")
+        assert "secret_env LT_SECRET (value)" in changed.stderr and "second-value" not in changed.stderr
+        assert "LT_SECRET=second-value" in inspect(lanes, "demo-h1")["Config"]["Env"]
+        journal = (state / "journal.jsonl").read_text()
+        assert "first-value" not in journal and "second-value" not in journal
+    finally:
+        remove_containers(lanes)
+        docker.from_env().volumes.get(volume).remove(force=True)
+
+
+def test_a_kept_stopped_lane_whose_recipe_changed_is_recreated_when_it_comes_back(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    cli(lanes, state, "up", "demo-h2", "--no-gpu")
+    edit_lane(lanes, "demo-h1", "    engine:\n      stop_timeout_seconds: 6\n")
+    assert row(status(lanes, state), "demo-h1")["containers"][0]["drift"] == ["stop_timeout_seconds 10 → 6"]
+    back = cli(lanes, state, "rollback", "--no-gpu")
+    assert f"create {lanes.container('demo-h1')} (primary of demo-h1) (recreated: stop_timeout_seconds 10 → 6)" \
+        in back.stderr
+    assert inspect(lanes, "demo-h1")["Config"]["StopTimeout"] == 6
+
+
+def test_a_rebuild_under_the_same_tag_reaches_the_containers(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    old_image = inspect(lanes, "demo-h1")["Image"]
+    cli(lanes, state, "build", "demo-h1", "--no-cache")
+    primary = row(status(lanes, state), "demo-h1")["containers"][0]
+    assert not primary["current_build"] and primary["drift"][0].startswith("image ")
+    assert cli(lanes, state, "up", "demo-h1", "--no-gpu").stdout.startswith("ok: demo-h1 is serving")
+    assert inspect(lanes, "demo-h1")["Image"] != old_image
+
+
+def test_a_recreate_of_the_serving_lane_that_fails_its_gate_puts_the_old_containers_back(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    before = inspect(lanes, "demo-h1")["Id"]
+    edit_lane(lanes, "demo-h1", '    engine:\n      env: {STUB_FAULT: crash_on_start}\n      user: "0:0"\n')
+    # A container-level change (user) beside one that breaks the engine (env is baked into a new build).
+    cli(lanes, state, "build", "demo-h1")
+    failed = cli(lanes, state, "up", "demo-h1", "--no-gpu", code=1)
+    assert "Rolled back: demo-h1 is serving again" in failed.stdout, failed.stdout
+    assert inspect(lanes, "demo-h1")["Id"] == before, "the very container that served before"
+    assert row(status(lanes, state), "demo-h1")["health"] == "ok"
+
+
+# -- containers lanectl did not make ----------------------------------------------------------------------------
+
+def test_a_renamed_lane_container_is_reported_and_up_is_refused_before_anything_stops(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    renamed = f"{lanes.prefix}-renamed"
+    docker.from_env().containers.get(lanes.container("demo-h1")).rename(renamed)
+    data = status(lanes, state)
+    foreign = {f["name"]: f for f in data["foreign_containers"]}
+    assert foreign[renamed]["what"] == f"renamed: lanectl created it as {lanes.container('demo-h1')}"
+    refused = cli(lanes, state, "up", "demo-h2", "--no-gpu", code=2)
+    assert f"{renamed} (renamed: lanectl created it as" in refused.stderr
+    assert f"docker rm -f {renamed}" in refused.stderr
+    assert lanes.container("demo-h1", "rtx") in running(lanes), "nothing was stopped"
+    check = cli(lanes, state, "watchdog", "check", code=None)
+    assert "cannot start" in check.stdout + check.stderr and renamed in check.stdout + check.stderr
+    assert {lanes.container("demo-h2"), lanes.container("demo-h2", "rtx")}.isdisjoint(running(lanes)), \
+        "the watchdog started no second lane beside it"
+
+
+def test_a_hand_run_container_of_a_lane_image_is_never_adopted(lanes, state):
+    image = row(status(lanes, state), "demo-h1")["image"]
+    docker.from_env().containers.run(image, name=lanes.container("demo-h1"), detach=True, init=True)
+    data = status(lanes, state)
+    assert row(data, "demo-h1")["containers"] == [] and not row(data, "demo-h1")["active"]
+    assert [f["what"] for f in data["foreign_containers"]] == ["made from demo-h1's image but not created by lanectl"]
+    refused = cli(lanes, state, "up", "demo-h1", "--no-gpu", code=2)
+    assert f"clear it with `docker rm -f {lanes.container('demo-h1')}`" in refused.stderr
+    assert "ok:" not in refused.stdout
+
+
+def test_a_foreign_container_holding_a_lane_name_is_found_before_the_serving_lane_is_stopped(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    docker.from_env().containers.create("lanectl/base-python:bookworm", name=lanes.container("demo-h2"),
+                                        command=["true"])
+    refused = cli(lanes, state, "up", "demo-h2", "--no-gpu", code=2)
+    assert "holds the name of demo-h2's primary container" in refused.stderr
+    assert row(status(lanes, state), "demo-h1")["health"] == "ok", "demo-h1 still serves"
+
+
+def test_the_prune_removes_only_containers_lanectl_created(lanes, state):
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    recipe.write_text(recipe.read_text().replace("keep_stopped_lanes: 3", "keep_stopped_lanes: 0"))
+    image = row(status(lanes, state), "demo-h1")["image"]
+    debugging = docker.from_env().containers.create(image, name=f"hand-{lanes.prefix}-debug", command=["true"])
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    cli(lanes, state, "up", "demo-h2", "--no-gpu")
+    assert row(status(lanes, state), "demo-h1")["containers"] == [], "demo-h1's own containers were pruned"
+    debugging.reload()
+    assert debugging.status == "created", "the operator's container made from a lane image was left alone"
+
+
+def test_two_ups_from_different_state_folders_exclude_each_other(lanes, state, tmp_path):
+    other = tmp_path / "someone-elses-state"
+    slow = subprocess.Popen([sys.executable, "-m", "lanectl", "up", "t-slow", "--no-gpu"], cwd=lanes.root,
+                            env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not list((lanes.root / "engine-lock").glob("engine-*.lock.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = cli(lanes, other, "up", "demo-h2", "--no-gpu", "--lock-wait", "1s", code=1)
+        assert re.search(rf"locked by pid {slow.pid} \(lanectl up t-slow\) since \d\d:\d\d:\d\d", second.stderr)
+    finally:
+        slow.wait(timeout=120)
+    assert slow.returncode == 0
+    assert not (other / "journal.jsonl").exists(), "the refused up changed nothing"
+
+
+# -- interrupted switches -------------------------------------------------------------------------------------
+
+# demo-h1 -> demo-h2: disarm, stop rtx, stop primary, create+start primary, create+start rtx, gate, activate, arm.
+SWITCH_STEPS = 10
+GATE_STEP = 8
+
+
+@pytest.mark.parametrize(("after", "signame"), [(step, "INT") for step in range(1, SWITCH_STEPS + 1)]
+                         + [(3, "TERM"), (GATE_STEP, "TERM")])
+def test_a_signal_at_any_step_leaves_a_serving_lane_a_journal_that_says_which_and_an_armed_watchdog(
+        lanes, state, after, signame):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    result = cli(lanes, state, "up", "demo-h2", "--no-gpu", code=None,
+                 LANECTL_TEST_SIGNAL_AFTER_STEP=f"{after}:{signame}")
+    signum = getattr(signal, f"SIG{signame}")
+    data = status(lanes, state)
+    assert data["watchdog"]["armed"] and data["watchdog"]["lease"] is None
+    assert data["unfinished_switch"] is None
+    outcome = json.loads(cli(lanes, state, "history", "-n", "3", "--json").stdout)["data"]["records"][-1]
+    if after < GATE_STEP:
+        assert result.returncode == 128 + signum, result.stdout + result.stderr
+        assert result.stdout.startswith(f"interrupted: interrupted by SIG{signame}. Rolled back: demo-h1 is serving "
+                                        "again"), result.stdout
+        assert outcome["result"] == "interrupted" and "demo-h1 is serving again" in outcome["message"]
+        assert data["active"] == "demo-h1" and row(data, "demo-h1")["health"] == "ok"
+    else:
+        # Past its gate the new lane serves; what is left is bookkeeping, and it runs.
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert outcome["result"] == "ok" and data["active"] == "demo-h2" and row(data, "demo-h2")["health"] == "ok"
+    assert len([name for name in running(lanes) if not name.endswith("-rtx")]) == 1, "one lane serves"
+
+
+def test_ctrl_c_while_the_gate_waits_stops_waiting_and_brings_the_previous_lane_back(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    switch = subprocess.Popen([sys.executable, "-m", "lanectl", "up", "t-slow", "--no-gpu"], cwd=lanes.root,
+                              env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while lanes.container("t-slow", "rtx") not in running(lanes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    switch.send_signal(signal.SIGINT)
+    stdout, stderr = switch.communicate(timeout=120)
+    assert switch.returncode == 130, stdout + stderr
+    assert stdout == ("interrupted: interrupted by SIGINT while t-slow was held to its gate. Rolled back: demo-h1 is "
+                      "serving again\n")
+    assert row(status(lanes, state), "demo-h1")["health"] == "ok"
+
+
+def test_the_watchdog_after_a_killed_switch_finishes_it_and_never_starts_a_second_lane(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    killed = cli(lanes, state, "up", "demo-h2", "--no-gpu", code=None, LANECTL_TEST_CRASH_AFTER_STEP="7")
+    assert killed.returncode == -signal.SIGKILL
+    assert status(lanes, state)["watchdog"]["lease"] is not None, "the killed switch's lease is left"
+    check = cli(lanes, state, "watchdog", "check", code=None)
+    assert "finished the interrupted switch: demo-h2 passed its gate" in check.stdout + check.stderr
+    data = status(lanes, state)
+    assert data["active"] == "demo-h2" and data["watchdog"]["armed"] and data["unfinished_switch"] is None
+    assert running(lanes) == {lanes.container("demo-h2"), lanes.container("demo-h2", "rtx")}
+    cli(lanes, state, "watchdog", "check")
+    assert running(lanes) == {lanes.container("demo-h2"), lanes.container("demo-h2", "rtx")}

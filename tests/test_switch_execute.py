@@ -1,0 +1,238 @@
+"""The executor runs a plan's steps and nothing else: on an engine in memory, with the real journal and state
+files. What only Docker shows is in tests/test_lanes_docker.py and tests/test_switch_docker.py."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from lanectl.lanes.execute import Executor, SwitchOutcome
+from lanectl.lanes.interrupt import Interrupt
+from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_restart, plan_rollback, plan_up
+from lanectl.recipe.catalog import Catalog
+from lanectl.state.journal import Journal
+from lanectl.state.lanes import LaneStateStore
+from lanectl.state.standby import StandbyStore
+from tests.switch_box import Box, FakeEngines, QuietReporter, engine_from, keys, repo_catalog
+
+H1, H2 = "lanectl-demo-demo-h1", "lanectl-demo-demo-h2"
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return repo_catalog()
+
+
+class Run:
+    """One box's state folder, engine and engines' answers, and the executor over them."""
+
+    def __init__(self, catalog: Catalog, box: Box, state_dir: Path):
+        self.catalog, self.box = catalog, box
+        self.journal = Journal(state_dir / "journal.jsonl")
+        self.states = LaneStateStore(state_dir / "state.json")
+        self.standbys = StandbyStore(state_dir / "standby.json")
+        self.states.save(box.state)
+        self.standbys.update(lambda _: box.standby)
+        self.engine = engine_from(box)
+        self.engines = FakeEngines(self.engine)
+        self.interrupt = Interrupt()
+        self.reporter = QuietReporter()
+
+    def executor(self) -> Executor:
+        return Executor(self.catalog, self.engine, self.journal, self.states, self.standbys, self.engines,
+                        self.reporter, interrupt=self.interrupt, environ={})
+
+    def run(self, plan: Plan, switch: str | None = None) -> SwitchOutcome:
+        return self.executor().run(plan, why="test", switch=switch)
+
+    def journaled_steps(self) -> list[str]:
+        return [r["step"] for r in self.journal.read().records if r["kind"] == "step"]
+
+    def outcome(self) -> dict:
+        return [r for r in self.journal.read().records if r["kind"] == "outcome"][-1]
+
+
+def h1_serving(catalog: Catalog) -> Box:
+    return Box(catalog).run("demo-h1").build("demo-h2").active("demo-h1", "demo-h1").fingerprinted(
+        "demo-h1", "demo-h2")
+
+
+def standby_h1(catalog: Catalog) -> Box:
+    return Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+
+
+KINDS = {
+    "up, the old lane left asleep": (h1_serving, lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+    "up, the old lane stopped": (lambda c: h1_serving(c).active(None, "demo-h1"),
+                                 lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+    "rollback that wakes": (standby_h1, lambda c, s: plan_rollback(c, s, None)),
+    "rollback to kept containers": (lambda c: Box(c).run("demo-h1", "exited").run("demo-h2").active(
+        "demo-h2", "demo-h1", "demo-h2"), lambda c, s: plan_rollback(c, s, None)),
+    "recreate": (lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
+                 lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+    "down with a standby": (standby_h1, lambda c, s: plan_down(c, s, c.lane("demo-h2"), with_standbys=True)),
+    "restart": (lambda c: Box(c).run("demo-h2", "exited").active("demo-h2", "demo-h2"),
+                lambda c, s: plan_restart(c, s, c.lane("demo-h2"), with_gpus=True)),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_what_runs_and_is_journaled_is_the_plan_step_for_step(catalog, tmp_path, kind):
+    make_box, planner = KINDS[kind]
+    box = make_box(catalog)
+    plan = planner(catalog, box.snapshot())
+    run = Run(catalog, box, tmp_path)
+    outcome = run.run(plan)
+    assert outcome.exit_code == 0, outcome.message
+    assert run.journaled_steps() == keys(plan) == list(outcome.steps)
+    intent = next(r for r in run.journal.read().records if r["kind"] == "intent")
+    assert intent["steps"] == keys(plan)
+
+
+def test_the_switch_leaves_the_new_lane_serving_the_old_one_asleep_and_the_watchdog_armed(catalog, tmp_path):
+    box = h1_serving(catalog)
+    run = Run(catalog, box, tmp_path)
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    assert outcome.message == "demo-h2 is serving (was demo-h1); demo-h1 waits asleep as a standby"
+    assert run.engine.running() == {H1, f"{H1}-rtx", H2, f"{H2}-rtx"}
+    state = run.states.load()
+    assert (state.active, state.known_good, state.watchdog_armed, state.watchdog_lease) == (
+        "demo-h2", ("demo-h1", "demo-h2"), True, None)
+    assert run.standbys.load().standby("demo-h1") is not None
+
+
+def test_a_failed_gate_takes_the_way_back_and_brings_the_previous_lane_back(catalog, tmp_path):
+    box = h1_serving(catalog).active("demo-h1", "demo-h1")
+    box.standby = box.standby.model_copy(update={"fingerprints": {}})  # demo-h1 is stopped, not left asleep
+    run = Run(catalog, box, tmp_path)
+    run.engines.failing_gates.add("demo-h2")
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    assert (outcome.result, outcome.lane, outcome.exit_code) == ("rolled-back", "demo-h1", 1)
+    assert outcome.message == ("demo-h2 failed its health gate (generation): demo-h2 is broken. Rolled back: demo-h1 "
+                               "is serving again")
+    assert run.engine.running() == {H1, f"{H1}-rtx"}
+    assert run.states.load().active == "demo-h1" and run.states.load().watchdog_armed
+    assert [r["check"] for r in run.journal.read().records if r["kind"] == "diagnostics"] == ["generation"]
+
+
+def test_without_a_way_back_the_failed_lane_is_stopped_for_debugging(catalog, tmp_path):
+    box = h1_serving(catalog)
+    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    run = Run(catalog, box, tmp_path)
+    run.engines.failing_gates.add("demo-h2")
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2"), rollback_on_failure=False))
+    assert outcome.message.endswith("demo-h2 is stopped for debugging; nothing else was started (--no-rollback)")
+    assert run.engine.running() == set()
+    assert run.states.load().active is None and run.states.load().watchdog_armed
+
+
+def test_a_sleep_that_fails_stops_the_lane_instead_and_the_switch_goes_on(catalog, tmp_path):
+    box = h1_serving(catalog)
+    run = Run(catalog, box, tmp_path)
+    run.engines.failing_sleeps.add("demo-h1")
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    assert outcome.message == "demo-h2 is serving (was demo-h1)"
+    assert run.engine.running() == {H2, f"{H2}-rtx"}
+    assert run.standbys.load().standby("demo-h1") is None
+    assert "demo-h1 is stopped instead of left asleep" in run.standbys.load().dropped["demo-h1"].reason or \
+        "sleep failed" in run.standbys.load().dropped["demo-h1"].reason
+    notes = [r["message"] for r in run.journal.read().records if r["kind"] == "note"]
+    assert any(n.startswith("demo-h1 is stopped instead of left asleep: ") for n in notes)
+
+
+def test_a_wake_that_fails_takes_the_cold_path(catalog, tmp_path):
+    box = standby_h1(catalog)
+    run = Run(catalog, box, tmp_path)
+    run.engines.failing_wakes.add("demo-h1")
+    outcome = run.run(plan_rollback(catalog, box.snapshot(), None))
+    assert outcome.result == "ok" and "its wake failed" in outcome.message and "started cold" in outcome.message
+    assert run.engine.running() == {H1, f"{H1}-rtx"}
+    assert run.engine.held[H1].starts == 1, "stopped and started again: the cold path"
+
+
+def test_a_wake_whose_output_differs_from_the_fingerprint_takes_the_cold_path(catalog, tmp_path):
+    box = standby_h1(catalog)
+    run = Run(catalog, box, tmp_path)
+    run.engines.greedy_text = "garbage"
+    outcome = run.run(plan_rollback(catalog, box.snapshot(), None))
+    assert "wake check: greedy output 'garbage' differs from the fingerprint" in outcome.message
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_switch_lets_the_step_finish_then_goes_back_re_arms_and_says_what_serves(catalog, tmp_path,
+                                                                                              signum):
+    box = h1_serving(catalog).active("demo-h1", "demo-h1")
+    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    run = Run(catalog, box, tmp_path)
+    run.engine.on_call[f"start:{H2}"] = lambda: run.interrupt.arrived(signum)  # as the signal handler does
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    name = signal.Signals(signum).name
+    assert (outcome.result, outcome.exit_code, outcome.lane) == ("interrupted", 128 + signum, "demo-h1")
+    assert outcome.message == f"interrupted by {name}. Rolled back: demo-h1 is serving again"
+    assert f"start:{H2}" in run.journaled_steps(), "the step in progress finished and was journaled"
+    assert f"create:{H2}-rtx" not in run.journaled_steps(), "nothing after it"
+    assert run.engine.running() == {H1, f"{H1}-rtx"}
+    state = run.states.load()
+    assert state.active == "demo-h1" and state.watchdog_armed and state.watchdog_lease is None
+    assert run.outcome()["result"] == "interrupted"
+
+
+def test_a_second_signal_stops_at_once_and_leaves_the_switch_for_the_next_command(catalog, tmp_path):
+    box = h1_serving(catalog).active("demo-h1", "demo-h1")
+    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    run = Run(catalog, box, tmp_path)
+    run.engine.on_call[f"start:{H2}"] = lambda: run.interrupt.arrived(signal.SIGINT)
+    run.engine.on_call[f"stop:{H2}"] = lambda: run.interrupt.arrived(signal.SIGINT)  # during the way back
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    assert (outcome.result, outcome.exit_code) == ("aborted", 130)
+    assert "stopped at once by a second signal (SIGINT)" in outcome.message and "left unfinished" in outcome.message
+    assert run.journal.unfinished_intent() is not None, "the next command finishes or undoes it"
+
+
+def test_a_state_file_that_cannot_be_written_after_a_passed_gate_leaves_the_new_lane_serving(catalog, tmp_path):
+    box = h1_serving(catalog).active("demo-h1", "demo-h1")
+    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    run = Run(catalog, box, tmp_path)
+
+    def fill_the_disk(lane):
+        if lane.name == "demo-h2":  # state.json cannot be replaced any more: a folder in its place
+            (tmp_path / "state.json").unlink()
+            (tmp_path / "state.json").mkdir()
+
+    run.engines.on_gate = fill_the_disk
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    assert outcome.result == "failed" and outcome.exit_code == 1
+    assert run.engine.running() == {H2, f"{H2}-rtx"}, "the healthy new lane is not undone"
+    assert outcome.message.startswith("demo-h2 is serving (was demo-h1). BUT: mark demo-h2 active and known-good: ")
+    assert "could not write" in outcome.message and "state.json" in outcome.message
+    assert outcome.message.endswith("demo-h2 serves and passed its gate; fix the cause, then `lanectl up demo-h2` "
+                                    "records it")
+
+
+def test_an_unfinished_switch_is_finished_under_its_own_switch_id(catalog, tmp_path):
+    box = Box(catalog).run("demo-h1", "exited").run("demo-h2").active("demo-h1", "demo-h1")
+    run = Run(catalog, box, tmp_path)
+    switch = run.journal.record_intent(action="up", from_lane="demo-h1", to_lane="demo-h2", why="up",
+                                       steps=["stop:x"])["switch"]
+    box.unfinished = run.journal.unfinished_intent()
+    plan = plan_reconcile(catalog, box.snapshot())
+    assert plan is not None
+    outcome = run.run(plan, switch=switch)
+    assert (outcome.result, outcome.message) == ("finished", "finished the interrupted switch: demo-h2 passed its gate")
+    assert run.journal.unfinished_intent() is None
+    assert run.states.load().active == "demo-h2"
+
+
+def test_a_recreate_that_fails_its_gate_puts_the_old_containers_back_and_they_serve_again(catalog, tmp_path):
+    box = Box(catalog).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2")
+    run = Run(catalog, box, tmp_path)
+    old = run.engine.held[H2]
+    run.engines.on_gate = lambda lane: run.engines.failing_gates.add(lane.name) if run.engine.held[H2] is not old \
+        else run.engines.failing_gates.discard(lane.name)
+    outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
+    assert (outcome.result, outcome.lane) == ("rolled-back", "demo-h2"), outcome.message
+    assert outcome.message.endswith("Rolled back: demo-h2 is serving again")
+    assert run.engine.held[H2] is old and run.engine.running() == {H2, f"{H2}-rtx"}
+    assert not [name for name in run.engine.held if ".was-" in name], "nothing left set aside"
