@@ -505,6 +505,21 @@ class WatchdogPolicy(Strict):
 # is chosen at start, and the routes that drive it are mounted only in development mode.
 SLEEP_MODE_FLAG = "--enable-sleep-mode"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# Every route vLLM mounts only in development mode, for whoever reaches the port and with no authentication of its own,
+# by what it lets a caller do. Read from vLLM 0.31.0's, 0.32.0's and 0.33.0's own apps (the contract suite fails on a
+# release that mounts one not named here; `lanectl pin check` reads them from a release's source); the README's
+# exposed-routes warning names each.
+DEV_MODE_ROUTES: dict[str, tuple[str, ...]] = {
+    "put the engine to sleep or wake it": ("/sleep", "/wake_up", "/is_sleeping", "/release_kv_cache_memory"),
+    "drop its caches": ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"),
+    "run any method of every worker by name": ("/collective_rpc",),
+    "stop or abort everyone's requests": ("/pause", "/resume", "/is_paused", "/abort_requests"),
+    "replace, check or zero the weights being served": (
+        "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update", "/update_weights",
+        "/finish_weight_update", "/update_weight_version", "/weight_info", "/get_world_size",
+        "/weight_checker", "/shutdown_weight_transfer_engine"),
+    "read the whole engine config and every VLLM_* variable": ("/server_info",),
+}
 
 
 class WakeCheck(Strict):
