@@ -90,6 +90,10 @@ def test_every_stall_begins_and_ends_on_lines_a_healthy_start_prints(
         if not [j for j in _matching(stall.until, lines) if j > begins[0]]:
             wrong.append(f"{at}: stall until {stall.until!r} matches no line after {lines[begins[0]].text!r}: "
                          "every healthy start would count as stalled")
+        warm = getattr(stall, "warm", None)
+        if warm is not None and not _matching(warm, lines):
+            wrong.append(f"{at}: stall warm {warm!r} matches no line of a start on a warm cache: every start would "
+                         f"count as cold and get {stall.cold_minutes:g} min")
     assert not wrong, "\n".join(wrong) + "\n  a healthy start prints:\n" + _shown(lines)
 
 

@@ -9,11 +9,10 @@ has no such call the lookup fails and says so, which is the point.
 
 from __future__ import annotations
 
-import ast
+import hashlib
 import json
 import logging
 import os
-import re
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -24,12 +23,11 @@ from typing import Any
 
 import vllm
 
+from lanectl.pin.log_calls import LogCall
+
 SITE = Path(vllm.__file__).resolve().parent.parent
 # How messages name the release under check: "vLLM 0.32.0".
 RELEASE = f"vLLM {version('vllm')}"
-LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "info_once", "warning_once",
-               "debug_once", "error_once"}
-LEVEL_OF = {"warn": "WARNING", "exception": "ERROR"}
 
 # What the production box's autotune cache holds (BRIEF §2: the recipe's "Loaded 210 configs"). Any count prints
 # the same line; this one makes the rendered line the one the box prints.
@@ -38,88 +36,23 @@ PRODUCTION_AUTOTUNE_CONFIGS = 210
 PRODUCTION_KV_TOKENS = 4_400_013
 
 
-@dataclass(frozen=True)
-class LogCall:
-    """One logger call in the installed source: where it is and the format string it passes."""
-
-    file: str  # relative to site-packages: vllm/v1/core/kv_cache_utils.py
-    line: int
-    level: str  # INFO, WARNING, ...
-    template: str  # the format string; an f-string's holes are written {…}
-    style: str  # "%" (lazy %-formatting) or "f" (an f-string, already formatted)
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
-    def pattern(self) -> str:
-        """A regex of every message this call can print: its literal text, each hole a value."""
-        if self.style == "f":
-            return ".*?".join(re.escape(part) for part in self.template.split("{…}"))
-        out, last = [], 0
-        for m in _PERCENT.finditer(self.template):
-            out.append(re.escape(self.template[last:m.start()]))
-            out.append(_HOLE.get(m.group("conv"), ".*?") if m.group(0) != "%%" else "%")
-            last = m.end()
-        out.append(re.escape(self.template[last:]))
-        return "".join(out)
-
-    def render(self, *values: Any) -> str:
-        if self.style != "%":
-            raise ValueError(f"{self.where} is an f-string; it renders itself")
-        return self.template % values
-
-
-_PERCENT = re.compile(r"%%|%(?:\([^)]*\))?[-#0 +]*(?:\d+|\*)?(?:\.\d+)?(?P<conv>[diouxXeEfFgGcrsa])")
-_HOLE = {"d": r"-?\d+", "i": r"-?\d+", "f": r"-?\d+(?:\.\d+)?", "F": r"-?\d+(?:\.\d+)?", "e": r"\S+", "g": r"\S+",
-         "s": ".*?", "r": ".*?", "a": ".*?", "x": r"[0-9a-f]+", "X": r"[0-9A-F]+", "o": r"[0-7]+", "u": r"\d+",
-         "c": "."}
-
-
-def _template(node: ast.AST) -> tuple[str, str] | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value, "%"
-    if isinstance(node, ast.JoinedStr):
-        parts = [v.value if isinstance(v, ast.Constant) else "{…}" for v in node.values]
-        return "".join(str(p) for p in parts), "f"
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _template(node.left), _template(node.right)
-        if left and right:
-            return left[0] + right[0], "f" if "f" in (left[1], right[1]) else "%"
-    return None
-
-
-def _is_logger(node: ast.AST) -> bool:
-    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
-    return name in ("logger", "log", "_logger", "LOGGER") or name.endswith("logger")
-
-
 @cache
 def log_calls(package: str) -> tuple[LogCall, ...]:
-    """Every logger call with a literal format string in an installed package (vllm, flashinfer)."""
+    """Every logger call with a literal format string in an installed package (vllm, flashinfer), read by the code
+    `lanectl pin check` reads a release's source with (lanectl/pin/log_calls.py)."""
+    from lanectl.pin import log_calls as reader
+
     cache_file = Path(sys.prefix) / f".contract-log-calls-{package}.json"
     root = SITE / package
-    stamp = f"{package}:{os.path.getmtime(root / '__init__.py')}"
+    code = hashlib.sha256(Path(reader.__file__).read_bytes()).hexdigest()[:16]
+    stamp = f"{package}:{os.path.getmtime(root / '__init__.py')}:{code}"
     if cache_file.is_file():
         saved = json.loads(cache_file.read_text())
         if saved.get("stamp") == stamp:
             return tuple(LogCall(**c) for c in saved["calls"])
-    calls = []
-    for path in sorted(root.rglob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        rel = str(path.relative_to(SITE))
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in LOG_METHODS and _is_logger(node.func.value) and node.args):
-                continue
-            found = _template(node.args[0])
-            if found is None:
-                continue
-            method = node.func.attr.removesuffix("_once")
-            calls.append(LogCall(rel, node.lineno, LEVEL_OF.get(method, method.upper()), found[0], found[1]))
+    calls = [call for path in sorted(root.rglob("*.py"))
+             for call in reader.log_calls(path.read_text(encoding="utf-8", errors="replace"),
+                                          str(path.relative_to(SITE)))]
     tmp = cache_file.with_suffix(".tmp")
     tmp.write_text(json.dumps({"stamp": stamp, "calls": [c.__dict__ for c in calls]}))
     tmp.replace(cache_file)
