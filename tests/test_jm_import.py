@@ -39,6 +39,9 @@ DELIBERATE = {
     "health.request_timeout_seconds": "lanectl's probe timeout; not a jm field",
     "watchdog.*": "the watchdog's restart budget and GPU-memory wait are lanectl's; jm has no watchdog",
     "companions.rtx.*": "the RTX sidecar on the station's second GPU is not part of the public recipe",
+    "engine.env.FLASHINFER_AUTOTUNE_CACHE_DIR": "keeps vLLM 0.33.0's managed autotune store in the cache volume, "
+                                                "ready for the next pin; jm has no such variable",
+    "image.download_kernels": "runs `vllm download-kernels` at build once the pin reaches 0.32.0; not a jm field",
 }
 
 
@@ -107,14 +110,16 @@ def test_import_round_trips_into_a_recipe_that_validates(project):
 
 def test_jms_log_rules_are_mapped_to_what_vllm_0_31_0_prints():
     """jm forbids `Autotuning process starts` (which every 0.31.0 start logs) and expects `[Oo]ffload.*GiB`
-    (which the UVA offload line never matches); the import maps both to what they meant."""
+    (which the UVA offload line never matches); the import maps both to what they meant. Its `Loaded 210 configs`
+    becomes the stall's warm line: a start without it (the first on a new release) may retune once."""
     log = import_jm(load_yaml(RECIPE_YAML, "recipe.yaml"), LAUNCH, "launch-command.txt").recipe["defaults"][
         "health"]["startup_log"]
     assert log == {
         "expect": ["^Total CPU offloaded parameters: 60(\\.0+)?$", "^Engram table offloaded to pinned host memory: ",
-                   "KV cache size: [0-9,]+ tokens", "Loaded 210 configs"],
+                   "KV cache size: [0-9,]+ tokens"],
         "stall": [{"after": "Autotuning process starts", "until": "Autotuning process ends", "minutes": 10,
-                   "name": "autotune", "why": "a cold-cache retune takes 74 min; warm the flashinfer autotune cache"}],
+                   "name": "autotune", "why": "a warm cache ends it at once; a cold retune takes 74 min",
+                   "warm": "Loaded 210 configs|Preloaded 210/[0-9]+ managed cache entries", "cold_minutes": 90}],
     }
     uva = re.compile(log["expect"][0])
     assert uva.search("Total CPU offloaded parameters: 60.0")
@@ -136,7 +141,7 @@ def test_every_field_left_out_is_listed_with_its_location():
         (15, "model.name"), (16, "model.repo"), (17, "model.revision"), (18, "model.quantization"),
         (20, "hardware.profile"), (22, "hardware.observed.gpu"), (23, "hardware.observed.cuda"),
         (24, "hardware.observed.gpu_memory_visible_gib"), (25, "hardware.observed.snapshot"),
-        (28, "runtime.engine_version"), (33, "launch.script"), (57, "metrics"),
+        (33, "launch.script"), (57, "metrics"),
         (65, "verification.gates.schema.how"), (66, "verification.gates.digest.how"),
         (67, "verification.gates.health.how"), (68, "verification.gates.quality.how"),
         (69, "verification.gates.performance.how"), (70, "limits"), (73, "rollback.script"),

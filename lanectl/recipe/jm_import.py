@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanectl.errors import Problem, RecipeInvalid
+from lanectl.recipe.model import VLLM_RELEASE
 from lanectl.recipe.yaml_source import PathKey, YamlDocument, format_path
 
 JM_SCHEMA = "jm-recipe/v1"
@@ -27,7 +28,8 @@ DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # The jm fields this import maps, by path; a mapping's children count as mapped with it.
 MAPPED: tuple[PathKey, ...] = (
     ("schema",), ("id",), ("title",),
-    ("runtime", "engine"), ("runtime", "container", "image"), ("runtime", "container", "digest"),
+    ("runtime", "engine"), ("runtime", "engine_version"), ("runtime", "container", "image"),
+    ("runtime", "container", "digest"),
     ("launch", "command_file"), ("launch", "ports"), ("launch", "env"), ("launch", "secret_env"),
     ("launch", "volumes"), ("launch", "ipc"), ("launch", "shm_size"), ("launch", "gpus"),
     ("health", "ready", "path"), ("health", "ready", "timeout_s"), ("health", "liveness", "path"),
@@ -83,6 +85,11 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
     engine = get(("runtime", "engine"), str, required=True)
     if engine is not None and engine != "vllm":
         problems.append(doc.problem(("runtime", "engine"), f"{engine!r}: lanectl imports vLLM recipes only"))
+    engine_version = get(("runtime", "engine_version"), str)
+    if engine_version is not None and not re.fullmatch(VLLM_RELEASE, engine_version):
+        problems.append(doc.problem(("runtime", "engine_version"), f"{engine_version!r} is not a vLLM release "
+                                                                   "version (e.g. 0.31.0)"))
+        engine_version = None
     image = get(("runtime", "container", "image"), str, required=True)
     digest = get(("runtime", "container", "digest"), str, required=True)
     if digest is not None and not DIGEST.fullmatch(digest):
@@ -147,7 +154,8 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
         "id": re.sub(r"[^a-z0-9._-]+", "-", jm_id.rsplit("/", 1)[-1].lower()).strip("-._") or "imported",
         "description": str(get(("title",), str) or ""),
         "defaults": {
-            "image": {"template": "vllm", "base": f"{image}@{digest}", "python_site": VLLM_PYTHON_SITE},
+            "image": {"template": "vllm", "base": f"{image}@{digest}", "python_site": VLLM_PYTHON_SITE,
+                      **({"vllm": engine_version} if engine_version else {})},
             "engine": engine_fields,
             "health": health,
         },
@@ -159,8 +167,14 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
 # What vLLM 0.31.0 prints where the J-M recipe's rules assumed otherwise (its own format strings; the
 # contract suite checks them): jm's rules were written against lines no 0.31.0 engine prints.
 AUTOTUNE_STARTS = "[Autotuner]: Autotuning process starts ..."
+# flashinfer's lines for a warm autotune cache: vLLM's JSON file (0.31.0, 0.32.0) and flashinfer's managed store
+# (0.33.0 on a single GPU), each with the count of tuned configs.
+WARM_CACHE_LINE = "[Autotuner]: Loaded 210 configs from /root/.cache/vllm/flashinfer_autotune_cache/autotune.json"
+WARM_COUNT = re.compile(r"Loaded (\[0-9\]\+|\d+) configs")
 AUTOTUNE_STALL = {"after": "Autotuning process starts", "until": "Autotuning process ends", "minutes": 10,
-                  "name": "autotune", "why": "a cold-cache retune takes 74 min; warm the flashinfer autotune cache"}
+                  "name": "autotune", "why": "a warm cache ends it at once; a cold retune takes 74 min"}
+# A cold retune (74 min measured) is allowed once: the first start on a new vLLM or flashinfer release has no cache.
+COLD_AUTOTUNE_MINUTES = 90
 ENGRAM_LINE = "Engram table offloaded to pinned host memory: 48002473 rows x 256, 11.80 GiB per rank"
 ENGRAM_EXPECT = "^Engram table offloaded to pinned host memory: "
 
@@ -170,7 +184,9 @@ def _startup_log(expect: list[str], forbid: list[str], args: list[str]) -> dict[
 
     - a forbid of `Autotuning process starts`: flashinfer_autotune() logs it on *every* start and `... ends`
       at once on a warm cache, so the rule failed every start; what jm meant (the line followed by silence, a
-      74-minute retune) is a stall rule;
+      74-minute retune) is a stall rule. An expect of the warm cache's `Loaded N configs` becomes the stall's
+      `warm` (with the managed store's `Preloaded N/M managed cache entries`, vLLM 0.33.0's line for it), so the
+      first start on a new release, which has no cache, may retune once instead of failing every try;
     - an expect like `[Oo]ffload.*GiB`: the UVA expert offload logs `Total CPU offloaded parameters: 60.0`
       (GiB without a unit), so the rule matched only the Engram line and passed a lane that offloaded no
       expert; with `--cpu-offload-gb N` it becomes the UVA line with N, and the Engram line when
@@ -188,6 +204,12 @@ def _startup_log(expect: list[str], forbid: list[str], args: list[str]) -> dict[
             mapped_expect.append(pattern)
     stall = [dict(AUTOTUNE_STALL, after=p) for p in forbid if _searches(p, AUTOTUNE_STARTS)]
     kept_forbid = [p for p in forbid if not _searches(p, AUTOTUNE_STARTS)]
+    warm = [p for p in mapped_expect if _searches(p, WARM_CACHE_LINE)] if stall else []
+    if warm:
+        mapped_expect = [p for p in mapped_expect if p not in warm]
+        count = WARM_COUNT.search(warm[0])
+        managed = f"Preloaded {count[1]}/[0-9]+ managed cache entries" if count else "Preloaded [0-9]+/[0-9]+ managed"
+        stall = [dict(rule, warm=f"{warm[0]}|{managed}", cold_minutes=COLD_AUTOTUNE_MINUTES) for rule in stall]
     out: dict[str, Any] = {}
     for key, value in (("expect", list(dict.fromkeys(mapped_expect))), ("forbid", kept_forbid), ("stall", stall)):
         if value:
