@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lanectl.dockerapi.sizes import size_in_bytes
+from lanectl.host.xid import DEFAULT_APPLICATION_CODES, DEFAULT_HARDWARE_CODES
 
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
@@ -507,8 +508,11 @@ XidCode = Annotated[int, Field(ge=1, le=999)]
 
 
 class XidPolicy(Strict):
-    application_codes: list[XidCode] = Field(default_factory=lambda: [13, 31, 43, 45, 109])
-    hardware_codes: list[XidCode] = Field(default_factory=lambda: [48, 64, 74, 79, 95, 119, 120])
+    """Which NVIDIA Xid codes restart the lane and which stop it; by default NVIDIA's Xid catalog's immediate actions
+    (lanectl/host/xid.py XID_CATALOG). A code in neither list is recorded and counted, never acted on."""
+
+    application_codes: list[XidCode] = Field(default_factory=lambda: sorted(DEFAULT_APPLICATION_CODES))
+    hardware_codes: list[XidCode] = Field(default_factory=lambda: sorted(DEFAULT_HARDWARE_CODES))
 
     @model_validator(mode="after")
     def _disjoint(self) -> XidPolicy:
