@@ -41,6 +41,16 @@ MAPPED: tuple[PathKey, ...] = (
 class JmImport:
     recipe: dict[str, Any]  # the lanectl/v1 recipe
     unmapped: list[Problem]  # each jm field with no place in it, located in recipe.yaml
+    # Where each value of the recipe came from, by its path in the recipe: a jm field or a line of the launch
+    # command (a Problem without a message). A problem lanectl's validation finds in the recipe is reported there.
+    origins: dict[PathKey, Problem]
+
+    def origin_of(self, path: PathKey) -> Problem | None:
+        """The source of the value at `path`, or of its nearest ancestor that has one."""
+        for cut in range(len(path), 0, -1):
+            if path[:cut] in self.origins:
+                return self.origins[path[:cut]]
+        return None
 
 
 def launch_file_name(doc: YamlDocument) -> str:
@@ -62,6 +72,11 @@ def launch_file_name(doc: YamlDocument) -> str:
 
 def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: str = "main") -> JmImport:
     problems: list[Problem] = []
+    origins: dict[PathKey, Problem] = {}
+
+    def came_from(recipe_path: PathKey, jm_path: PathKey) -> None:
+        origins[("defaults", *recipe_path) if recipe_path[0] in ("image", "engine", "health") else recipe_path] = \
+            doc.problem(jm_path, "")
     data = doc.data if isinstance(doc.data, dict) else {}
     if not isinstance(doc.data, dict) or data.get("schema") != JM_SCHEMA:
         found = data.get("schema") if data else doc.data
@@ -95,32 +110,69 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
     if digest is not None and not DIGEST.fullmatch(digest):
         problems.append(doc.problem(("runtime", "container", "digest"), "expected sha256:<64 hex digits>"))
 
+    came_from(("id",), ("id",))
+    came_from(("description",), ("title",))
+    came_from(("image", "base"), ("runtime", "container", "image"))
+    came_from(("image", "vllm"), ("runtime", "engine_version"))
+    origins[("lanes",)] = Problem("--lane", 0, 0, "", "")
+
     args = _serve_args(launch_text, launch_file, problems)
+    lines = _arg_lines(launch_text)
+    for i in range(len(args)):
+        at = lines[i] if i < len(lines) else 1
+        origins[("defaults", "engine", "args", i)] = Problem(launch_file, at, 1, f"`vllm serve` argument {i + 1}", "")
+    origins[("defaults", "engine", "args")] = Problem(launch_file, 1, 1, "", "")
     served = _flag_value(args, "--served-model-name")
+    if not args and not problems and launch_text.strip():
+        problems.append(Problem(launch_file, 1, 1, "", "`vllm serve` names no model: expected `vllm serve MODEL "
+                                                        "--served-model-name NAME …`"))
     if args and served is None:
         problems.append(Problem(launch_file, 1, 1, "", "no --served-model-name: the health gate needs the name "
                                                         "/v1/models lists"))
+    if served is not None:
+        at = args.index("--served-model-name") if "--served-model-name" in args else 0
+        origins[("defaults", "health", "served_model_name")] = origins.get(("defaults", "engine", "args", at),
+                                                                          Problem(launch_file, 1, 1, "", ""))
 
     engine_fields: dict[str, Any] = {"args": args}
     env = get(("launch", "env"), dict)
     if env:
-        engine_fields["env"] = {str(k): str(v) for k, v in env.items()}
+        engine_fields["env"] = {str(k): _scalar(doc, ("launch", "env", k), v, problems) for k, v in env.items()}
+        came_from(("engine", "env"), ("launch", "env"))
+        for key in env:
+            came_from(("engine", "env", str(key)), ("launch", "env", key))
     secret_env = get(("launch", "secret_env"), list)
     if secret_env:
-        engine_fields["secret_env"] = [str(name) for name in secret_env]
+        engine_fields["secret_env"] = [_scalar(doc, ("launch", "secret_env", i), name, problems)
+                                       for i, name in enumerate(secret_env)]
+        for i in range(len(secret_env)):
+            came_from(("engine", "secret_env", i), ("launch", "secret_env", i))
     ports = get(("launch", "ports"), list)
     if ports:
-        engine_fields["ports"] = [{"container": p, "host": p} for p in ports]
+        engine_fields["ports"] = [{"container": p, "host": p} for p in _ports(doc, ports, problems)]
+        came_from(("engine", "ports"), ("launch", "ports"))
+        for i in range(len(ports)):
+            came_from(("engine", "ports", i), ("launch", "ports", i))
     volumes = get(("launch", "volumes"), list)
     if volumes:
         engine_fields["volumes"] = [_volume(doc, i, v, problems) for i, v in enumerate(volumes)]
+        came_from(("engine", "volumes"), ("launch", "volumes"))
+        for i, volume in enumerate(volumes):
+            came_from(("engine", "volumes", i), ("launch", "volumes", i))
+            for ours, theirs in (("source", "host"), ("volume", "volume"), ("target", "container")):
+                if isinstance(volume, dict) and theirs in volume:
+                    came_from(("engine", "volumes", i, ours), ("launch", "volumes", i, theirs))
     for key in ("ipc", "shm_size"):
         value = get(("launch", key), str)
         if value is not None:
             engine_fields[key] = value
+            came_from(("engine", key), ("launch", key))
     gpus = get(("launch", "gpus"), list)
     if gpus:
-        engine_fields["gpus"] = {"device_ids": [str(g) for g in gpus]}
+        engine_fields["gpus"] = {"device_ids": [_scalar(doc, ("launch", "gpus", i), g, problems)
+                                                for i, g in enumerate(gpus)]}
+        came_from(("engine", "gpus"), ("launch", "gpus"))
+    came_from(("engine",), ("launch",))
 
     health: dict[str, Any] = {}
     timeout = get(("health", "ready", "timeout_s"), (int, float))
@@ -130,12 +182,19 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
                                     f"expected a positive, finite number of seconds, got {timeout!r}"))
     elif timeout is not None:
         health["startup_budget_minutes"] = math.ceil(timeout / 60)
+        came_from(("health", "startup_budget_minutes"), ("health", "ready", "timeout_s"))
     liveness = get(("health", "liveness", "path"), str)
     if liveness is not None:
         health["health_path"] = liveness
+        came_from(("health", "health_path"), ("health", "liveness", "path"))
     ready = get(("health", "ready", "path"), str)
     if ready is not None:
         health["models_path"] = ready
+        came_from(("health", "models_path"), ("health", "ready", "path"))
+    came_from(("health",), ("health",))
+    came_from(("health", "startup_log", "expect"), ("health", "log_expect"))
+    for key in ("forbid", "stall"):
+        came_from(("health", "startup_log", key), ("health", "log_forbid"))
     if served is not None:
         health["served_model_name"] = served
     startup_log = _startup_log(
@@ -146,13 +205,14 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
     if startup_log:
         health["startup_log"] = startup_log
 
+    jm_id = str(get(("id",), str, required=True) or "")
+    title = str(get(("title",), str) or "")
     if problems:
         raise RecipeInvalid(problems)
-    jm_id = str(get(("id",), str, required=True) or "")
     recipe: dict[str, Any] = {
         "schema": "lanectl/v1",
         "id": re.sub(r"[^a-z0-9._-]+", "-", jm_id.rsplit("/", 1)[-1].lower()).strip("-._") or "imported",
-        "description": str(get(("title",), str) or ""),
+        "description": title,
         "defaults": {
             "image": {"template": "vllm", "base": f"{image}@{digest}", "python_site": VLLM_PYTHON_SITE,
                       **({"vllm": engine_version} if engine_version else {})},
@@ -161,7 +221,7 @@ def import_jm(doc: YamlDocument, launch_text: str, launch_file: str, *, lane: st
         },
         "lanes": {lane: {}},
     }
-    return JmImport(recipe=recipe, unmapped=_unmapped(doc))
+    return JmImport(recipe=recipe, unmapped=_unmapped(doc), origins=origins)
 
 
 # What vLLM 0.31.0 prints where the J-M recipe's rules assumed otherwise (its own format strings; the
@@ -295,11 +355,45 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return None
 
 
+def _scalar(doc: YamlDocument, path: PathKey, value: Any, problems: list[Problem]) -> str:
+    """A jm value that becomes a string of the recipe (an env value, a name, a GPU): a string or a number; a list, a
+    mapping or null would be written as its Python text."""
+    if value is None or isinstance(value, dict | list):
+        problems.append(doc.problem(path, f"expected a string or a number, got {_show(value)}"))
+        return ""
+    return str(value)
+
+
+def _ports(doc: YamlDocument, ports: list[Any], problems: list[Problem]) -> list[Any]:
+    """jm's ports, each a port number: YAML's `true` is no port, though Python would take it for 1."""
+    for i, port in enumerate(ports):
+        if isinstance(port, bool) or not isinstance(port, int):
+            problems.append(doc.problem(("launch", "ports", i), f"expected a port number (1-65535), got "
+                                                                f"{_show(port)}"))
+    return ports
+
+
+def _arg_lines(text: str) -> list[int]:
+    """The line each word after `vllm serve` is on, as the shell splits the command (for locating a problem)."""
+    lexer = shlex.shlex(text.replace("\\\n", " \n"), posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    lines = []
+    try:
+        for _word in iter(lexer.get_token, None):
+            lines.append(lexer.lineno)
+    except ValueError:  # unbalanced quotes: reported by _serve_args
+        return []
+    return lines[2:]
+
+
 def _volume(doc: YamlDocument, index: int, volume: Any, problems: list[Problem]) -> dict[str, Any]:
     path: PathKey = ("launch", "volumes", index)
     if not isinstance(volume, dict) or not isinstance(volume.get("container"), str):
         problems.append(doc.problem(path, "expected {host: PATH | volume: NAME, container: PATH, mode: ro|rw}"))
         return {}
+    if "host" in volume and "volume" in volume:
+        problems.append(doc.problem(path, "give host (a bind mount) or volume (a named volume), not both"))
     source = {"source": volume["host"]} if "host" in volume else {"volume": volume.get("volume")}
     out: dict[str, Any] = {**source, "target": volume["container"]}
     if volume.get("mode") == "ro":
