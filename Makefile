@@ -16,9 +16,10 @@ demo: setup
 test: setup
 	@bash scripts/run-tests.sh
 
-# lanectl and the stub engine held to vLLM 0.31.0's own code (installs it into .contract-venv/ once).
+# lanectl and the stub engine held to vLLM's own code: the pin (0.31.0, into .contract-venv/ once), or another
+# release with VLLM=0.32.0 (into .contract-venv-0.32.0/).
 contract:
-	@bash scripts/contract.sh
+	@VLLM=$(VLLM) bash scripts/contract.sh
 
 # The pure core only: no Docker, no network.
 test-unit:

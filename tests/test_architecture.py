@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("bench",),
     ("lanes",),
     ("health",),
+    ("pin",),
     ("image",),
     ("recipe",),
     ("state",),

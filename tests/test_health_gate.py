@@ -491,6 +491,63 @@ def test_a_stall_that_falls_due_while_the_endpoints_answer_slowly_fails_at_once(
     assert all(s >= 0 for s in clock.sleeps)
 
 
+# A stall that tells a warm phase (flashinfer found its tuned results) from a cold one: the first start of a new vLLM
+# or flashinfer release retunes from scratch, once, and is allowed to.
+COLD_AWARE_STALL = StartupStall(after="Autotuning process starts", until="Autotuning process ends", minutes=10,
+                                name="autotune", why="a retune takes 74 min",
+                                warm=r"Loaded 210 configs|Preloaded 210/[0-9]+ managed cache entries", cold_minutes=90)
+PRELOADED_LINE = FLASHINFER + "[Autotuner]: Preloaded 210/210 managed cache entries into memory"
+
+
+def test_a_cold_autotune_may_take_its_cold_minutes_and_the_budget_grows_by_them() -> None:
+    """No 'Loaded N configs' before the phase: a 74-minute retune ends, the lane answers after it, and the start
+    passes although the 20-minute budget alone ran out long before."""
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=80 * 60)
+    log = [(9, KV_LINE), (12, AUTOTUNE_START), (12 + 74 * 60, AUTOTUNE_END)]
+    result = gate(health(forbid=(), expect=(EXPECT_KV,), stall=(COLD_AWARE_STALL,)), clock, engine, log=log).wait()
+
+    assert result.passed, result.detail
+    assert result.seconds == 80 * 60
+
+
+def test_a_cold_autotune_that_outlasts_its_cold_minutes_fails_and_says_it_ran_cold() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=10_000)
+    log = [(9, KV_LINE), (12, AUTOTUNE_START)]
+    result = gate(health(forbid=(), expect=(EXPECT_KV,), stall=(COLD_AWARE_STALL,)), clock, engine, log=log).wait()
+
+    assert result.failed_check == "startup-stall"
+    assert result.seconds == 15 + 90 * 60
+    assert result.detail.startswith(
+        "autotune started from no cache (no line matching 'Loaded 210 configs|Preloaded 210/[0-9]+ managed cache "
+        "entries') 90 min ago and has not ended (no line matching 'Autotuning process ends' within 90 min)")
+
+
+@pytest.mark.parametrize("warm_line", [CONFIGS_LINE, "(EngineCore pid=412) " + PRELOADED_LINE])
+def test_a_warm_autotune_is_held_to_its_minutes_whether_the_cache_line_comes_before_or_inside_it(
+        warm_line: str) -> None:
+    """vLLM's legacy cache logs 'Loaded N configs' before the phase; 0.33.0's managed store logs 'Preloaded N/M'
+    just after it began. Either way the cache was there, and a phase that then runs long is the fault."""
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=10_000)
+    warm_at = 11 if "Loaded" in warm_line else 13
+    log = [(9, KV_LINE), (warm_at, warm_line), (12, AUTOTUNE_START)]
+    log.sort(key=lambda item: item[0])
+    result = gate(health(forbid=(), expect=(EXPECT_KV,), stall=(COLD_AWARE_STALL,)), clock, engine, log=log).wait()
+
+    assert result.failed_check == "startup-stall"
+    assert result.seconds == 615
+    assert result.detail.startswith("autotune started 10 min ago and has not ended")
+
+
+def test_cold_minutes_need_the_warm_record_and_are_never_below_the_warm_limit() -> None:
+    with pytest.raises(ValueError, match="cold_minutes needs `warm`"):
+        StartupStall(after="a", until="b", minutes=10, cold_minutes=90)
+    with pytest.raises(ValueError, match=r"cold_minutes \(5\) is below minutes \(10\)"):
+        StartupStall(after="a", until="b", minutes=10, warm="w", cold_minutes=5)
+
+
 # -- rules read what the engine wrote, never what a client put in the log ------------------------------
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from lanectl.commands.import_jm import import_jm_recipe
+from lanectl.commands.import_jm import import_jm_command, import_jm_recipe
 from lanectl.errors import RecipeInvalid
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
@@ -39,6 +39,9 @@ DELIBERATE = {
     "health.request_timeout_seconds": "lanectl's probe timeout; not a jm field",
     "watchdog.*": "the watchdog's restart budget and GPU-memory wait are lanectl's; jm has no watchdog",
     "companions.rtx.*": "the RTX sidecar on the station's second GPU is not part of the public recipe",
+    "engine.env.FLASHINFER_AUTOTUNE_CACHE_DIR": "keeps vLLM 0.33.0's managed autotune store in the cache volume, "
+                                                "ready for the next pin; jm has no such variable",
+    "image.download_kernels": "runs `vllm download-kernels` at build once the pin reaches 0.32.0; not a jm field",
 }
 
 
@@ -107,14 +110,16 @@ def test_import_round_trips_into_a_recipe_that_validates(project):
 
 def test_jms_log_rules_are_mapped_to_what_vllm_0_31_0_prints():
     """jm forbids `Autotuning process starts` (which every 0.31.0 start logs) and expects `[Oo]ffload.*GiB`
-    (which the UVA offload line never matches); the import maps both to what they meant."""
+    (which the UVA offload line never matches); the import maps both to what they meant. Its `Loaded 210 configs`
+    becomes the stall's warm line: a start without it (the first on a new release) may retune once."""
     log = import_jm(load_yaml(RECIPE_YAML, "recipe.yaml"), LAUNCH, "launch-command.txt").recipe["defaults"][
         "health"]["startup_log"]
     assert log == {
         "expect": ["^Total CPU offloaded parameters: 60(\\.0+)?$", "^Engram table offloaded to pinned host memory: ",
-                   "KV cache size: [0-9,]+ tokens", "Loaded 210 configs"],
+                   "KV cache size: [0-9,]+ tokens"],
         "stall": [{"after": "Autotuning process starts", "until": "Autotuning process ends", "minutes": 10,
-                   "name": "autotune", "why": "a cold-cache retune takes 74 min; warm the flashinfer autotune cache"}],
+                   "name": "autotune", "why": "a warm cache ends it at once; a cold retune takes 74 min",
+                   "warm": "Loaded 210 configs|Preloaded 210/[0-9]+ managed cache entries", "cold_minutes": 90}],
     }
     uva = re.compile(log["expect"][0])
     assert uva.search("Total CPU offloaded parameters: 60.0")
@@ -136,7 +141,7 @@ def test_every_field_left_out_is_listed_with_its_location():
         (15, "model.name"), (16, "model.repo"), (17, "model.revision"), (18, "model.quantization"),
         (20, "hardware.profile"), (22, "hardware.observed.gpu"), (23, "hardware.observed.cuda"),
         (24, "hardware.observed.gpu_memory_visible_gib"), (25, "hardware.observed.snapshot"),
-        (28, "runtime.engine_version"), (33, "launch.script"), (57, "metrics"),
+        (33, "launch.script"), (57, "metrics"),
         (65, "verification.gates.schema.how"), (66, "verification.gates.digest.how"),
         (67, "verification.gates.health.how"), (68, "verification.gates.quality.how"),
         (69, "verification.gates.performance.how"), (70, "limits"), (73, "rollback.script"),
@@ -268,3 +273,113 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_at_its_line(t
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[0] == (f"{folder}/recipe.yaml:48:16: health.ready.timeout_s: expected a "
                                              f"positive, finite number of seconds, got {shown}")
+
+
+# --- import never writes what `validate` refuses: each input class that used to write an invalid recipe ----------
+
+def mutated(tmp_path: Path, recipe: str = RECIPE_YAML, launch: str = LAUNCH) -> Path:
+    folder = tmp_path / "jm"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text(recipe)
+    (folder / "launch-command.txt").write_text(launch)
+    return folder
+
+
+INVALID_OUTPUT = [
+    # (id, recipe.yaml edit or None, launch edit or None, where it is reported, what is said)
+    ("port-true", ("ports: [30006]", "ports: [true]"), None,
+     "recipe.yaml:35:11: launch.ports[0]", "expected a port number (1-65535), got True"),
+    ("port-zero", ("ports: [30006]", "ports: [0]"), None,
+     "recipe.yaml:35:11: launch.ports[0]", "greater than or equal to 1, got 0"),
+    ("port-too-big", ("ports: [30006]", "ports: [70000]"), None,
+     "recipe.yaml:35:11: launch.ports[0]", "less than or equal to 65535, got 70000"),
+    ("port-twice", ("ports: [30006]", "ports: [30006, 30006]"), None,
+     "recipe.yaml:35:18: launch.ports[1]", "host port 30006/tcp is already published"),
+    ("env-secret", ("VLLM_LOGGING_LEVEL: INFO", "HF_TOKEN: abc"), None,
+     "recipe.yaml:37:15: launch.env.HF_TOKEN", "looks like a secret"),
+    ("env-name", ("VLLM_LOGGING_LEVEL: INFO", '"1BAD": x'), None,
+     "recipe.yaml:37:13: launch.env.1BAD", "is not a valid environment variable name"),
+    ("env-line-break", ("VLLM_LOGGING_LEVEL: INFO", 'X: "a\\nb"'), None,
+     "recipe.yaml:37:8: launch.env.X", "holds a line break"),
+    ("env-list", ("VLLM_LOGGING_LEVEL: INFO", "X: [1, 2]"), None,
+     "recipe.yaml:37:8: launch.env.X", "expected a string or a number, got list of 2"),
+    ("secret-name", ("secret_env: [HF_TOKEN]", 'secret_env: ["1X"]'), None,
+     "recipe.yaml:38:16: launch.secret_env[0]", "'1X' is not a valid environment variable name"),
+    ("volume-relative", ("container: /model, mode: ro", "container: model, mode: ro"), None,
+     "recipe.yaml:40:104: launch.volumes[0].container", "must be an absolute path"),
+    ("volume-colon", ("container: /model, mode: ro", "container: /mo:del, mode: ro"), None,
+     "recipe.yaml:40:104: launch.volumes[0].container", "holds a ':'"),
+    ("volume-host-and-volume", ("{volume: dsv41-vllm-cache, container: /root/.cache/vllm}",
+                                "{host: /x, volume: v, container: /y}"), None,
+     "recipe.yaml:41:7: launch.volumes[1]", "give host (a bind mount) or volume (a named volume), not both"),
+    ("volume-neither", ("{volume: dsv41-vllm-cache, container: /root/.cache/vllm}", "{container: /y}"), None,
+     "recipe.yaml:41:7: launch.volumes[1]", "give exactly one of 'source'"),
+    ("volume-name", ("volume: dsv41-vllm-cache", 'volume: "bad name"'), None,
+     "recipe.yaml:41:16: launch.volumes[1].volume", "is not a Docker volume name"),
+    ("volume-twice", ("{volume: dsv41-vllm-cache, container: /root/.cache/vllm}",
+                      "{volume: dsv41-vllm-cache, container: /model}"), None,
+     "recipe.yaml:33:3: launch", "volumes mount the target '/model' twice"),
+    ("ipc", ("ipc: host", "ipc: weird"), None,
+     "recipe.yaml:42:8: launch.ipc", "Input should be 'host', 'private' or 'shareable'"),
+    ("shm-size", ("shm_size: 16g", "shm_size: lots"), None,
+     "recipe.yaml:43:13: launch.shm_size", "String should match pattern"),
+    ("gpu", ('gpus: ["0"]', 'gpus: ["x"]'), None,
+     "recipe.yaml:44:9: launch.gpus", "'x' is not a GPU index"),
+    ("gpu-twice", ('gpus: ["0"]', 'gpus: ["0", "0"]'), None,
+     "recipe.yaml:44:9: launch.gpus", "lists a GPU twice"),
+    ("models-path", ("path: /v1/models", "path: v1/models"), None,
+     "recipe.yaml:47:11: health.ready.path", "String should match pattern"),
+    ("timeout-beyond-a-day", ("timeout_s: 1200 ", "timeout_s: 99999999 "), None,
+     "recipe.yaml:48:16: health.ready.timeout_s", "less than or equal to 1440"),
+    ("expect-regex", ('- "Loaded 210 configs"', '- "Loaded (210"'), None,
+     "recipe.yaml:52:5: health.log_expect", "is not a valid regular expression"),
+    ("forbid-regex", ('- "Autotuning process starts"', '- "Autotuning (process"'), None,
+     "recipe.yaml:56:5: health.log_forbid", "is not a valid regular expression"),
+    ("image", ("image: vllm/vllm-openai:deepseekv41-flash-0909", 'image: "Bad Image"'), None,
+     "recipe.yaml:30:12: runtime.container.image", "is not a Docker image reference"),
+    ("baked-secret-flag", None, ("--trust-remote-code", "--api-key sk-123"),
+     "launch-command.txt:3:1: `vllm serve` argument 4", "--api-key would bake a secret"),
+    ("no-model", None, (LAUNCH, "vllm serve\n"),
+     "launch-command.txt:1:1", "`vllm serve` names no model"),
+    ("title-not-a-string", ("title: DeepSeek", "title: [x]\ntitle2: DeepSeek"), None,
+     "recipe.yaml:10:8: title", "expected str, got list"),
+]
+
+
+@pytest.mark.parametrize(("recipe_edit", "launch_edit", "where", "said"),
+                         [case[1:] for case in INVALID_OUTPUT], ids=[case[0] for case in INVALID_OUTPUT])
+def test_an_input_whose_recipe_validate_would_refuse_is_refused_at_its_jm_source(
+        tmp_path, recipe_edit, launch_edit, where, said):
+    recipe = RECIPE_YAML.replace(*recipe_edit) if recipe_edit else RECIPE_YAML
+    launch = LAUNCH.replace(*launch_edit) if launch_edit else LAUNCH
+    assert (recipe, launch) != (RECIPE_YAML, LAUNCH), "the edit must change the input"
+    folder = mutated(tmp_path, recipe, launch)
+    out = tmp_path / "recipes" / "imported.yaml"
+    with pytest.raises(RecipeInvalid) as caught:
+        import_jm_command(folder, out_file=out)
+    shown = [str(problem) for problem in caught.value.problems]
+    assert any(line.startswith(f"{folder}/{where}") and said in line for line in shown), shown
+    assert not out.exists()
+
+
+def test_every_problem_is_listed_and_the_cli_exits_2_writing_nothing(tmp_path):
+    recipe = RECIPE_YAML.replace("ports: [30006]", "ports: [0]").replace("ipc: host", "ipc: weird")
+    folder = mutated(tmp_path, recipe)
+    out = tmp_path / "recipes" / "imported.yaml"
+    result = lanectl("import", "jm", str(folder), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"{folder}/recipe.yaml:35:11: launch.ports[0]: Input should be greater than or equal to 1, got 0 (the "
+        "imported recipe's defaults.engine.ports[0].container)",
+        f"{folder}/recipe.yaml:42:8: launch.ipc: Input should be 'host', 'private' or 'shareable', got 'weird' (the "
+        "imported recipe's defaults.engine.ipc)",
+        "2 problem(s); nothing was built or started.",
+    ]
+    assert not out.exists()
+
+
+def test_a_lane_name_the_format_refuses_is_named_as_the_lane_option(tmp_path):
+    with pytest.raises(RecipeInvalid) as caught:
+        import_jm_command(mutated(tmp_path), lane="bad lane!")
+    assert [str(p) for p in caught.value.problems] == [
+        "--lane: lane name 'bad lane!' must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$ (the imported recipe's lanes)"]

@@ -82,7 +82,7 @@ FLAG_HINT = ("would bake a secret into the image and the container's config; dro
                  id="container-name"),
     pytest.param(("    python_site: /opt/stub\n", "    python_site: /opt/stub\n    build_args: {A: b}\n"),
                  "recipes/r.yaml:9:5: defaults.image.build_args: unknown key; expected one of: template, base, "
-                 "local_base, python_site, registry", id="build-args-removed"),
+                 "local_base, python_site, registry, vllm, download_kernels", id="build-args-removed"),
     pytest.param(("    python_site: /opt/stub\n", "    python_site: /opt/$HOME\n"),
                  "recipes/r.yaml:8:18: defaults.image.python_site: '/opt/$HOME' must be an absolute path of letters, "
                  "digits and . _ + - (no spaces, quotes, '$', '..' or control characters)", id="python-site-dollar"),

@@ -64,7 +64,7 @@ def test_the_good_recipe_loads(project, write_recipe):
     pytest.param(
         ("    python_site: /opt/stub\n", "    python_site: /opt/stub\n    bsae: x\n"),
         ["recipes/r.yaml:9:5: defaults.image.bsae: unknown key; expected one of: template, base, local_base, "
-         "python_site, registry"],
+         "python_site, registry, vllm, download_kernels"],
         id="unknown-key"),
     pytest.param(
         ("      - {container: 8000, host: 18000}\n", "      - {container: 8000, host: 70000}\n"),

@@ -49,9 +49,10 @@ def test_merge_rule_maps_merge_lists_and_scalars_replace():
 def test_lane_inherits_and_overrides(shipped):
     h1, h2 = shipped.lane("h1-REF"), shipped.lane("h2-REF")
     assert h1.spec.engine.args == h2.spec.engine.args
-    assert h2.spec.engine.env == {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_DSV41_MEGA_SPLITKV": "4",
+    cache = {"FLASHINFER_AUTOTUNE_CACHE_DIR": "/root/.cache/vllm/flashinfer-autotune"}
+    assert h2.spec.engine.env == {"VLLM_LOGGING_LEVEL": "INFO", **cache, "VLLM_DSV41_MEGA_SPLITKV": "4",
                                   "VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS": "6"}
-    assert h1.spec.engine.env == {"VLLM_LOGGING_LEVEL": "INFO"}
+    assert h1.spec.engine.env == {"VLLM_LOGGING_LEVEL": "INFO", **cache}
 
 
 def test_recipe_values_cannot_inject_instructions(project, write_recipe):

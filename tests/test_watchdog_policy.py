@@ -93,7 +93,8 @@ def test_a_hang_is_not_shielded_by_the_startup_budget():
     assert decision.failing and decision.memory.consecutive_failures == 1
 
 
-@pytest.mark.parametrize(("code", "action"), [(31, "restart"), (79, "stop"), (94, "none")])
+@pytest.mark.parametrize(("code", "action"), [(31, "restart"), (94, "restart"), (79, "stop"), (109, "stop"),
+                                              (63, "none")])
 def test_xid_classes(code, action):
     xid = parse_xid(f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=python3, x")
     assert xid is not None
@@ -101,7 +102,8 @@ def test_xid_classes(code, action):
     assert decision.action == action
 
 
-UNLISTED = parse_xid("NVRM: Xid (PCI:0000:01:00): 94, pid=1, name=python3, contained ECC")
+# NVIDIA's catalog: 63 is a row remapped after an ECC error, immediate action IGNORE.
+UNLISTED = parse_xid("NVRM: Xid (PCI:0000:01:00): 63, pid=1, name=python3, Row Remapper: New row marked for remapping")
 CRASH = dict(containers_running=False, container_detail="primary exited (exit code 1)", health_ok=None)
 RESTARTED_AT = (NOW - timedelta(seconds=5)).isoformat()
 
@@ -119,7 +121,7 @@ def test_an_unlisted_xid_is_carried_by_every_kind_of_pass(changes, memory, actio
     decision = decide(obs, memory, POLICY, now=NOW, armed=True, startup_budget_seconds=BUDGET)
     assert decision.action == action
     assert decision.xid_unlisted == (UNLISTED,), "counted and journaled by the runner"
-    assert decision.reason.endswith("; unlisted Xid 94 recorded (not acted on)")
+    assert decision.reason.endswith("; unlisted Xid 63 recorded (not acted on)")
     assert UNLISTED not in decision.xid_application + decision.xid_hardware, "never acted on"
 
 

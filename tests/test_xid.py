@@ -7,6 +7,7 @@ import pytest
 from lanectl.host.xid import (
     DEFAULT_APPLICATION_CODES,
     DEFAULT_HARDWARE_CODES,
+    XID_CATALOG,
     XID_DESCRIPTIONS,
     XidClass,
     XidEvent,
@@ -151,15 +152,39 @@ def test_parse_xid_rejects_other_lines(line: str) -> None:
     assert parse_xid(line) is None
 
 
-def test_default_classification() -> None:
+def test_default_classification_follows_nvidias_catalog() -> None:
+    """The immediate action in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html):
+    RESTART_APP is the application's, RESET_GPU / RESTART_BM / the ECC and NVLink workflows the hardware's, IGNORE
+    neither (recorded, never acted on)."""
     def classes(codes: list[int]) -> list[XidClass]:
         return [classify(event("", code=code, message="")) for code in codes]
 
-    assert classes([13, 31, 43, 45, 109]) == [XidClass.APPLICATION] * 5
-    assert classes([48, 64, 74, 79, 95, 119, 120]) == [XidClass.HARDWARE] * 7
-    assert classes([32, 63, 92, 94, 149]) == [XidClass.UNKNOWN] * 5
-    assert DEFAULT_APPLICATION_CODES == {13, 31, 43, 45, 109}
-    assert DEFAULT_HARDWARE_CODES == {48, 64, 74, 79, 95, 119, 120}
+    # Catalog RESTART_APP (94: a contained ECC error, restart the application), and 43/45 (the application died).
+    assert classes([8, 13, 31, 32, 43, 45, 94]) == [XidClass.APPLICATION] * 7
+    # 109 (context-switch timeout) is RESET_GPU in the catalog, not the application's as lanectl had it.
+    assert classes([46, 48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 149, 155, 158]) == \
+        [XidClass.HARDWARE] * 16
+    # IGNORE: a row remapped (63), a high single-bit rate (92), a corrected C2C error (121); and codes not in it.
+    assert classes([63, 92, 121, 137, 1, 999]) == [XidClass.UNKNOWN] * 6
+    assert {94, 63, 154} <= set(XID_CATALOG), "the codes the issue named"
+    assert DEFAULT_APPLICATION_CODES & DEFAULT_HARDWARE_CODES == set()
+    assert {code for code, (_, action) in XID_CATALOG.items() if action == "RESTART_APP"} <= DEFAULT_APPLICATION_CODES
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", XidClass.HARDWARE),
+    ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", XidClass.HARDWARE),
+    ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", XidClass.HARDWARE),
+    ("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)", XidClass.UNKNOWN),
+    ("something a newer driver says", XidClass.HARDWARE),
+])
+def test_xid_154_is_classified_by_the_recovery_action_it_names(message: str, expected: XidClass) -> None:
+    """Xid 154 summarises what the other Xids need; only an action of None needs nothing (it is recorded). An action
+    lanectl cannot read is taken as one: stopping a lane costs a manual start, restarting onto a failing GPU loops."""
+    line = f"NVRM: Xid (PCI:0000:01:00): 154, {message}"
+    xid = parse_xid(line)
+    assert xid is not None and xid.message == message
+    assert classify(xid) == expected
 
 
 def test_custom_classification() -> None:
@@ -173,10 +198,11 @@ def test_custom_classification() -> None:
 
 
 def test_descriptions() -> None:
-    assert sorted(XID_DESCRIPTIONS) == [13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 109, 119, 120]
     assert XID_DESCRIPTIONS[79] == "GPU has fallen off the bus"
+    assert XID_DESCRIPTIONS[63] == "GPU memory remapping event"
+    assert XID_DESCRIPTIONS[154] == "GPU recovery action changed"
     assert event("", code=119, message="").description == "GSP RPC timeout"
-    assert event("", code=149, message="").description == "unlisted Xid"
+    assert event("", code=999, message="").description == "unlisted Xid"
 
 
 # --- belief: the kernel's facility, the line's start, the lane's GPU ------------------------------

@@ -172,6 +172,20 @@ def patches_check(as_json: JsonOption = False) -> None:
     show(check_project_patches(Project.locate(state.recipes), progress=DownloadProgress(err)), as_json)
 
 
+pin_app = typer.Typer(no_args_is_help=True, help="The vLLM release the lanes pin, and what moving it would break.")
+app.add_typer(pin_app, name="pin")
+
+
+@pin_app.command("check")
+def pin_check(version: Annotated[str, typer.Argument(help="The vLLM release to move to, e.g. 0.32.0.")],
+              as_json: JsonOption = False) -> None:
+    """Each lane against a vLLM release's own source: patches, startup rules, serve flags, caches, build steps."""
+    from lanectl.cli.progress import DownloadProgress
+    from lanectl.commands.pin import check_pin_command
+
+    show(check_pin_command(Project.locate(state.recipes), version, progress=DownloadProgress(err)), as_json)
+
+
 @app.command()
 def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", help="Lanes to build.",
                                                                    autocompletion=complete_lane)] = None,

@@ -68,6 +68,28 @@ def patches_check(result: Result) -> list[Line]:
     return lines
 
 
+VERDICT_COLOURS = {"breaks": "red", "note": "yellow", "ok": "green"}
+
+
+def pin_check(result: Result) -> list[Line]:
+    data = result.data
+    lines = [line(f"vLLM {data['version']} (flashinfer {data['flashinfer']}), from its released source")]
+
+    def findings(items: list[Any]) -> list[Line]:
+        return [line("  ", (f"{f['verdict']:<6}", VERDICT_COLOURS[f["verdict"]]), f" {f['topic']}: {f['text']}"
+                     + (f"  [{f['where']}]" if f["where"] else "")) for f in items]
+
+    if data["release"]:
+        lines += [line("the release"), *findings(data["release"])]
+    for lane in data["lanes"]:
+        lines += [line(f"{lane['lane']} ({lane['recipe']}, pinned to {lane['pinned']})"), *findings(lane["findings"])]
+    lines += [line(f"not checked: {name}", err=True) for name in data["not_checked"]]
+    count = data["breaks"]
+    lines.append(line((f"{count} thing{'s' if count != 1 else ''} break{'' if count != 1 else 's'}", "red")
+                      if count else ("nothing breaks", "green"), f" moving to vLLM {data['version']}"))
+    return lines
+
+
 BUILD_COLOURS = {"built": "green", "unchanged": "cyan", "skipped": "cyan", "failed": "red"}
 
 
@@ -439,6 +461,7 @@ VIEWS: dict[str, View] = {
     "diff": diff,
     "schema": schema,
     "patches.check": patches_check,
+    "pin.check": pin_check,
     "build": build,
     "plan": plan,
     "switch": switch,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,8 +11,17 @@ import yaml
 
 from lanectl.errors import BadInput, Problem, RecipeInvalid
 from lanectl.output import Result
-from lanectl.recipe.jm_import import JM_SCHEMA, import_jm, launch_file_name
-from lanectl.recipe.yaml_source import YamlSyntaxError, read_text_file, read_yaml_file
+from lanectl.project import Project
+from lanectl.recipe.catalog import load_catalog
+from lanectl.recipe.jm_import import JM_SCHEMA, JmImport, import_jm, launch_file_name
+from lanectl.recipe.yaml_source import (
+    PathKey,
+    YamlSyntaxError,
+    format_path,
+    load_yaml,
+    read_text_file,
+    read_yaml_file,
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,72 @@ def import_jm_recipe(path: Path, *, lane: str = "main") -> ImportedRecipe:
         footer.append("# Not mapped (no lanectl field holds them; kept here so nothing is dropped silently):")
         footer += [f"#   {_comment(line)}" for line in unmapped]
     body = yaml.safe_dump(result.recipe, sort_keys=False, width=200, allow_unicode=True)
-    return ImportedRecipe(text="\n".join([*header, body.rstrip("\n"), *footer]) + "\n", unmapped=unmapped)
+    text = "\n".join([*header, body.rstrip("\n"), *footer]) + "\n"
+    refused = validation_problems(text, result, str(recipe_file))
+    if refused:
+        raise RecipeInvalid(refused)
+    return ImportedRecipe(text=text, unmapped=unmapped)
+
+
+def validation_problems(text: str, imported: JmImport, recipe_file: str) -> list[Problem]:
+    """What `lanectl validate` would refuse in the imported recipe `text`, each problem at the jm field or launch
+    command line its value came from. The recipe is validated by lanectl's own loader, in a scratch project."""
+    with tempfile.TemporaryDirectory(prefix="lanectl-import-jm-") as scratch:
+        recipes = Path(scratch) / "recipes"
+        recipes.mkdir()
+        (recipes / "imported.yaml").write_text(text, encoding="utf-8")
+        try:
+            load_catalog(Project.locate(recipes), [recipes / "imported.yaml"])
+        except RecipeInvalid as exc:
+            found = exc.problems
+        else:
+            return []
+    paths = _paths_by_position(text)
+    args = imported.recipe["defaults"]["engine"]["args"]
+    located: dict[tuple[str, int, int, str], Problem] = {}
+    for problem in found:
+        path = _path_of(problem, paths)
+        if path == ("defaults", "engine", "args"):
+            # A problem with the whole list names the argument it is about first (`--api-key would bake ...`).
+            word = problem.message.split(" ", 1)[0]
+            path = (*path, args.index(word)) if word in args else path
+        origin = imported.origin_of(path) if path is not None else None
+        message = f"{problem.message} (the imported recipe's {problem.path or 'file'})"
+        if origin is None:
+            origin = Problem(recipe_file, 0, 0, "", "")
+        # One jm value may become several of the recipe's (a port is both container and host port): once.
+        key = (origin.file, origin.line, origin.column, problem.message)
+        located.setdefault(key, Problem(_shown(origin.file, recipe_file), origin.line, origin.column, origin.path,
+                                        message))
+    return list(located.values())
+
+
+def _paths_by_position(text: str) -> dict[tuple[int, int], list[PathKey]]:
+    doc = load_yaml(text, "imported.yaml")
+    positions: dict[tuple[int, int], list[PathKey]] = {}
+    for table in (doc.value_at, doc.key_at):
+        for path, position in table.items():
+            positions.setdefault(position, []).append(path)
+    return positions
+
+
+def _path_of(problem: Problem, positions: dict[tuple[int, int], list[PathKey]]) -> PathKey | None:
+    """The recipe path a validation problem is about: of the paths at its position, the one it names (a mapping and
+    its first key share a position), else the most specific."""
+    candidates = positions.get((problem.line, problem.column), [])
+    named = [path for path in candidates if format_path(path) == problem.path]
+    if named:
+        return named[0]
+    return max(candidates, key=len) if candidates else None
+
+
+def _shown(origin_file: str, recipe_file: str) -> str:
+    """The jm files as the user named the recipe: `recipe.yaml` and the launch file beside it."""
+    if origin_file == "--lane":
+        return origin_file
+    folder = Path(recipe_file).parent
+    return str(folder / origin_file) if not Path(origin_file).is_absolute() and origin_file != recipe_file \
+        else origin_file
 
 
 def _comment(text: str) -> str:

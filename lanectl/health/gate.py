@@ -7,7 +7,9 @@ Each poll, in this order:
 1. A log record matching a `startup_log.forbid` regex, or one of vLLM's fatal lines, fails the gate at once.
    Rules read only what the engine itself wrote (`engine_log`): never an access-log or request-log line.
    A `startup_log.stall` phase that began (its `after` record) and has not ended (`until`) within its
-   minutes fails the gate, naming the phase; the clock runs from the poll that first saw the record.
+   minutes fails the gate, naming the phase; the clock runs from the poll that first saw the record. A stall
+   with `cold_minutes` allows that long while no `warm` record has been seen (the engine found no cache to
+   start from), and the budget grows by as much meanwhile.
 2. A container that is no longer running fails the gate at once.
 3. The lane is *ready* when `/health` answers 200, `/v1/models` lists the served model and every
    `startup_log.expect` regex has matched some line so far. Connection refused is normal until then:
@@ -144,7 +146,6 @@ class HealthGate:
 
     def wait(self) -> GateResult:
         start = self.clock.monotonic()
-        deadline = start + self.budget
         seen = _Seen(tail=deque(maxlen=LOG_TAIL_LINES))
 
         def result(check: str | None, detail: str, missing: Sequence[str], exit_code: int | None = None) -> GateResult:
@@ -215,15 +216,17 @@ class HealthGate:
                 answers.append(generation.detail)
 
             now = self.clock.monotonic()
+            # A phase running cold (its engine found no cache) has its own minutes on top of the budget.
+            deadline = start + self.budget + sum(w.extension for w in self.stalls)
             if now >= deadline:
-                detail = f"after {_seconds(self.budget)} s still waiting for: {'; '.join(missing)}"
+                detail = f"after {_seconds(deadline - start)} s still waiting for: {'; '.join(missing)}"
                 if answers:
                     detail += f". Last answers: {'; '.join(answers)}"
                 return result(STARTUP_BUDGET, detail, missing)
             self.on_progress(
                 GateProgress(
                     elapsed=now - start,
-                    budget=self.budget,
+                    budget=deadline - start,
                     satisfied=tuple(r for r in self._readiness_requirements() if r not in missing),
                     missing=tuple(missing),
                     generation_failures=seen.generation_failures,
@@ -281,15 +284,38 @@ class _StallWatch:
         self.stall = stall
         self.after = re.compile(stall.after)
         self.until = re.compile(stall.until)
+        self.warm = re.compile(stall.warm) if stall.warm is not None else None
+        self.warm_seen = False
+        self.ran_cold = False  # a cold phase ended: the start keeps the budget it was given for it
         self.began: float | None = None
         self.line = ""
 
     @property
+    def cold(self) -> bool:
+        """Open, with a cold allowance, and no record yet that the engine found its cache (flashinfer logs the
+        tuned results it loaded before the phase, or, from its managed store, inside it)."""
+        return self.began is not None and self.stall.cold_minutes is not None and not self.warm_seen
+
+    @property
+    def limit_minutes(self) -> float:
+        return self.stall.cold_minutes if self.cold and self.stall.cold_minutes is not None else self.stall.minutes
+
+    @property
+    def extension(self) -> float:
+        """Seconds the start's budget grows by: a cold phase's allowance, from when it began cold on."""
+        if self.stall.cold_minutes is None or not (self.cold or self.ran_cold):
+            return 0.0
+        return self.stall.cold_minutes * 60
+
+    @property
     def deadline(self) -> float | None:
-        return None if self.began is None else self.began + self.stall.minutes * 60
+        return None if self.began is None else self.began + self.limit_minutes * 60
 
     def see(self, line: str, at: float) -> None:
+        if self.warm is not None and startup_match(self.warm, line):
+            self.warm_seen = True
         if self.began is not None and startup_match(self.until, line):
+            self.ran_cold = self.ran_cold or self.cold
             self.began = None
         elif self.began is None and startup_match(self.after, line):
             self.began, self.line = at, line.strip()
@@ -300,8 +326,9 @@ class _StallWatch:
 
     def failure(self, now: float) -> str:
         assert self.began is not None
-        detail = (f"{self.stall.label} started {_minutes(now - self.began)} ago and has not ended "
-                  f"(no line matching '{self.stall.until}' within {self.stall.minutes:g} min)")
+        cold = f" from no cache (no line matching '{self.stall.warm}')" if self.cold else ""
+        detail = (f"{self.stall.label} started{cold} {_minutes(now - self.began)} ago and has not ended "
+                  f"(no line matching '{self.stall.until}' within {self.limit_minutes:g} min)")
         if self.stall.why:
             detail += f": {self.stall.why}"
         return f"{detail}; began with: {self.line}"

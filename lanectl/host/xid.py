@@ -28,26 +28,86 @@ if TYPE_CHECKING:
 
 KERNEL_FACILITY = 0  # syslog facility `kern`: what the kernel itself logs under
 
-DEFAULT_APPLICATION_CODES: frozenset[int] = frozenset({13, 31, 43, 45, 109})
-DEFAULT_HARDWARE_CODES: frozenset[int] = frozenset({48, 64, 74, 79, 95, 119, 120})
-
-XID_DESCRIPTIONS: dict[int, str] = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup",
-    48: "double-bit ECC error",
-    63: "ECC page retirement",
-    64: "ECC page retirement/row remap failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    109: "context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
+# NVIDIA's Xid catalog for Ampere and newer GPUs, "Analyzing Xid Errors with the Xid Catalog"
+# (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): each code that applies to an A100, H100,
+# B100 or GB200, with its description and its "Resolution Bucket (Immediate Action)". Unused codes are left out.
+XID_CATALOG: dict[int, tuple[str, str]] = {
+    8: ("GPU stopped processing", "RESTART_APP"),
+    11: ("invalid or corrupted push buffer stream", "RESTART_APP"),
+    13: ("graphics engine exception", "RESTART_APP"),
+    25: ("invalid or illegal push buffer stream", "RESTART_APP"),
+    31: ("GPU memory page fault", "RESTART_APP"),
+    32: ("invalid or corrupted push buffer stream", "RESTART_APP"),
+    37: ("driver firmware error", "IGNORE"),
+    38: ("driver firmware error", "IGNORE"),
+    **{code: ("copy engine exception", "RESTART_APP") for code in (39, 40, 41, 70, 71, 72, 75, 76, 77, 85)},
+    43: ("GPU stopped processing", "IGNORE"),
+    44: ("graphics engine fault during context switch", "IGNORE"),
+    45: ("preemptive cleanup, due to previous errors", "WORKFLOW_XID_45"),
+    46: ("GPU stopped processing", "RESET_GPU"),
+    48: ("double-bit ECC error", "WORKFLOW_XID_48"),
+    54: ("auxiliary power is not connected to the GPU board", "CHECK_MECHANICALS"),
+    60: ("video processor exception", "RESTART_APP"),
+    62: ("internal micro-controller halt", "RESET_GPU"),
+    63: ("GPU memory remapping event", "IGNORE"),
+    64: ("GPU memory remapping failure", "RESET_GPU"),
+    66: ("illegal access by driver", "IGNORE"),
+    67: ("illegal access by driver", "IGNORE"),
+    **{code: ("video decoder or JPEG engine error", "RESTART_APP")
+       for code in (68, 82, 83, 84, 88, 89, *range(96, 106))},
+    69: ("graphics engine class error", "RESTART_APP"),
+    74: ("NVLink error", "WORKFLOW_NVLINK_ERR"),
+    78: ("vGPU start error", "UPDATE_SWFW"),
+    79: ("GPU has fallen off the bus", "RESTART_BM"),
+    80: ("corrupted data sent to GPU", "RESTART_APP"),
+    86: ("optical flow engine exception", "RESTART_APP"),
+    92: ("high single-bit ECC error rate", "IGNORE"),
+    93: ("non-fatal violation of the provisioned InfoROM wear limit", "IGNORE"),
+    94: ("contained memory error", "RESTART_APP"),
+    95: ("uncontained memory error", "RESET_GPU"),
+    106: ("SMBPBI test message", "IGNORE"),
+    107: ("SMBPBI test message (silent)", "IGNORE"),
+    109: ("context switch timeout", "RESET_GPU"),
+    110: ("security fault", "RESET_GPU"),
+    119: ("GSP RPC timeout", "RESET_GPU"),
+    120: ("GSP error", "RESET_GPU"),
+    121: ("C2C link corrected error", "IGNORE"),
+    **{code: ("copy engine exception", "RESTART_APP") for code in range(126, 136)},
+    136: ("NVLink training failed", "RESET_GPU"),
+    137: ("NVLink privilege error", "IGNORE"),
+    139: ("optical flow engine exception", "RESTART_APP"),
+    140: ("uncorrectable ECC error escaped containment", "RESET_GPU"),
+    141: ("CUDA fast path error", "IGNORE"),
+    143: ("GPU initialization error", "RESET_GPU"),
+    **{code: ("NVLink 5 error", "WORKFLOW_NVLINK5_ERR") for code in range(144, 151)},
+    151: ("key rotation error", "RESTART_VM"),
+    154: ("GPU recovery action changed", "XID_154"),
+    155: ("NVLink software-defined error", "RESET_GPU"),
+    156: ("resource retirement event", "RESET_GPU"),
+    157: ("resource retirement failure", "IGNORE"),
+    158: ("GPU fatal timeout", "RESET_GPU"),
+    159: ("CHI non-data error", "CHECK_UVM"),
+    160: ("channel retirement event", "IGNORE"),
+    161: ("channel retirement failure", "IGNORE"),
 }
+# The application's fault: a restart of the lane is the catalog's remedy (RESTART_APP). So are 43 (the catalog:
+# "a user application hits a software induced fault and must terminate; the GPU remains in a healthy state") and
+# 45 (the driver tore the application down, after another error or a kill): the engine's process is gone.
+APPLICATION_ACTIONS = frozenset({"RESTART_APP"})
+# The GPU needs attention (a reset, a reboot, a technician); restarting the lane onto it loops.
+HARDWARE_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR",
+                              "WORKFLOW_NVLINK5_ERR", "CHECK_MECHANICALS", "UPDATE_SWFW", "XID_154"})
+DEFAULT_APPLICATION_CODES: frozenset[int] = frozenset(
+    {code for code, (_, action) in XID_CATALOG.items() if action in APPLICATION_ACTIONS} | {43, 45})
+DEFAULT_HARDWARE_CODES: frozenset[int] = frozenset(
+    code for code, (_, action) in XID_CATALOG.items() if action in HARDWARE_ACTIONS)
+XID_DESCRIPTIONS: dict[int, str] = {code: description for code, (description, _) in XID_CATALOG.items()}
+# Xid 154 summarises what the other Xids require: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot
+# Required)" (the catalog; the actions are None, Drain P2P, Drain and Reset, GPU Reset Required, Node Reboot
+# Required). It is a hardware fault unless the action it names is None.
+GPU_RECOVERY_ACTION_XID = 154
+_RECOVERY_ACTION = re.compile(r"recovery action changed from .*? to 0x[0-9a-fA-F]+ \((?P<action>[^)]*)\)")
+
 
 # The attribution inside the parentheses is matched loosely, then picked apart, so that a future
 # driver adding a field there still yields the code rather than no event at all.
@@ -124,6 +184,12 @@ def parse_xid(line: str, cursor: str = "") -> XidEvent | None:
     )
 
 
+def recovery_action(event: XidEvent) -> str | None:
+    """The action an Xid 154 says the GPU now needs (`None`, `GPU Reset Required`, ...); None when unreadable."""
+    found = _RECOVERY_ACTION.search(event.message)
+    return found["action"].strip() if found else None
+
+
 def classify(
     event: XidEvent,
     application_codes: Collection[int] = DEFAULT_APPLICATION_CODES,
@@ -131,6 +197,8 @@ def classify(
 ) -> XidClass:
     # Hardware is checked first: should a code be listed as both, restarting onto a broken GPU loops,
     # while stopping a lane whose application crashed only costs a manual start.
+    if event.code == GPU_RECOVERY_ACTION_XID and recovery_action(event) == "None":
+        return XidClass.UNKNOWN  # nothing to do: recorded like any code in neither list
     if event.code in hardware_codes:
         return XidClass.HARDWARE
     if event.code in application_codes:

@@ -52,6 +52,15 @@ def parse_base(patch: Patch) -> Base:
     raise PatchFormatError(patch.source, line, f"Base {patch.base!r} is not understood; use {ACCEPTED_BASE_FORMS}")
 
 
+def check_against_sdist(patches: list[Patch], sdist: Path) -> list[PatchReport]:
+    """Each patch against the release in `sdist` (whatever its Base names), in the order given. A target the
+    release lacks is reported by check() as a conflict, per patch."""
+    targets = [target for patch in patches for target in patch.targets]
+    with tempfile.TemporaryDirectory(prefix="lanectl-patch-check-") as pristine:
+        extract_files(sdist, targets, Path(pristine), missing_ok=True)
+        return [check(patch, Path(pristine)) for patch in patches]
+
+
 def check_patch_files(
     patch_files: list[Path],
     project_root: Path,
@@ -72,12 +81,8 @@ def check_patch_files(
     for base, indexes in patches_by_base.items():
         if isinstance(base, PypiBase):
             sdist = fetch_sdist(base.project, base.version, cache_dir, progress=progress)
-            targets = [target for index in indexes for target in patches[index].targets]
-            with tempfile.TemporaryDirectory(prefix="lanectl-patch-check-") as pristine:
-                # A target the release lacks is reported by check() as a conflict, per patch.
-                extract_files(sdist, targets, Path(pristine), missing_ok=True)
-                for index in indexes:
-                    reports[index] = check(patches[index], Path(pristine))
+            for index, report in zip(indexes, check_against_sdist([patches[i] for i in indexes], sdist), strict=True):
+                reports[index] = report
         else:
             if leaves(project_root / base.directory, project_root):
                 first = patches[indexes[0]]

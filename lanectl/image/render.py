@@ -34,6 +34,18 @@ HELPERS_DIR = Path(__file__).parent / "in_image"  # stdlib-only scripts that run
 EXIT_GUARD = ("python3", "/lanectl/exit_guard.py")
 KERNEL_OUT = "/lanectl/kernel-out"
 KERNEL_SRC = "/lanectl/kernel-src"
+# `vllm download-kernels` (vLLM 0.32.0 on) installs FlashInfer's precompiled kernels, which vLLM otherwise downloads or
+# compiles at every start. Whether the image's vLLM has the command is read from its files, not by importing vLLM (a
+# GPU-less build step may not import it), so one recipe serves releases before and after.
+DOWNLOAD_KERNELS_COMMAND = "vllm/entrypoints/cli/download_kernels.py"
+
+
+def download_kernels_script(python_site: str) -> str:
+    """The build step's shell script; `python_site` is a validated plain path (recipe.model.DOCKERFILE_PATH)."""
+    return (f"if [ -f {python_site.rstrip('/')}/{DOWNLOAD_KERNELS_COMMAND} ]; then vllm download-kernels; "
+            "else echo 'lanectl: this vLLM has no download-kernels command (before 0.32.0): nothing to install'; fi")
+
+
 # Docker's classic builder stamps files with their tar mtime; a fixed one keeps the context bytes,
 # and so the layer cache, independent of when the checkout was made.
 FIXED_MTIME = 0
@@ -262,6 +274,7 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
         "recipe": lane.recipe.id,
         "base": spec.image.base,
         "python_site": spec.image.python_site,
+        "download_kernels": download_kernels_script(spec.image.python_site) if spec.image.download_kernels else None,
         "kernels": kernels,
         "patches": patches,
         "env": dict(sorted(spec.engine.env.items())),

@@ -14,6 +14,7 @@ import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import urljoin
 
 import httpx
@@ -87,8 +88,8 @@ def _sdist_matches(filename: str, project: str, version: str) -> bool:
     return normalize_project_name(name) == normalize_project_name(project) and file_version == version
 
 
-def resolve_sdist(project: str, version: str, *, index_url: str | None = None, client: httpx.Client) -> SdistFile:
-    """Find the sdist of `project`==`version` on the index, with the sha256 the index publishes."""
+def _simple_page(project: str, index_url: str | None, client: httpx.Client) -> tuple[str, list[dict[str, Any]]]:
+    """The project's PEP 691 page on the index: its URL and its files."""
     page_url = f"{resolve_index_url(index_url).rstrip('/')}/{normalize_project_name(project)}/"
 
     def get_page() -> httpx.Response:
@@ -105,7 +106,12 @@ def resolve_sdist(project: str, version: str, *, index_url: str | None = None, c
             f"{page_url} did not answer with {SIMPLE_JSON} (got {response.headers.get('content-type')!r}); "
             "the index must support the PEP 691 JSON simple API"
         )
-    files = response.json().get("files", [])
+    return page_url, list(response.json().get("files", []))
+
+
+def resolve_sdist(project: str, version: str, *, index_url: str | None = None, client: httpx.Client) -> SdistFile:
+    """Find the sdist of `project`==`version` on the index, with the sha256 the index publishes."""
+    page_url, files = _simple_page(project, index_url, client)
     for entry in files:
         filename = entry.get("filename", "")
         if not _sdist_matches(filename, project, version):
@@ -120,6 +126,25 @@ def resolve_sdist(project: str, version: str, *, index_url: str | None = None, c
             size=entry.get("size"),
         )
     raise UpstreamError(f"{page_url} has no sdist ({SDIST_SUFFIX}) for {project}=={version}")
+
+
+def released_versions(project: str, *, index_url: str | None = None, client: httpx.Client | None = None) -> list[str]:
+    """Every version of `project` the index has an sdist of (yanked ones left out), in the index's order."""
+    owned = client is None
+    http = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, read=120.0))
+    try:
+        _, files = _simple_page(project, index_url, http)
+    finally:
+        if owned:
+            http.close()
+    prefix = normalize_project_name(project)
+    versions = []
+    for entry in files:
+        filename = entry.get("filename", "")
+        name, _, version = filename.removesuffix(SDIST_SUFFIX).rpartition("-")
+        if filename.endswith(SDIST_SUFFIX) and normalize_project_name(name) == prefix and not entry.get("yanked"):
+            versions.append(version)
+    return list(dict.fromkeys(versions))
 
 
 def _sha256_of(path: Path) -> str:
@@ -226,6 +251,8 @@ def extract_files(sdist: Path, relpaths: Iterable[str], dest: Path, *, missing_o
     an UpstreamError unless `missing_ok`, in which case it is simply not extracted.
     """
     wanted = list(dict.fromkeys(relpaths))
+    if not wanted:
+        return
     for relpath in wanted:
         _check_member_path(relpath)
     pending: set[str] = set(wanted)

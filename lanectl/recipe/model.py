@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lanectl.dockerapi.sizes import size_in_bytes
+from lanectl.host.xid import DEFAULT_APPLICATION_CODES, DEFAULT_HARDWARE_CODES
 
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
@@ -26,6 +27,8 @@ DIGEST_PIN = re.compile(r"@sha256:[0-9a-f]{64}$")
 SHA256_HEX = r"^[0-9a-f]{64}$"
 GIT_COMMIT = r"^[0-9a-f]{40}$"
 SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
+# A vLLM release as PyPI names it: 0.31.0, 0.32.0.post1, 0.33.0rc1.
+VLLM_RELEASE = r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:(?:rc|\.post|\.dev)[0-9]{1,4})?$"
 PORT = Annotated[int, Field(ge=1, le=65535)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
@@ -371,6 +374,20 @@ class ImageSpec(Strict):
         None, description="Where `lanectl build --push` pushes the image (HOST[:PORT][/NAMESPACE]); the "
                           "repository is <registry>/lanectl/<recipe id>. `--registry` overrides it."
     )
+    vllm: str | None = Field(
+        None, pattern=VLLM_RELEASE, description="The vLLM release the base image carries (e.g. 0.31.0): the pin "
+        "`lanectl pin check VERSION` compares a release with. Omit for an image without vLLM.")
+    download_kernels: bool = Field(
+        False, description="Run `vllm download-kernels` in the build when the image's vLLM has the command (0.32.0 "
+        "on: FlashInfer's precompiled kernels, which vLLM otherwise downloads or compiles at every start); a vLLM "
+        "without it skips the step. vllm template only.")
+
+    @model_validator(mode="after")
+    def _download_kernels_template(self) -> ImageSpec:
+        if self.download_kernels and self.template != "vllm":
+            raise ValueError(f"download_kernels runs `vllm download-kernels`, which the vllm template does; template "
+                             f"{self.template!r} has no such step")
+        return self
 
     @model_validator(mode="after")
     def _pinned(self) -> ImageSpec:
@@ -412,10 +429,29 @@ class StartupStall(Strict):
                       description="What the phase is called in the failure (default: the `after` regex).")
     why: str = Field("", max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$",
                      description="Appended to the failure, e.g. 'a retune takes 74 min'.")
+    # A phase that starts from its cache is fast, one that has none is not, and some starts are meant to have none:
+    # the first on a new vLLM or flashinfer release (or new serve flags) retunes from scratch. The engine says which
+    # it is (flashinfer logs the tuned results it found), so the rule can hold each to its own limit.
+    warm: LogRegex | None = Field(
+        None, description="Regex of the engine record that says the phase starts from its cache (flashinfer: "
+                          "'Loaded N configs' or 'Preloaded N/M managed cache entries'). Until one is seen, a phase "
+                          "with `cold_minutes` counts as cold.")
+    cold_minutes: float | None = Field(
+        None, gt=0, le=24 * 60, description="How long a cold phase may take (no `warm` record seen); the start's "
+                                            "budget grows by as much while it runs cold. Needs `warm`.")
 
     @property
     def label(self) -> str:
         return self.name or f"'{self.after}'"
+
+    @model_validator(mode="after")
+    def _cold_needs_warm(self) -> StartupStall:
+        if self.cold_minutes is not None and self.warm is None:
+            raise ValueError("cold_minutes needs `warm`, the record that tells a warm phase from a cold one")
+        if self.cold_minutes is not None and self.cold_minutes < self.minutes:
+            raise ValueError(f"cold_minutes ({self.cold_minutes:g}) is below minutes ({self.minutes:g}); a phase "
+                             "without its cache is the slow one")
+        return self
 
 
 class StartupLog(Strict):
@@ -472,8 +508,11 @@ XidCode = Annotated[int, Field(ge=1, le=999)]
 
 
 class XidPolicy(Strict):
-    application_codes: list[XidCode] = Field(default_factory=lambda: [13, 31, 43, 45, 109])
-    hardware_codes: list[XidCode] = Field(default_factory=lambda: [48, 64, 74, 79, 95, 119, 120])
+    """Which NVIDIA Xid codes restart the lane and which stop it; by default NVIDIA's Xid catalog's immediate actions
+    (lanectl/host/xid.py XID_CATALOG). A code in neither list is recorded and counted, never acted on."""
+
+    application_codes: list[XidCode] = Field(default_factory=lambda: sorted(DEFAULT_APPLICATION_CODES))
+    hardware_codes: list[XidCode] = Field(default_factory=lambda: sorted(DEFAULT_HARDWARE_CODES))
 
     @model_validator(mode="after")
     def _disjoint(self) -> XidPolicy:
@@ -505,6 +544,21 @@ class WatchdogPolicy(Strict):
 # is chosen at start, and the routes that drive it are mounted only in development mode.
 SLEEP_MODE_FLAG = "--enable-sleep-mode"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# Every route vLLM mounts only in development mode, for whoever reaches the port and with no authentication of its own,
+# by what it lets a caller do. Read from vLLM 0.31.0's, 0.32.0's and 0.33.0's own apps (the contract suite fails on a
+# release that mounts one not named here; `lanectl pin check` reads them from a release's source); the README's
+# exposed-routes warning names each.
+DEV_MODE_ROUTES: dict[str, tuple[str, ...]] = {
+    "put the engine to sleep or wake it": ("/sleep", "/wake_up", "/is_sleeping", "/release_kv_cache_memory"),
+    "drop its caches": ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"),
+    "run any method of every worker by name": ("/collective_rpc",),
+    "stop or abort everyone's requests": ("/pause", "/resume", "/is_paused", "/abort_requests"),
+    "replace, check or zero the weights being served": (
+        "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update", "/update_weights",
+        "/finish_weight_update", "/update_weight_version", "/weight_info", "/get_world_size",
+        "/weight_checker", "/shutdown_weight_transfer_engine"),
+    "read the whole engine config and every VLLM_* variable": ("/server_info",),
+}
 
 
 class WakeCheck(Strict):

@@ -78,7 +78,7 @@ def decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPol
            armed: bool, startup_budget_seconds: float) -> Decision:
     decision = _decide(observation, memory, policy, now=now, armed=armed,
                        startup_budget_seconds=startup_budget_seconds)
-    # Codes in neither list (63, 92, 94, ...) are recorded and counted, but neither restart nor stop a lane:
+    # Codes in neither list (63, 92, 121, ...) are recorded and counted, but neither restart nor stop a lane:
     # acting on a code nobody classified would be a guess. Every kind of pass carries them, so a pass that
     # restarts, stops or backs off for another reason does not lose them as the kernel cursor moves on.
     unlisted = tuple(x for x in observation.xids

@@ -1,5 +1,5 @@
-"""A healthy start of a lane's primary, as vLLM 0.31.0 prints it: each line from a real format string at its real
-place, formatted by vLLM's own formatter, or printed by running vLLM's and flashinfer's code itself.
+"""A healthy start of a lane's primary, as the vLLM release under check prints it: each line from a real format string
+at its real place, formatted by vLLM's own formatter, or printed by running vLLM's and flashinfer's code itself.
 
 Values are the lane's own (its flags parsed by vLLM's parser) or the production box's (the release note's KV
 capacity, the autotune cache's 210 configs); what the lines *say* is never written here.
@@ -62,8 +62,8 @@ def healthy_start(lane: Lane, workdir: Path) -> list[StartLine]:
     lines.append(StartLine(oracle.kv_cache_line(oracle.PRODUCTION_KV_TOKENS, args.max_model_len or 1 << 20),
                            "ran vllm.v1.core.kv_cache_utils.update_kv_cache_capacity"))
     # flashinfer_autotune() (model_executor/warmup/kernel_warmup.py) on a warm cache, at -O2 on an SM >= 9.0 GPU.
-    lines += [StartLine(text, "ran flashinfer AutoTuner.load_configs + vllm.utils.flashinfer.autotune(True)")
-              for text in oracle.flashinfer_autotune_lines(workdir / "cache")]
+    lines += [StartLine(text, "ran vllm's flashinfer_autotune() on the cache the start before it tuned")
+              for text in autotune_start(lane).lines]
     overlay = splitkv_startup_line(lane, primary.env, workdir / "overlay")
     if overlay is not None:
         lines.append(overlay)
@@ -72,9 +72,20 @@ def healthy_start(lane: Lane, workdir: Path) -> list[StartLine]:
     return lines
 
 
+_AUTOTUNE_STARTS: dict[str, oracle.AutotuneStart] = {}
+
+
+def autotune_start(lane: Lane) -> oracle.AutotuneStart:
+    """vLLM's own autotune start for the lane's primary, in its environment (vllm_oracle.flashinfer_autotune_start);
+    run once per lane and session."""
+    if lane.name not in _AUTOTUNE_STARTS:
+        _AUTOTUNE_STARTS[lane.name] = oracle.flashinfer_autotune_start(baked_args(lane)[0].env, lane.name)
+    return _AUTOTUNE_STARTS[lane.name]
+
+
 def splitkv_startup_line(lane: Lane, env: dict[str, str], workdir: Path) -> StartLine | None:
     """The split-KV overlay's start-up line, printed by the overlay's own code (the patch h2-REF applies to vLLM
-    0.31.0) for the lane's environment; None for a lane that asks for no split."""
+    the release under check) for the lane's environment; None for a lane that asks for no split."""
     if "VLLM_DSV41_MEGA_SPLITKV" not in env:
         return None
     patch = patching.parse_patch_file(OVERLAY_PATCH)

@@ -46,7 +46,7 @@ def test_lanectl_reads_the_gpu_share_vllm_will_take(role: RoleArgs, tmp_path: Pa
     vllm_value = oracle.engine_args(list(role.args), tmp_path / "model").gpu_memory_utilization
     lanectl_value = _engine(role).gpu_memory_utilization()
     assert lanectl_value == vllm_value, (
-        f"{role.where()}: {role.name} gets --gpu-memory-utilization {vllm_value} from vLLM 0.31.0 "
+        f"{role.where()}: {role.name} gets --gpu-memory-utilization {vllm_value} from {oracle.RELEASE} "
         f"({'its default' if flag_value(list(role.args), GPU_MEMORY_UTILIZATION_FLAG) is None else 'the flag'}), "
         f"but lanectl plans with {lanectl_value}")
 
@@ -55,10 +55,10 @@ def test_lanectls_gpu_memory_default_is_vllms() -> None:
     from vllm.config import CacheConfig
 
     default = CacheConfig.__dataclass_fields__["gpu_memory_utilization"].default
-    default = getattr(default, "default", default)  # a pydantic FieldInfo in 0.31.0's config dataclasses
+    default = getattr(default, "default", default)  # a pydantic FieldInfo in vLLM's config dataclasses
     assert VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == default, (
         f"lanectl/recipe/model.py VLLM_DEFAULT_GPU_MEMORY_UTILIZATION is {VLLM_DEFAULT_GPU_MEMORY_UTILIZATION}, "
-        f"vLLM 0.31.0's CacheConfig.gpu_memory_utilization defaults to {default}")
+        f"{oracle.RELEASE}'s CacheConfig.gpu_memory_utilization defaults to {default}")
 
 
 @pytest.mark.parametrize("role", [r for r in ROLES if r.role == ROLE_PRIMARY], ids=lambda role: role.name)
@@ -67,9 +67,9 @@ def test_the_gate_asks_for_no_more_logprobs_than_the_lane_allows(role: RoleArgs,
     above the engine's --max-logprobs (ModelConfig.max_logprobs, default read from vLLM here)."""
     allowed = oracle.engine_args(list(role.args), tmp_path / "model").max_logprobs
     assert allowed == -1 or FIDELITY_TOP_LOGPROBS <= allowed, (
-        f"{role.where()}: {role.name} allows {allowed} logprobs (vLLM 0.31.0's --max-logprobs, its default unless the "
-        f"flag is given), but lanectl/bench/gate.py FIDELITY_TOP_LOGPROBS asks for {FIDELITY_TOP_LOGPROBS}: vLLM would "
-        "refuse every scoring request of the gate")
+        f"{role.where()}: {role.name} allows {allowed} logprobs ({oracle.RELEASE}'s --max-logprobs, its default unless "
+        f"the flag is given), but lanectl/bench/gate.py FIDELITY_TOP_LOGPROBS asks for {FIDELITY_TOP_LOGPROBS}: vLLM "
+        "would refuse every scoring request of the gate")
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda role: role.name)

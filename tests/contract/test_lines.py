@@ -1,5 +1,5 @@
 """lines: every startup_log rule of every shipped recipe, and lanectl's built-in fatal lines, against what vLLM
-0.31.0 and flashinfer 0.7.0.post1 print.
+the release under check (0.31.0, the pin, unless `make contract VLLM=…`) and its flashinfer print.
 
 A healthy start's lines (start_sequence.py) are vLLM's own: an `expect` that none of them matches is a gate that
 never passes, a `forbid` that one of them matches is a gate that always fails (h1-REF/h2-REF's "Autotuning process
@@ -58,8 +58,8 @@ def _matching(pattern: str, lines: list[StartLine], read=rule_text) -> list[int]
 def test_every_expected_line_is_one_a_healthy_start_prints(lane: Lane, starts: dict[str, list[StartLine]]) -> None:
     lines = starts[lane.name]
     rules = lane.spec.health.startup_log.expect
-    wrong = [f"{where(lane, ('health', 'startup_log', 'expect', i))}: expect {pattern!r} matches no line vLLM "
-             "0.31.0 prints on a healthy start: the gate would wait out its budget and fail"
+    wrong = [f"{where(lane, ('health', 'startup_log', 'expect', i))}: expect {pattern!r} matches no line "
+             f"{oracle.RELEASE} prints on a healthy start: the gate would wait out its budget and fail"
              for i, pattern in enumerate(rules) if not _matching(pattern, lines)]
     assert not wrong, "\n".join(wrong) + f"\n  a healthy start of {lane.name} prints:\n" + _shown(lines)
 
@@ -90,6 +90,10 @@ def test_every_stall_begins_and_ends_on_lines_a_healthy_start_prints(
         if not [j for j in _matching(stall.until, lines) if j > begins[0]]:
             wrong.append(f"{at}: stall until {stall.until!r} matches no line after {lines[begins[0]].text!r}: "
                          "every healthy start would count as stalled")
+        warm = getattr(stall, "warm", None)
+        if warm is not None and not _matching(warm, lines):
+            wrong.append(f"{at}: stall warm {warm!r} matches no line of a start on a warm cache: every start would "
+                         f"count as cold and get {stall.cold_minutes:g} min")
     assert not wrong, "\n".join(wrong) + "\n  a healthy start prints:\n" + _shown(lines)
 
 
@@ -126,7 +130,7 @@ def test_the_production_lanes_hold_the_autotune_line_to_a_stall_not_a_forbid() -
 # -- the built-in fatal lines ---------------------------------------------------------------------------------
 
 def _fatal_texts() -> list[StartLine]:
-    """Lines vLLM 0.31.0 prints when its engine dies, from its own format strings and exception."""
+    """Lines the vLLM release prints when its engine dies, from its own format strings and exception."""
     dead = oracle.engine_dead_traceback()
     lines = [
         StartLine(oracle.vllm_line(oracle.find_call("vllm/v1/engine/core.py", "EngineCore encountered a fatal error."),
@@ -157,8 +161,8 @@ def _gpu_only(pattern: str) -> bool:
 def test_every_fatal_line_is_one_vllm_prints_when_its_engine_dies(pattern: str) -> None:
     lines = _fatal_texts()
     assert _matching(pattern, lines, fatal_text), (
-        f"lanectl/health/gate.py FATAL_ENGINE_LINES: {pattern!r} matches none of the lines vLLM 0.31.0 prints when "
-        f"its engine dies:\n{_shown(lines)}")
+        f"lanectl/health/gate.py FATAL_ENGINE_LINES: {pattern!r} matches none of the lines {oracle.RELEASE} prints "
+        f"when its engine dies:\n{_shown(lines)}")
 
 
 def test_no_fatal_line_matches_a_healthy_start(starts: dict[str, list[StartLine]]) -> None:

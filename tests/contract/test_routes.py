@@ -1,8 +1,10 @@
-"""routes: lanectl's EndpointProbe, SleepEndpoints and wake check against vLLM 0.31.0's own API routers.
+"""routes: lanectl's EndpointProbe, SleepEndpoints and wake check against the vLLM release's own API routers.
 
 vLLM's app (vllm_server.py) answers as vLLM does, failures included: `/health` 503 for a dead engine,
 `{"success": false}` from a prefix-cache reset that could not drop held blocks, 500 with the error for a failed
-wake, 404 for the sleep routes without development mode. lanectl must read each the way it claims to.
+wake, 404 for the sleep routes without development mode. lanectl must read each the way it claims to. Where releases
+differ (0.31.0 answers a sleep and a wake with an empty 200, 0.32.0 with `{"status": …}`), lanectl reads the engine's
+state (`/is_sleeping`), not the answer's body, and these tests hold it to that on each release.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from vllm_server import VllmServer, vllm_server
+import vllm_oracle as oracle
+from vllm_server import VllmServer, dev_mode_routes, vllm_server
 
 from lanectl.health.probe import EndpointProbe
 from lanectl.lanes.standby import SleepEndpoints, StandbyError
-from lanectl.recipe.model import Health
+from lanectl.recipe.model import DEV_MODE_ROUTES, Health
 
 MODEL = "contract-model"
 
@@ -115,3 +118,44 @@ def test_without_development_mode_the_sleep_routes_are_absent_and_lanectl_says_w
     with vllm_server(MODEL, dev_mode=False) as plain:
         with pytest.raises(StandbyError, match="404.*VLLM_SERVER_DEV_MODE=1"):
             SleepEndpoints(plain.url, timeout=5).sleep(1)
+
+
+def test_sleep_and_wake_answers_are_read_by_the_state_they_leave_not_their_body(server: VllmServer) -> None:
+    """vLLM 0.31.0 answers 200 with an empty body; 0.32.0 and later `{"status": "sleeping", "level": N}` and
+    `{"status": "awake"|"sleeping", "tags": …}`. SleepEndpoints confirms both through /is_sleeping."""
+    slept = httpx.post(server.url + "/sleep", params={"level": 1})
+    assert slept.status_code == 200, slept.text
+    assert slept.content == b"" or slept.json().get("status") == "sleeping", slept.text
+    woke = httpx.post(server.url + "/wake_up")
+    assert woke.status_code == 200 and not server.engine.sleeping, woke.text
+    assert woke.content == b"" or woke.json().get("status") == "awake", woke.text
+    endpoints = SleepEndpoints(server.url, timeout=5)
+    endpoints.sleep(1)
+    endpoints.wake_up()
+    assert not endpoints.is_sleeping()
+
+
+def test_a_wake_that_leaves_the_engine_asleep_fails_whatever_the_release_answers(server: VllmServer) -> None:
+    """A partial wake (`tags`) answers 200 on every release (0.32.0 adds `"status": "sleeping"`): only /is_sleeping
+    tells that the lane is still asleep, and lanectl's wake must fail on it."""
+    asyncio.run(server.engine.sleep(1))
+    partial = httpx.post(server.url + "/wake_up", params={"tags": "weights"})
+    assert partial.status_code == 200 and server.engine.sleeping, partial.text
+    assert partial.content == b"" or partial.json().get("status") == "sleeping", partial.text
+    endpoints = SleepEndpoints(server.url, timeout=5)
+    engine_wake = server.engine.wake_up
+    server.engine.wake_up = lambda tags=None: engine_wake(tags=["weights"])  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StandbyError, match="still says true"):
+            endpoints.wake_up()
+    finally:
+        server.engine.wake_up = engine_wake  # type: ignore[method-assign]
+
+
+def test_every_development_route_is_one_lanectl_warns_about() -> None:
+    """A route development mode mounts for anyone who reaches the port must be named where lanectl refuses to publish
+    a dev-mode lane off the box (lanectl/recipe/model.py DEV_MODE_ROUTES, and the README's warning)."""
+    named = {path for paths in DEV_MODE_ROUTES.values() for path in paths}
+    unnamed = sorted(dev_mode_routes() - named)
+    assert not unnamed, (f"{oracle.RELEASE} mounts {unnamed} in development mode, which lanectl/recipe/model.py "
+                         "DEV_MODE_ROUTES (and the README's exposed-routes warning) do not name")

@@ -1,4 +1,4 @@
-"""shapes: what lanectl sends and what the stub answers, through vLLM 0.31.0's own request and response models.
+"""shapes: what lanectl sends and what the stub answers, through the vLLM release's own request and response models.
 
 lanectl's own functions (the load generator, teacher-forced scoring, every probe of the gate) talk to a real stub
 engine process over loopback; an httpx event hook keeps each request body and each answer. Every body must

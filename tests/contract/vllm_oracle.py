@@ -1,31 +1,33 @@
-"""vLLM 0.31.0's and flashinfer 0.7.0.post1's own code, as the contract checks consult it.
+"""The installed vLLM release's and its flashinfer's own code, as the contract checks consult it (the pin, 0.31.0 with
+flashinfer 0.7.0.post1, unless `make contract VLLM=X.Y.Z` installed another).
 
 Nothing here restates what vLLM prints: log texts are read from the installed source (every logger call's format
 string, found with `ast`), rendered with vLLM's own helpers and formatter, or produced by running vLLM's and
-flashinfer's logging code itself. A lookup names a file and a fragment of the call it wants; when 0.31.0's code
+flashinfer's logging code itself. A lookup names a file and a fragment of the call it wants; when the release's code
 has no such call the lookup fails and says so, which is the point.
 """
 
 from __future__ import annotations
 
-import ast
+import hashlib
 import json
 import logging
 import os
-import re
 import sys
 from dataclasses import dataclass
 from functools import cache
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import vllm
 
+from lanectl.pin.log_calls import LogCall
+
 SITE = Path(vllm.__file__).resolve().parent.parent
-LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "info_once", "warning_once",
-               "debug_once", "error_once"}
-LEVEL_OF = {"warn": "WARNING", "exception": "ERROR"}
+# How messages name the release under check: "vLLM 0.32.0".
+RELEASE = f"vLLM {version('vllm')}"
 
 # What the production box's autotune cache holds (BRIEF §2: the recipe's "Loaded 210 configs"). Any count prints
 # the same line; this one makes the rendered line the one the box prints.
@@ -34,88 +36,23 @@ PRODUCTION_AUTOTUNE_CONFIGS = 210
 PRODUCTION_KV_TOKENS = 4_400_013
 
 
-@dataclass(frozen=True)
-class LogCall:
-    """One logger call in the installed source: where it is and the format string it passes."""
-
-    file: str  # relative to site-packages: vllm/v1/core/kv_cache_utils.py
-    line: int
-    level: str  # INFO, WARNING, ...
-    template: str  # the format string; an f-string's holes are written {…}
-    style: str  # "%" (lazy %-formatting) or "f" (an f-string, already formatted)
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
-    def pattern(self) -> str:
-        """A regex of every message this call can print: its literal text, each hole a value."""
-        if self.style == "f":
-            return ".*?".join(re.escape(part) for part in self.template.split("{…}"))
-        out, last = [], 0
-        for m in _PERCENT.finditer(self.template):
-            out.append(re.escape(self.template[last:m.start()]))
-            out.append(_HOLE.get(m.group("conv"), ".*?") if m.group(0) != "%%" else "%")
-            last = m.end()
-        out.append(re.escape(self.template[last:]))
-        return "".join(out)
-
-    def render(self, *values: Any) -> str:
-        if self.style != "%":
-            raise ValueError(f"{self.where} is an f-string; it renders itself")
-        return self.template % values
-
-
-_PERCENT = re.compile(r"%%|%(?:\([^)]*\))?[-#0 +]*(?:\d+|\*)?(?:\.\d+)?(?P<conv>[diouxXeEfFgGcrsa])")
-_HOLE = {"d": r"-?\d+", "i": r"-?\d+", "f": r"-?\d+(?:\.\d+)?", "F": r"-?\d+(?:\.\d+)?", "e": r"\S+", "g": r"\S+",
-         "s": ".*?", "r": ".*?", "a": ".*?", "x": r"[0-9a-f]+", "X": r"[0-9A-F]+", "o": r"[0-7]+", "u": r"\d+",
-         "c": "."}
-
-
-def _template(node: ast.AST) -> tuple[str, str] | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value, "%"
-    if isinstance(node, ast.JoinedStr):
-        parts = [v.value if isinstance(v, ast.Constant) else "{…}" for v in node.values]
-        return "".join(str(p) for p in parts), "f"
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _template(node.left), _template(node.right)
-        if left and right:
-            return left[0] + right[0], "f" if "f" in (left[1], right[1]) else "%"
-    return None
-
-
-def _is_logger(node: ast.AST) -> bool:
-    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
-    return name in ("logger", "log", "_logger", "LOGGER") or name.endswith("logger")
-
-
 @cache
 def log_calls(package: str) -> tuple[LogCall, ...]:
-    """Every logger call with a literal format string in an installed package (vllm, flashinfer)."""
+    """Every logger call with a literal format string in an installed package (vllm, flashinfer), read by the code
+    `lanectl pin check` reads a release's source with (lanectl/pin/log_calls.py)."""
+    from lanectl.pin import log_calls as reader
+
     cache_file = Path(sys.prefix) / f".contract-log-calls-{package}.json"
     root = SITE / package
-    stamp = f"{package}:{os.path.getmtime(root / '__init__.py')}"
+    code = hashlib.sha256(Path(reader.__file__).read_bytes()).hexdigest()[:16]
+    stamp = f"{package}:{os.path.getmtime(root / '__init__.py')}:{code}"
     if cache_file.is_file():
         saved = json.loads(cache_file.read_text())
         if saved.get("stamp") == stamp:
             return tuple(LogCall(**c) for c in saved["calls"])
-    calls = []
-    for path in sorted(root.rglob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        rel = str(path.relative_to(SITE))
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in LOG_METHODS and _is_logger(node.func.value) and node.args):
-                continue
-            found = _template(node.args[0])
-            if found is None:
-                continue
-            method = node.func.attr.removesuffix("_once")
-            calls.append(LogCall(rel, node.lineno, LEVEL_OF.get(method, method.upper()), found[0], found[1]))
+    calls = [call for path in sorted(root.rglob("*.py"))
+             for call in reader.log_calls(path.read_text(encoding="utf-8", errors="replace"),
+                                          str(path.relative_to(SITE)))]
     tmp = cache_file.with_suffix(".tmp")
     tmp.write_text(json.dumps({"stamp": stamp, "calls": [c.__dict__ for c in calls]}))
     tmp.replace(cache_file)
@@ -124,13 +61,18 @@ def log_calls(package: str) -> tuple[LogCall, ...]:
 
 def find_call(file: str, fragment: str) -> LogCall:
     """The logger call in `file` (relative to site-packages) whose format string contains `fragment` (the first,
-    when the file logs that same text from several places)."""
+    when the file logs that same text from several places). A release that moved the call to another module (0.32.0
+    moved the Engram table's from `models/deepseek_v41/nvidia/engram.py` to `common/engram.py`) is looked up in the
+    whole package; the call found names its own file."""
     package = file.split("/", 1)[0]
     found = [c for c in log_calls(package) if c.file == file and fragment in c.template]
+    if not found:
+        found = [c for c in log_calls(package) if fragment in c.template]
     if len({c.template for c in found}) != 1:
         near = [c.template for c in log_calls(package) if c.file == file][:12]
         raise AssertionError(f"{file}: expected one logger call containing {fragment!r} in the installed "
-                             f"{package}, found {len(found)}; its calls: {near}")
+                             f"{package} {version(package.replace('flashinfer', 'flashinfer-python'))}, found "
+                             f"{len(found)}; its calls: {near}")
     return found[0]
 
 
@@ -192,23 +134,149 @@ class Captured(logging.Handler):
         self.logger.removeHandler(self)
 
 
-def flashinfer_autotune_lines(cache_dir: Path, configs: int = PRODUCTION_AUTOTUNE_CONFIGS) -> list[str]:
-    """What flashinfer prints in vLLM's `flashinfer_autotune()` on a warm cache, by running that code's two steps:
-    `AutoTuner.load_configs(<cache with `configs` entries>)`, then vLLM's `autotune(tune_mode=True)` context
-    (model_executor/warmup/kernel_warmup.py), with nothing left to tune inside it."""
-    import vllm.utils.flashinfer as fi_utils
+# Where vLLM's images put the engine's home (/root, the user is root): vLLM's and flashinfer's caches live under it
+# unless the lane's environment moves them. The suite's stand-in for the container's filesystem is CONTAINER_ROOT
+# (conftest.py), which HOME points into before flashinfer reads it at import.
+CONTAINER_HOME = "/root"
+# Variables that place vLLM's and flashinfer's caches, read by the autotune code at call time; a lane's value is a
+# container path, rebased under CONTAINER_ROOT for the run.
+CACHE_PLACEMENT_ENV = ("VLLM_CACHE_ROOT", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "FLASHINFER_AUTOTUNE_CACHE_DIR",
+                       "XDG_CACHE_HOME")
+# The model's own work inside flashinfer_autotune(): forward passes over the model on a GPU. They are replaced: what
+# is run for real is everything around them (where the cache is looked for, loaded, published and saved, and what is
+# logged about it), which is vLLM's and flashinfer's code as released. Names differ between releases.
+MODEL_RUNS = ("_run_flashinfer_autotune_dummy_runs", "_run_flashinfer_bf16_autotune_dummy_run",
+              "replayssm_autotune_warmup", "_autotune_kimi_k3_kda_qkvg", "autotune_hisparse_flashinfer_attention")
+
+
+@dataclass(frozen=True)
+class AutotuneStart:
+    lines: list[str]  # what a start on a warm cache prints, in order, as vLLM's and flashinfer's handlers format it
+    cache_files: list[str]  # container paths of the files the tuning start before it left behind
+
+
+def container_root() -> Path:
+    return Path(os.environ["HOME"]).parent
+
+
+@cache
+def single_rank_world() -> None:
+    """vLLM's process groups for one rank on one node (gloo on the CPU), as a TP=1, PP=1 lane's worker has them."""
+    import socket
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                distributed_init_method=f"tcp://127.0.0.1:{port}")
+    with set_current_vllm_config(VllmConfig()):
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def flashinfer_autotune_start(env: dict[str, str], lane_key: str,
+                              configs: int = PRODUCTION_AUTOTUNE_CONFIGS) -> AutotuneStart:
+    """A lane's start on a warm autotune cache, by running the installed vLLM's `flashinfer_autotune()`
+    (model_executor/warmup/kernel_warmup.py) twice in a single-rank world with the lane's environment: first as the
+    start that tuned `configs` ops (its dummy runs record them, as tuning does, so vLLM's and flashinfer's own code
+    decide where they are saved or published), then as the next start, whose lines are returned. The first start's
+    lines are printed, not captured: silencing flashinfer's logger through `logging` would leave it silent for good
+    (it is not registered with `logging`'s manager, so a level change never clears its cached answer)."""
     from flashinfer.autotuner import AutoTuner
     from flashinfer.jit.core import logger as fi_logger
+    from vllm.model_executor.warmup import kernel_warmup
 
-    # A cache written before flashinfer stamped environments into it (no _metadata): it loads on any machine.
-    path = cache_dir / "flashinfer_autotune_cache" / "autotune_configs.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({f"op{i}::(shape-{i},)": ["TrtllmGenRunner", i % 7] for i in range(configs)}))
-    with Captured(fi_logger, fi_logger.handlers[0].formatter if fi_logger.handlers else None) as captured:
-        AutoTuner.get().load_configs(str(path))
-        with fi_utils.autotune(tune_mode=True):
-            pass
-    return captured.lines
+    single_rank_world()
+    root = container_root()
+    _fresh_process(env, root)
+    runner = _runner(lane_key)
+
+    def tune(_runner: Any, **_: Any) -> None:
+        _record_tuned(AutoTuner.get(), configs)
+
+    saved = {name: getattr(kernel_warmup, name) for name in MODEL_RUNS if hasattr(kernel_warmup, name)}
+    try:
+        for name in saved:
+            setattr(kernel_warmup, name, lambda *args, **kwargs: None)
+        kernel_warmup._run_flashinfer_autotune_dummy_runs = tune  # type: ignore[attr-defined]
+        kernel_warmup.flashinfer_autotune(runner)
+        files = sorted("/" + str(p.relative_to(root)) for p in root.rglob("*.json") if "autotune" in str(p))
+        kernel_warmup._run_flashinfer_autotune_dummy_runs = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+        _fresh_process(env, root, keep_files=True)
+        vllm_formatter()
+        with Captured(logging.getLogger("vllm"), None) as captured, Captured(
+                fi_logger, fi_logger.handlers[0].formatter if fi_logger.handlers else None) as fi_captured:
+            fi_captured.lines = captured.lines  # one list: the two loggers' lines in the order they were printed
+            kernel_warmup.flashinfer_autotune(runner)
+    finally:
+        for name, function in saved.items():
+            setattr(kernel_warmup, name, function)
+    return AutotuneStart(captured.lines, files)
+
+
+def _runner(lane_key: str) -> Any:
+    """What flashinfer_autotune() reads of the GPU model runner. The config hash, which needs the model's real
+    config, is the lane's name; the rest is a TP=1, PP=1, DP=1 lane at -O2 without HiSparse. Its model is an empty
+    module: the dummy runs that would run it are replaced (MODEL_RUNS)."""
+    import torch
+
+    config = SimpleNamespace(
+        compute_hash=lambda include_version=True: lane_key,
+        attention_config=SimpleNamespace(hisparse_config=None),
+        kernel_config=SimpleNamespace(enable_flashinfer_autotune=True, linear_backend="auto"),
+        parallel_config=SimpleNamespace(data_parallel_rank=0, pipeline_parallel_size=1, enable_elastic_ep=False),
+        cache_config=SimpleNamespace(mamba_block_size=None, kv_cache_layout=None),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192))
+    return SimpleNamespace(vllm_config=config, get_model=torch.nn.Module, speculator=None, max_num_reqs=16,
+                           max_num_tokens=8192, scheduler_config=config.scheduler_config)
+
+
+def _record_tuned(tuner: Any, configs: int) -> None:
+    """`configs` ops tuned, recorded where flashinfer records a tuning result: the managed store attached for this
+    process when there is one (autotune_v2), else the tuner's in-memory configs, which vLLM then saves."""
+    store = getattr(tuner, "_managed_cache", None)
+    if store is not None:
+        for i in range(configs):
+            key_fields = (f"op{i}", "TrtllmGenRunner", ((i,),), ())
+            store.publish(str(key_fields), "TrtllmGenRunner", i % 7, key_fields=key_fields)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "tuned.json"
+        path.write_text(json.dumps({f"op{i}::(shape-{i},)": ["TrtllmGenRunner", i % 7] for i in range(configs)}))
+        tuner.load_configs(str(path))
+    tuner._dirty = True
+
+
+def _fresh_process(env: dict[str, str], root: Path, keep_files: bool = False) -> None:
+    """The state a new engine process starts with: the lane's cache placement, flashinfer's tuner and vLLM's
+    log-once memory empty (and, unless `keep_files`, no autotune cache on the container's filesystem)."""
+    import shutil
+
+    import vllm.envs as envs
+    from flashinfer.autotuner import AutoTuner
+    from vllm import logger as vllm_logger
+
+    if not keep_files:
+        # Only the autotune caches: flashinfer keeps its log file open under the same home.
+        for found in sorted(root.rglob("*autotune*"), key=lambda p: len(p.parts)):
+            shutil.rmtree(found, ignore_errors=True) if found.is_dir() else found.unlink(missing_ok=True)
+        Path(os.environ["HOME"]).mkdir(parents=True, exist_ok=True)
+    for name in CACHE_PLACEMENT_ENV:
+        if name in env:
+            os.environ[name] = str(root / env[name].lstrip("/"))
+        else:
+            os.environ.pop(name, None)
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    AutoTuner._instance = None
+    for name in ("_print_debug_once", "_print_info_once", "_print_warning_once", "_print_error_once"):
+        once = getattr(vllm_logger, name, None)
+        if once is not None and hasattr(once, "cache_clear"):
+            once.cache_clear()
 
 
 def kv_cache_line(kv_tokens: int, max_model_len: int, device_type: str = "cuda") -> str:
@@ -216,8 +284,10 @@ def kv_cache_line(kv_tokens: int, max_model_len: int, device_type: str = "cuda")
     capacity computation, which needs a real model's KV layout, is given the lane's numbers."""
     from vllm.v1.core import kv_cache_utils
 
+    # attention_config: read by 0.32.0 and later (HiSparse adds host memory to the pool it names).
     config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=max_model_len),
-                             cache_config=SimpleNamespace(), device_config=SimpleNamespace(device_type=device_type))
+                             cache_config=SimpleNamespace(), device_config=SimpleNamespace(device_type=device_type),
+                             attention_config=SimpleNamespace(hisparse_config=None))
     vllm_formatter()
     from vllm import logger as vllm_logger
 

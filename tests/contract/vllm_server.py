@@ -1,4 +1,4 @@
-"""vLLM 0.31.0's own API app (`build_app`: its routers, middleware and exception handlers), served by uvicorn on
+"""The vLLM release's own API app (`build_app`: its routers, middleware and exception handlers), served by uvicorn on
 loopback, in front of a small in-memory engine client that implements just what those routes call.
 
 The engine client is the one part that is not vLLM's: on a CPU there is no engine. Everything between the socket
@@ -30,9 +30,10 @@ def stat_logger(served_model_name: str) -> Any:
 
     config = SimpleNamespace(
         observability_config=SimpleNamespace(show_hidden_metrics=False, kv_cache_metrics=False,
-                                             enable_mfu_metrics=False, kv_cache_metrics_sample=0.0),
+                                             enable_mfu_metrics=False, kv_cache_metrics_sample=0.0,
+                                             custom_histogram_buckets=None),
         model_config=SimpleNamespace(served_model_name=served_model_name, max_model_len=8192, is_diffusion=False),
-        speculative_config=None, kv_transfer_config=None, ec_transfer_config=None,
+        speculative_config=None, kv_transfer_config=None, ec_transfer_config=None, watermark_config=None,
         cache_config=SimpleNamespace(num_gpu_blocks=1, enable_prefix_caching=True),
         parallel_config=SimpleNamespace(data_parallel_size=1), lora_config=None, scheduler_config=SimpleNamespace())
     return PrometheusStatLogger(config, [0])  # type: ignore[arg-type]
@@ -68,12 +69,16 @@ class FakeEngineClient:
         self.sleeping = True
         stat_logger(self.served_model_name).record_sleep_state(1, level)
 
-    async def wake_up(self, tags: list[str] | None = None) -> None:
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Wakes every part; a wake of some `tags` only leaves the engine asleep. The answer (fully awake?) is what
+        vLLM 0.32.0's route reports (`{"status": "awake"|"sleeping"}`); 0.31.0's ignores it."""
         self.calls.append(("wake_up", tags))
         if self.wake_error:
             raise RuntimeError(self.wake_error)
-        self.sleeping = False
-        stat_logger(self.served_model_name).record_sleep_state(0, 0)
+        if tags is None:
+            self.sleeping = False
+            stat_logger(self.served_model_name).record_sleep_state(0, 0)
+        return not self.sleeping
 
     async def is_sleeping(self) -> bool:
         return self.sleeping
@@ -109,13 +114,10 @@ class VllmServer:
     completions: FakeCompletions
 
 
-@contextmanager
-def vllm_server(served_model_name: str = "contract-model", *, dev_mode: bool = True) -> Iterator[VllmServer]:
+def vllm_app(served_model_name: str, dev_mode: bool) -> Any:
     """vLLM's app for `vllm serve /model --served-model-name NAME`, with `VLLM_SERVER_DEV_MODE` as given."""
     import vllm.envs as envs
     from vllm.entrypoints.launchers.app import build_app
-    from vllm.entrypoints.openai.models.protocol import BaseModelPath
-    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 
     saved = os.environ.get("VLLM_SERVER_DEV_MODE")
     os.environ["VLLM_SERVER_DEV_MODE"] = "1" if dev_mode else "0"
@@ -123,12 +125,29 @@ def vllm_server(served_model_name: str = "contract-model", *, dev_mode: bool = T
         envs.disable_envs_cache()
     try:
         args = oracle.parse_serve_args(["/model", "--served-model-name", served_model_name])
-        app = build_app(args, supported_tasks=("generate",))
+        return args, build_app(args, supported_tasks=("generate",))
     finally:
         if saved is None:
             os.environ.pop("VLLM_SERVER_DEV_MODE", None)
         else:
             os.environ["VLLM_SERVER_DEV_MODE"] = saved
+
+
+def dev_mode_routes() -> set[str]:
+    """The paths vLLM's app mounts only in development mode."""
+    def paths(dev_mode: bool) -> set[str]:
+        return {route.path for route in vllm_app("contract-model", dev_mode)[1].routes if hasattr(route, "path")}
+
+    return paths(True) - paths(False)
+
+
+@contextmanager
+def vllm_server(served_model_name: str = "contract-model", *, dev_mode: bool = True) -> Iterator[VllmServer]:
+    """vLLM's app (vllm_app) served on loopback, with the in-memory engine client behind it."""
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    args, app = vllm_app(served_model_name, dev_mode)
     engine, completions = FakeEngineClient(served_model_name), FakeCompletions()
     stat_logger(served_model_name).record_sleep_state(0, 0)
     app.state.engine_client = engine
