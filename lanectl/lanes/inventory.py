@@ -155,6 +155,16 @@ class Inventory:
         return [f for f in self.foreign
                 if f.listed.name in names or (f.listed.live and set(f.listed.host_ports) & ports)]
 
+    def with_stopped(self, lane: Lane) -> Inventory:
+        """The inventory as it is once `lane` was stopped: what bringing it back must start."""
+        from copy import copy
+        from dataclasses import replace
+
+        stopped = copy(self)
+        stopped.own = {name: replace(c, listed=replace(c.listed, state="exited")) if c.lane.name == lane.name else c
+                       for name, c in self.own.items()}
+        return stopped
+
     # -- specs -------------------------------------------------------------------------------------------
 
     @cached_property

@@ -479,7 +479,7 @@ def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus:
              f"`lanectl up {lane.name}` recreates it" for c in inventory.containers(lane)
              if (changes := inventory.drift(c))]
     phases = (Phase(stop_steps(inventory, lane)), Phase((Step("gpu-memory", lane.name),)),
-              Phase((*bring_up_steps(_as_stopped(inventory, lane), lane, recreate=False), _gate(lane))),
+              Phase((*bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane))),
               Phase((Step("activate", lane.name),), optional=True))
     return Plan("restart", lane.name, lane.name, phases, way_back=(Phase(stop_steps(inventory, lane, every=True)),),
                 notes=tuple(notes), with_gpus=with_gpus,
@@ -555,20 +555,9 @@ def _restore(inventory: Inventory, lane: Lane | None, *,
     if slept is not None and slept.name == lane.name:
         bring = _wake_phase(inventory, lane)
     else:
-        bring = Phase((*bring_up_steps(_as_stopped(inventory, lane), lane, recreate=False), _gate(lane)))
+        bring = Phase((*bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane)))
     abandon = (Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
     return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)))), abandon
-
-
-def _as_stopped(inventory: Inventory, lane: Lane) -> Inventory:
-    """The inventory as it is once `lane` was stopped: what bringing it back must start."""
-    from dataclasses import replace
-
-    stopped = Inventory.__new__(Inventory)
-    stopped.__dict__.update(inventory.__dict__)
-    stopped.own = {name: (replace(c, listed=replace(c.listed, state="exited")) if c.lane.name == lane.name else c)
-                   for name, c in inventory.own.items()}
-    return stopped
 
 
 def _prune(inventory: Inventory, target: Lane, running_after: set[str]) -> tuple[Step, ...]:
