@@ -306,3 +306,21 @@ def test_the_watchdog_after_a_killed_switch_finishes_it_and_never_starts_a_secon
     assert running(lanes) == {lanes.container("demo-h2"), lanes.container("demo-h2", "rtx")}
     cli(lanes, state, "watchdog", "check")
     assert running(lanes) == {lanes.container("demo-h2"), lanes.container("demo-h2", "rtx")}
+
+
+def test_the_watchdog_does_not_take_a_switch_in_progress_for_deaths(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    switch = subprocess.Popen([sys.executable, "-m", "lanectl", "up", "t-slow", "--no-gpu"], cwd=lanes.root,
+                              env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while lanes.container("t-slow", "rtx") not in running(lanes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        check = json.loads(cli(lanes, state, "watchdog", "check", "--json").stdout)["data"]
+        assert check["reason"] == (f"a switch is in progress (switch to t-slow, by pid {switch.pid} (lanectl up "
+                                   "t-slow)); its lanes are not judged until it ends"), check
+    finally:
+        switch.communicate(timeout=120)
+    records = json.loads(cli(lanes, state, "history", "-n", "200", "--json").stdout)["data"]["records"]
+    assert not [r for r in records if r["kind"] == "watchdog" and r.get("event") == "observation"], \
+        "demo-h1, stopped by the switch, was not called dead"

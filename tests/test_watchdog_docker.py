@@ -161,6 +161,19 @@ def test_a_pass_killed_mid_restart_is_finished_by_the_next_one_and_counted_once(
     assert check(lanes, state, kernel_log=empty_kernel_log(tmp_path))["exit_code"] == 0
 
 
+def test_a_paused_lane_is_called_paused_not_an_exit_without_a_code(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.cli("watchdog", "disarm", "--for", "10m", "--reason", "look only", state=state, check=True)
+    docker.from_env().containers.get(lanes.container("demo-h1")).pause()
+    try:
+        data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
+    finally:
+        docker.from_env().containers.get(lanes.container("demo-h1")).unpause()
+    assert data["reason"].startswith("primary is paused (docker pause): it answers nothing until `docker "
+                                     "unpause`"), data
+    assert "exit code" not in data["reason"]
+
+
 def test_a_crash_loop_rolls_back_to_the_known_good_lane(lanes, state, sink, tmp_path):
     kernel_log = empty_kernel_log(tmp_path)
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)

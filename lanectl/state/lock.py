@@ -160,6 +160,18 @@ class HostLock:
         self._fd = fd
         self.holder = holder
 
+    def holder_now(self) -> str | None:
+        """Who holds the lock right now ("pid 4242 (lanectl up h2-REF)"), None when nobody does; takes nothing."""
+        fd = self._open()
+        try:
+            if _try_flock(fd):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return None
+        finally:
+            os.close(fd)
+        holder = self._read_holder()
+        return "an unknown process" if holder is None else f"pid {holder['pid']} ({holder['command']})"
+
     def release(self) -> None:
         """Let the lock go: the details file first, so nobody reads ours once the lock is someone else's."""
         fd, self._fd = self._fd, None

@@ -42,7 +42,12 @@ RUN_DEFAULT_INTERVAL_SECONDS = 5.0
 
 
 def _exit(state: ContainerState) -> str:
-    """`exited (exit code 137)`; an exit 0 (or the exit guard's 70) says why it is a death all the same."""
+    """`exited (exit code 137)`; an exit 0 (or the exit guard's 70) says why it is a death all the same. A container
+    that did not exit says what it is instead: paused (`docker pause`), restarting, created and never started."""
+    if state.exit_code is None:
+        return {"paused": "is paused (docker pause): it answers nothing until `docker unpause`",
+                "restarting": "is restarting (a restart policy lanectl did not set)",
+                "created": "was created and never started"}.get(state.status, state.status)
     return f"{state.status} ({exit_code_text(state.exit_code)})"
 
 
@@ -190,6 +195,13 @@ class Watchdog:
         started = time.monotonic()
         record = self._load_memory()
         state = self.lanes.load()
+        switching = self._switch_in_progress(state)
+        if switching is not None:
+            # The switch stops and starts lanes on purpose: what this pass would see is its work, not a death.
+            result = PassResult(EXIT_OK, state.active, "none", f"a switch is in progress ({switching}); its lanes "
+                                "are not judged until it ends")
+            self._finish(record, result, started, self.now(), False, None)
+            return result
         reconciled = self._reconcile_dead_switch(state)
         if reconciled is not None:
             # What the reconciled state says is active is what this pass watches; it acts from the next pass on.
@@ -339,6 +351,16 @@ class Watchdog:
                        + len(decision.xid_hardware))
 
     # -- acting --------------------------------------------------------------------------------------
+
+    def _switch_in_progress(self, state: LaneState) -> str | None:
+        """Who is switching, when a switch's lease is on and its engine lock is held."""
+        lease = state.watchdog_lease
+        if lease is None or not lease.reason.startswith(SWITCH_LEASE_PREFIX) or state.lease_expired(self.now()):
+            return None
+        from lanectl.state.lock import engine_lock
+
+        holder = engine_lock("lanectl watchdog").holder_now()
+        return None if holder is None else f"{lease.reason}, by {holder}"
 
     def _reconcile_dead_switch(self, state: LaneState) -> SwitchOutcome | None:
         """A switch disarms the watchdog for its lease. When the switch that set the lease is dead (its engine
