@@ -254,6 +254,9 @@ class FakeEngines:
     def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str:
         return self.greedy_text
 
+    def in_flight(self, lane: Lane, role: str) -> int | None:
+        return None
+
 
 class QuietReporter:
     def __init__(self) -> None:

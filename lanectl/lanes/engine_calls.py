@@ -9,6 +9,7 @@ a gate costs Docker one request (and an inspect if the container exits), however
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Protocol
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.dockerapi.engine_api import NotFound, Stream
 from lanectl.health.engine_exit import exit_detail
+from lanectl.health.engine_http import EngineHttp, EngineUnanswered
 from lanectl.health.gate import ContainerStatus, GateProgress, GateResult, HealthGate
 from lanectl.health.probe import EndpointProbe, probe_base_url
 from lanectl.lanes.standby import SleepEndpoints, StandbyError, role_base_url
@@ -37,6 +39,14 @@ class EngineCalls(Protocol):
         ...
 
     def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str: ...
+
+    def in_flight(self, lane: Lane, role: str) -> int | None:
+        """Requests the role's engine is running or has waiting (vLLM's /metrics); None when it does not answer."""
+        ...
+
+
+IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+METRICS_TIMEOUT_SECONDS = 2.0
 
 
 class LaneEngines:
@@ -87,6 +97,14 @@ class LaneEngines:
             failed = [error for error in pool.map(wake, lane.roles) if error]
         if failed:
             raise StandbyError("; ".join(failed))
+
+    def in_flight(self, lane: Lane, role: str) -> int | None:
+        try:
+            answer = EngineHttp(role_base_url(lane, role)).request("GET", "/metrics", timeout=METRICS_TIMEOUT_SECONDS)
+        except (EngineUnanswered, StandbyError):
+            return None
+        values = IN_FLIGHT.findall(answer.text) if answer.status == 200 else []
+        return round(sum(float(value) for value in values)) if values else None
 
     def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str:
         timeout = lane.spec.health.generation_probe.timeout_seconds

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import ContainerSpec, ContainerState, NoGpuRuntime
 from lanectl.errors import OperationFailed
+from lanectl.health.drain import drain_report
 from lanectl.health.gate import INTERRUPTED, PROBE_ACCESS_LINE, GateResult
 from lanectl.lanes.engine_calls import EngineCalls
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
@@ -122,6 +123,7 @@ class Executor:
         self.now = now
         self._seams = _seams(environ)
         self._steps_done = 0
+        self._facts: dict[str, Any] = {}  # what the step that just ran measured, for its journal record
 
     # -- a plan ----------------------------------------------------------------------------------------------
 
@@ -374,7 +376,7 @@ class Executor:
             reason = f"{step.why}: {cause}" if cause else step.why
             self._standbys(lambda s: s.without(step.lane, reason, self.now()))
         elif action == "stop":
-            self.engine.stop(step.container, int(step.seconds))
+            return self._stop(run, step)
         elif action == "remove":
             self.engine.remove(step.container)
         elif action in ("set-aside", "restore"):
@@ -398,6 +400,19 @@ class Executor:
             assert lane is not None, f"{step.lane} is in the plan, so in the catalog"
             return self._engine_step(run, step, lane)
         return ""
+
+    def _stop(self, run: _Run, step: Step) -> str:
+        """Stop a container, giving its engine its stop timeout, and say what became of the requests it was
+        answering: counted before the stop (/metrics), judged from the engine's shutdown records after it."""
+        lane = self.catalog.lanes.get(step.lane)
+        before = self.calls.in_flight(lane, step.role) if lane is not None else None
+        stopped_at = time.time()
+        self.engine.stop(step.container, int(step.seconds))
+        report = drain_report(self.engine.logs(step.container, since=stopped_at - 1).splitlines(), before)
+        if report.in_flight is None and report.how == "not said":
+            return ""
+        self._facts = {"in_flight": report.in_flight, "cut": report.cut}
+        return report.describe()
 
     def _engine_step(self, run: _Run, step: Step, lane: Lane) -> str:
         action = step.action
@@ -507,8 +522,9 @@ class Executor:
 
     def _done(self, run: _Run, step: Step, detail: str, *, ok: bool = True) -> None:
         """Journal a step that ran, show it, and honour the test seams."""
+        facts, self._facts = self._facts, {}
         try:
-            self.journal.record_step(run.switch, step.key, detail)
+            self.journal.record_step(run.switch, step.key, detail, **facts)
         finally:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)

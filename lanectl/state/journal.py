@@ -209,8 +209,9 @@ class Journal:
                   "why": why, "steps": list(steps)}
         return self.append("intent", **fields)
 
-    def record_step(self, switch: str, step: str, detail: str = "") -> dict[str, Any]:
-        return self.append("step", switch=switch, step=step, detail=detail)
+    def record_step(self, switch: str, step: str, detail: str = "", **facts: Any) -> dict[str, Any]:
+        """A step that ran; `facts` are what it measured (a stop's `in_flight` and `cut` requests)."""
+        return self.append("step", switch=switch, step=step, detail=detail, **facts)
 
     def record_outcome(self, switch: str, result: str, message: str = "") -> dict[str, Any]:
         """`result` is e.g. "ok", "failed", "rolled-back", "undone", "finished"."""
