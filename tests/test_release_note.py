@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from lanectl.bench.gate import LaneBench
-from lanectl.bench.release_note import release_note
 from lanectl.bench.release_note_html import note_html
-from lanectl.commands.release_note import note_inputs
+from lanectl.commands.release_note import written_note
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from tests.conftest import REPO
@@ -44,7 +43,7 @@ def shipped():
 
 
 def note(results: dict, catalog, earlier: list | None = None, run: Path = RUN) -> str:
-    return release_note(results, note_inputs(catalog, results, run.name, earlier))
+    return written_note(catalog, results, run.name, earlier)[0]
 
 
 def matches_golden(rendered: str, golden: Path) -> None:
@@ -87,7 +86,7 @@ def promoted_bracket() -> dict:
                             arm("candidate:demo-h2-8", "demo-h2-8", 102.5, 660),
                             arm("control-2", "demo-h1", 100, 700)], 1.025)
     report.promoted = "demo-h2"
-    return json.loads(json.dumps({"gate": report.as_dict(), "workload": "demo", "concurrency": [1, 8]}))
+    return json.loads(json.dumps({"version": 2, "gate": report.as_dict(), "workload": "demo", "concurrency": [1, 8]}))
 
 
 def test_a_promoted_brackets_note_matches_golden(shipped):
