@@ -181,16 +181,17 @@ def aa_arms(rng: random.Random, *, arms: int, requests: int, streams: int, arm_s
 
 
 def test_on_arms_that_drift_and_share_batches_the_intervals_hold_1_at_their_nominal_rate() -> None:
-    """The statistics claim, on data: A/B/A brackets of consecutive identical arms, each with the arms outside
-    it as its calibrated prior. Resampling requests (the bootstrap lanectl used before) held 1.0 in 40-70 % of
-    such brackets; an interval whose unit is the arm holds it in about 95 %."""
+    """The statistics claim, on data: A/B/A brackets of consecutive identical arms, with the noise of a
+    calibration on other arms of the lane (run before them) as their prior. Resampling requests (the bootstrap
+    lanectl used before) held 1.0 in 40-70 % of such brackets; an interval whose unit is the arm holds it in
+    about 95 %."""
     rng = random.Random(32)
     covered = total = 0
     for _ in range(60):
+        calibration = aa_arms(rng, arms=8, requests=24, streams=8, arm_sd=0.005, batch_sd=0.004, walk_sd=0.002)
         arms = aa_arms(rng, arms=14, requests=24, streams=8, arm_sd=0.005, batch_sd=0.004, walk_sd=0.002)
-        means = [sum(a) / len(a) for a in arms]
+        prior = arm_noise([sum(a) / len(a) for a in calibration])
         for k in range(len(arms) - 2):
-            prior = arm_noise(means[:k] + means[k + 3:])
             interval = ratio_interval([arms[k], arms[k + 2]], [arms[k + 1]], prior=prior)
             covered += interval.low <= 1.0 <= interval.high
             total += 1
@@ -200,23 +201,43 @@ def test_on_arms_that_drift_and_share_batches_the_intervals_hold_1_at_their_nomi
 # -- calibration ----------------------------------------------------------------------------------
 
 
+def test_arm_noise_is_the_mean_square_step_between_neighbouring_arms() -> None:
+    # Von Neumann's estimator on the logs: 4 steps, each 1 % (as logs), so variance = 4 * 0.01^2 / (2 * 4).
+    means = [100 * math.exp(x) for x in (0.0, 0.01, 0.0, 0.01, 0.0)]
+    assert arm_noise(means) == ArmNoise(variance=pytest.approx(0.01**2 / 2, rel=1e-9), df=2)  # 2*16 // 11
+    # A steady drift moves each step by the same amount; a to-and-fro swing of the same size counts far more.
+    drift = arm_noise([100 * math.exp(0.002 * k) for k in range(12)])
+    swing = arm_noise([100 * math.exp(0.002 * (k % 2) * 11) for k in range(12)])
+    assert drift.variance == pytest.approx(0.002**2 / 2, rel=1e-9) and swing.variance > 100 * drift.variance
+    assert (drift.df, arm_noise([1.0, 2.0]).df) == (7, 1)  # 2 * 121 // 32 for 12 arms; at least 1
+
+
 def test_a_calibration_cell_measures_noise_coverage_and_what_it_can_detect() -> None:
     arms = [[100.0], [100.4], [99.8], [100.2], [99.9]]
     cell = calibrate_cell(arms, 1.025)
     logs = [math.log(a[0]) for a in arms]
-    mean = sum(logs) / 5
-    assert cell.noise == ArmNoise(variance=pytest.approx(sum((x - mean) ** 2 for x in logs) / 4, rel=1e-12), df=4)
+    steps = [b - a for a, b in zip(logs, logs[1:], strict=False)]
+    assert cell.noise == ArmNoise(variance=pytest.approx(sum(d * d for d in steps) / 8, rel=1e-12), df=2)
     assert (cell.brackets, cell.covered, cell.passed, cell.failed) == (3, 3, 0, 0)
     spread = math.sqrt(cell.noise.variance * 1.5)
-    t = t_quantile(0.975, 5)  # the calibration's 4 df and an A/B/A bracket's own 1
+    t = t_quantile(0.975, 3)  # the calibration's 2 df and an A/B/A bracket's own 1
     assert cell.detectable_ratio == pytest.approx(1.025 * math.exp(t * spread), rel=1e-12)
     assert cell.false_promotion == pytest.approx(1 - NormalDist().cdf(math.log(1.025) / spread + t), rel=1e-9)
     assert cell.false_promotion < 1e-6
 
 
-def test_an_arm_far_off_the_others_shows_as_a_bracket_that_missed() -> None:
-    cell = calibrate_cell([[100.0], [100.1], [99.9], [100.0], [108.0], [100.1], [99.9]], 1.025)
-    assert cell.brackets == 5 and cell.covered < cell.brackets
+def test_an_arm_far_off_the_others_widens_what_the_setup_can_detect() -> None:
+    quiet = calibrate_cell([[100.0], [100.1], [99.9], [100.0], [100.2], [100.1], [99.9]], 1.025)
+    one_off = calibrate_cell([[100.0], [100.1], [99.9], [100.0], [108.0], [100.1], [99.9]], 1.025)
+    assert (quiet.covered, one_off.covered) == (5, 5)  # its own noise, measured, covers it
+    assert round(quiet.detectable_ratio, 3) == 1.029 and round(one_off.detectable_ratio, 3) == 1.131
+
+
+def test_a_spike_among_many_quiet_arms_is_an_aa_bracket_that_passed() -> None:
+    arms = [[100.0 + 0.1 * (k % 2)] for k in range(20)]
+    arms[10] = [110.0]
+    cell = calibrate_cell(arms, 1.025)
+    assert (cell.brackets, cell.covered, cell.passed, cell.failed) == (18, 17, 1, 0)
 
 
 def test_the_bracket_promotes_by_noise_when_any_cell_does() -> None:

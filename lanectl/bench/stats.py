@@ -95,6 +95,7 @@ def cell_verdict(ratio: float, low: float, high: float, bar: float) -> CellVerdi
 
 CONFIDENCE = 0.95
 INTERVAL_MODEL = "t on log arm means"
+ARM_NOISE_ESTIMATOR = "mean square successive difference of log arm means"
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,22 @@ class ArmNoise:
 
 
 def arm_noise(arm_means: Sequence[float]) -> ArmNoise:
-    """The sample variance of the log arm means of one lane's arms, on len - 1 degrees of freedom."""
+    """The variance of log arm means of one lane's arms, given in the order they ran, from the differences of
+    neighbouring arms: von Neumann's mean square successive difference, sum (x[i+1] - x[i])^2 / (2 (n - 1)).
+
+    Why neighbours: a gate's bracket is neighbouring arms (A/B/A), so what it feels is how far an arm lands
+    from the arms beside it. A slow drift over a calibration inflates the plain sample variance with spread
+    no bracket sees (and an A/B/A ratio cancels a linear drift), while swings from one arm to the next
+    (recorded on an H200: arms alternating up and down by 0.5 % for a few minutes) are what a bracket feels
+    in full. The degrees of freedom are the estimate's own, 2 m^2 / (3 m - 1) for m = n - 1 differences
+    (its variance under independent normal arms), rounded down: 7 for 12 arms, 4 for 8.
+    """
     if len(arm_means) < 2:
         raise ValueError("arm noise needs at least two arms")
     logs = [_log_mean(m) for m in arm_means]
-    centre = _mean(logs)
-    return ArmNoise(variance=math.fsum((x - centre) ** 2 for x in logs) / (len(logs) - 1), df=len(logs) - 1)
+    steps = [later - earlier for earlier, later in zip(logs, logs[1:], strict=False)]
+    m = len(steps)
+    return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * m), df=max(1, 2 * m * m // (3 * m - 1)))
 
 
 @dataclass(frozen=True)
@@ -250,7 +261,7 @@ class CellCalibration:
 
     noise: ArmNoise  # from all the arms: the prior later gates use for this cell
     brackets: int  # A/B/A brackets of consecutive arms (k, k + 1, k + 2), the middle one as the "candidate"
-    covered: int  # whose interval (with the noise of the arms outside it as prior) contains 1.0
+    covered: int  # whose interval (with `noise` as its prior) contains 1.0
     passed: int  # whose interval cleared the bar: false promotions this calibration saw
     failed: int  # whose interval fell below min(bar, 1 / bar): false alarms
     false_promotion: float  # the modelled chance that an A/B/A bracket of an unchanged lane passes this cell
@@ -269,10 +280,10 @@ def calibrate_cell(arms: Sequence[Sequence[float]], bar: float, *, confidence: f
     """One cell of `gate --calibrate`: `arms` are the per-request rates of N >= 3 arms of one lane, in run order.
 
     Coverage is measured, not assumed: each run of three consecutive arms is judged as the gate judges an
-    A/B/A bracket (`ratio_interval`), with the arms outside it as the calibrated prior, as a later gate's
-    prior comes from other arms than its own; the share of those intervals that contain 1.0 is the
-    coverage. The false-promotion chance is modelled for a gate's A/B/A bracket with the noise of all N
-    arms as prior (df = N - 1 + 1): its log ratio is normal with sd s * sqrt(1/2 + 1), and it passes when
+    A/B/A bracket (`ratio_interval`), with the noise this calibration measured (`arm_noise` of all N arms)
+    as its prior, as a later gate of this host takes it; the share of those intervals that contain 1.0 is
+    the coverage. The false-promotion chance is modelled for a gate's A/B/A bracket with that prior (its df
+    and the control pair's 1): its log ratio is normal with sd s * sqrt(1/2 + 1), and it passes when
     the interval's low end clears the bar: 1 - Phi(ln(bar) / (s * c) + t). The smallest ratio such a
     bracket passes is bar * exp(t * s * c).
     """
@@ -283,9 +294,7 @@ def calibrate_cell(arms: Sequence[Sequence[float]], bar: float, *, confidence: f
     covered = passed = failed = 0
     brackets = len(arms) - 2
     for k in range(brackets):
-        outside = means[:k] + means[k + 3:]
-        prior = arm_noise(outside) if len(outside) >= 2 else None
-        interval = ratio_interval([arms[k], arms[k + 2]], [arms[k + 1]], prior=prior, confidence=confidence)
+        interval = ratio_interval([arms[k], arms[k + 2]], [arms[k + 1]], prior=noise, confidence=confidence)
         verdict = cell_verdict(interval.ratio, interval.low, interval.high, bar).verdict
         covered += interval.low <= 1.0 <= interval.high
         passed += verdict is Verdict.PASS

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanectl.bench.stats import (
+    ARM_NOISE_ESTIMATOR,
     CONFIDENCE,
     INTERVAL_MODEL,
     ArmNoise,
@@ -217,7 +218,7 @@ def judge_arm_noise(arms: Sequence[Mapping[str, Any]], bar: float, max_false_pro
                       "covered": cell.covered, "passed": cell.passed, "failed": cell.failed,
                       "false_promotion": cell.false_promotion, "detectable_ratio": cell.detectable_ratio}
     calibration: dict[str, Any] = {"max_false_promotion": max_false_promotion, "confidence": confidence,
-                                   "cells": cells}
+                                   "noise": ARM_NOISE_ESTIMATOR, "cells": cells}
     if not found:
         return CalibrationJudged(Verdict.FAIL, reasons, calibration)
     total = calibrate(found, bar)
