@@ -220,12 +220,14 @@ class GateReport:
     noise_prior: dict[str, Any] | None = None
     # Set by `judge`, not written: only more arms can decide it (every cell inconclusive, nothing else wrong).
     more_arms_may_decide: bool = False
+    # The verdict after each judgement of a bracket run with --until-decided: its arms then, and the verdict.
+    rounds: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "control": self.control, "bar": self.bar, "verdict": self.verdict.value,
                 "order": self.order, "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity,
                 "arms": self.arms, "promoted": self.promoted, "calibration": self.calibration, "probes": self.probes,
-                "host": self.host, "noise_prior": self.noise_prior}
+                "host": self.host, "noise_prior": self.noise_prior, "rounds": self.rounds}
 
 
 def report_rank(report: GateReport) -> tuple[int, float]:
@@ -502,6 +504,7 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
         if why is not None:
             return bracket.stopped(why, bar, order)
     report = bracket.judge(bar, workload.agent_classes, priors)
+    rounds = {r.candidate: [_judgement(r)] for r in report.candidates}
     for round_number in range(1, until_decided + 1):
         undecided = [r.candidate for r in report.candidates if r.more_arms_may_decide]
         if not undecided:
@@ -512,9 +515,12 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
             if why is not None:
                 return bracket.stopped(why, bar, order)
         report = bracket.judge(bar, workload.agent_classes, priors)
+        for judged in report.candidates:
+            if judged.candidate in undecided:
+                rounds[judged.candidate].append(_judgement(judged))
     report.requested_order, report.until_decided = order, until_decided
     for judged in report.candidates:
-        judged.noise_prior = noise_prior
+        judged.rounds, judged.noise_prior = rounds[judged.candidate], noise_prior
     best = report.best
     if promote and best is not None:
         progress(f"PASS: promoting {best.candidate}")
@@ -526,6 +532,12 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
     for judged in report.candidates:
         _journal_gate(switcher, judged, control.name, report.order)
     return report
+
+
+def _judgement(report: GateReport) -> dict[str, Any]:
+    arms = [str(arm["arm"]) for arm in report.arms]
+    return {"candidate_arms": sum(a.startswith("candidate") for a in arms),
+            "control_arms": sum(a.startswith("control") for a in arms), "verdict": report.verdict.value}
 
 
 def _journal_gate(switcher: LaneSwitcher, judged: GateReport, control: str, order: str) -> None:

@@ -151,6 +151,19 @@ class _Calibration(_Shape):
     detectable_gain: Rate | None = None
 
 
+class _NoisePrior(_Shape):
+    lane: str
+    node: str
+    recorded: str
+    arms: Annotated[int, Field(ge=3)]
+
+
+class _Round(_Shape):
+    candidate_arms: Count
+    control_arms: Count
+    verdict: Verdict
+
+
 class _Gate(_Shape):
     candidate: str
     control: str
@@ -166,6 +179,8 @@ class _Gate(_Shape):
     calibration: _Calibration | None = None
     requested_order: Literal["ABA", "ABBA"] | None = None  # format 2
     until_decided: Count = 0
+    rounds: list[_Round] = []
+    noise_prior: _NoisePrior | None = None
 
     @field_validator("fidelity", mode="before")
     @classmethod
@@ -218,18 +233,21 @@ class _BracketResults(_Results):
     gate: _Bracket  # type: ignore[assignment]
 
 
-def _read_bounded(path: Path) -> bytes:
-    # O_NONBLOCK: a FIFO planted as results.json must not hang the command; it is refused below.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+def read_run_file(path: Path, limit: int, *, most: str, fix: str, follow_links: bool = True) -> bytes:
+    """The first `limit` + 1 bytes of a file in a run folder, refused (BadInput) unless it is a regular file
+    of at most `limit` bytes (`most` says whose size that is; `fix` what to do instead). O_NONBLOCK: a FIFO
+    planted there must not hang the command; it is refused here. Without `follow_links`, a symbolic link is
+    not opened at all (ELOOP, an OSError for the caller)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BadInput(f"{path} is not a regular file; give a folder written by `lanectl gate --out`")
-        if info.st_size > MAX_RESULTS_BYTES:
-            raise BadInput(f"{path} is {info.st_size} bytes, more than a gate writes "
-                           f"({MAX_RESULTS_BYTES // (1024 * 1024)} MiB at most)")
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise BadInput(f"{path} is not a regular file; {fix}")
+        if status.st_size > limit:
+            raise BadInput(f"{path} is {status.st_size} bytes, more than {most} ({limit // (1024 * 1024)} MiB at "
+                           f"most); {fix}")
         with os.fdopen(os.dup(fd), "rb") as handle:
-            return handle.read(MAX_RESULTS_BYTES + 1)
+            return handle.read(limit + 1)
     finally:
         os.close(fd)
 
@@ -240,7 +258,8 @@ def load_results(run_dir: Path) -> dict[str, Any]:
     if not path.exists():
         raise BadInput(f"{run_dir}: no results.json; give a folder written by `lanectl gate --out`")
     try:
-        raw = _read_bounded(path)
+        raw = read_run_file(path, MAX_RESULTS_BYTES, most="a gate writes",
+                            fix="give a folder written by `lanectl gate --out`")
     except OSError as exc:
         raise BadInput(f"{path}: cannot read it: {exc.strerror or exc}") from None
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and not _shallow_enough(raw):

@@ -176,7 +176,8 @@ def _write_run(out: Path, name: str, data: dict[str, Any], workload: str,
                                         "concurrency": concurrency})
     not_drawn = plot(data, run_dir / "ratios.png")
     messages = (info(not_drawn),) if not_drawn else ()
-    return run_dir, messages + (info(f"results{'' if not_drawn else ' and plot'} in {run_dir}"),)
+    drawn = (run_dir / "ratios.png").is_file()  # a calibration has no ratios to draw
+    return run_dir, messages + (info(f"results{' and plot' if drawn else ''} in {run_dir}"),)
 
 
 def _keep_noise(store: Any, lane: str, workload: Workload, data: dict[str, Any]) -> str:
