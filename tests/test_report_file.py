@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_plot_extra import REPORT
-from tests.test_release_note import promoted_bracket
+from tests.test_release_note import DATA, promoted_bracket
 
 
 def report(run_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -158,22 +158,46 @@ def test_report_json_recomputes_every_verdict_from_the_rates_and_finds_the_recor
     assert (data["verdict"], data["best"]) == ("pass", "demo-h2")
 
 
+# Real demo runs recorded in format 2 (`lanectl gate demo-h1 --calibrate --arms 8 --workload demo --no-gpu`, then
+# `lanectl gate demo-h2 demo-h2-8 --control demo-h1 --workload demo --no-gpu --until-decided 3`, on this machine).
+RECORDED = {"bracket": DATA / "20261203T102911Z-gate-demo-h2+demo-h2-8",
+            "calibration": DATA / "20261203T102747Z-calibrate-demo-h1"}
+
+
+@pytest.mark.parametrize("run", RECORDED.values(), ids=RECORDED.keys())
+def test_report_json_recomputes_the_recorded_runs_exactly(run: Path):
+    recorded = json.loads((run / "results.json").read_text())["gate"]
+
+    _, data = report_json(run)
+
+    assert (data["recomputed"], data["differences"]) == (True, [])
+    assert (data["verdict"], data.get("best")) == (recorded["verdict"], recorded.get("best"))
+    for was, again in zip(recorded.get("candidates", [recorded]), data.get("candidates", [data]), strict=True):
+        assert again["verdict"] == was["verdict"]
+        assert {k: (c["ratio"], c["low"], c["high"], c["verdict"]) for k, c in again["cells"].items()} == \
+            {k: (c["ratio"], c["low"], c["high"], c["verdict"]) for k, c in was["cells"].items()}
+    if recorded.get("calibration"):
+        assert data["calibration"] == recorded["calibration"]
+
+
 def test_one_edited_sample_changes_the_recomputed_cell_and_the_report_says_where(tmp_path: Path):
-    results = promoted_bracket()
+    results = json.loads((RECORDED["bracket"] / "results.json").read_text())
     demo_h2 = results["gate"]["candidates"][0]
-    assert demo_h2["arms"][1]["arm"] == "candidate:demo-h2"
-    demo_h2["arms"][1]["cells"]["prose@1"]["rates"][0] = 60.0  # one of ten requests, 104 tok/s before
+    candidate_arm = demo_h2["arms"][1]
+    assert (demo_h2["candidate"], candidate_arm["arm"]) == ("demo-h2", "candidate:demo-h2")
+    rates = candidate_arm["cells"]["code@1"]["rates"]
+    rates[0] *= 0.5  # one of the arm's requests, at half its rate
     (tmp_path / "results.json").write_text(json.dumps(results))
 
     result, data = report_json(tmp_path)
 
-    cell = data["candidates"][0]["cells"]["prose@1"]
-    recorded = demo_h2["cells"]["prose@1"]
-    assert cell["ratio"] == pytest.approx((104 * 9 + 60) / 10 / 100, rel=1e-9) != recorded["ratio"]
-    assert cell["verdict"] == "inconclusive" and data["candidates"][0]["verdict"] == "inconclusive"
-    assert f"demo-h2 prose@1 ratio: recorded {recorded['ratio']!r}, recomputed {cell['ratio']!r}" in data["differences"]
-    assert "demo-h2 verdict: recorded pass, recomputed inconclusive" in data["differences"]
-    assert "bracket best: recorded demo-h2, recomputed None" in data["differences"]
+    cell = data["candidates"][0]["cells"]["code@1"]
+    recorded = demo_h2["cells"]["code@1"]
+    assert cell["ratio"] < recorded["ratio"] and cell["verdict"] != "pass" == recorded["verdict"]
+    assert f"demo-h2 code@1 ratio: recorded {recorded['ratio']!r}, recomputed {cell['ratio']!r}" in data["differences"]
+    assert f"demo-h2 code@1 verdict: recorded pass, recomputed {cell['verdict']}" in data["differences"]
+    # The other cells were not touched: they recompute as recorded.
+    assert not [d for d in data["differences"] if d.startswith("demo-h2 prose@")]
     text = subprocess.run([sys.executable, "-m", "lanectl", "report", str(tmp_path)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert f"recomputed from the per-request rates: {len(data['differences'])} figure(s) differ from the record:" \

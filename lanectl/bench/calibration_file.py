@@ -19,10 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanectl.bench.stats import ArmNoise
 from lanectl.bench.workload import Workload
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
-from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import Timestamp, load_state_file
+from lanectl.state.file_model import Timestamp, load_state_file, write_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
-from lanectl.state.paths import check_state_file, create_state_dir
 
 MAX_CALIBRATION_BYTES = 4 * 1024 * 1024
 
@@ -70,12 +68,7 @@ class CalibrationStore:
     def save(self, workload: str, record: WorkloadNoise) -> None:
         state = self.load()
         state = state.model_copy(update={"workloads": {**state.workloads, workload: record}})
-        try:
-            create_state_dir(self.path.parent)
-            check_state_file(self.path)
-            write_atomically(self.path, (state.model_dump_json(indent=2) + "\n").encode())
-        except OSError as exc:
-            raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc
+        write_state_file(self.path, (state.model_dump_json(indent=2) + "\n").encode())
 
 
 def measured_noise(lane: str, workload: Workload, calibration: dict[str, Any]) -> WorkloadNoise:

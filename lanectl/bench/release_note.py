@@ -301,7 +301,10 @@ def _interval_words(candidates: Sequence[Mapping[str, Any]]) -> str:
     dfs = sorted({i["df"] for i in intervals if i and i["df"] is not None})
     calibrated = any(i and i["prior"] for i in intervals)
     df_text = f"{dfs[0]}" if len(dfs) == 1 else f"{dfs[0]}–{dfs[-1]}" if dfs else "no"
-    prior = ("pooled with this host's calibration of the workload" if calibrated else
+    source = candidates[0].get("noise_prior")
+    when = (f" ({source['arms']} arms of {_text(source['lane'])}, {_text(source['recorded'])})"
+            if calibrated and source else "")
+    prior = (f"pooled with this host's calibration of the workload{when}" if calibrated else
              "from the bracket's own arms alone (no calibration of the workload on this host)")
     freedom = "degree" if dfs == [1] else "degrees"
     return (f"interval, a t-interval on the arms' mean rates: each arm is one observation, and the arm-to-arm "
@@ -480,10 +483,14 @@ def _reproduce(results: Mapping[str, Any], gate: Mapping[str, Any], candidates: 
     control = _shell(gate["control"])
     concurrency = ",".join(str(n) for n in results.get("concurrency", []))
     extra = f" --until-decided {gate['until_decided']}" if gate.get("until_decided") else ""
+    workload = _shell(results.get("workload", "?"))
+    prior = candidates[0].get("noise_prior")
+    calibration = ([f"lanectl gate {_shell(prior['lane'])} --calibrate --arms {prior['arms']} --workload {workload} "
+                    f"--concurrency {concurrency}"] if prior else [])
     lines = ["## Reproduce", "", "```",
              *(f"lanectl diff {control} {_shell(c['candidate'])}" for c in candidates),
-             f"lanectl build {control} {names}",
-             f"lanectl gate {names} --control {control} --workload {_shell(results.get('workload', '?'))} "
+             f"lanectl build {control} {names}", *calibration,
+             f"lanectl gate {names} --control {control} --workload {workload} "
              f"--concurrency {concurrency} --bar {gate['bar']:g} --order {_order_flag(gate)}{extra} --out results/",
              f"lanectl report {_shell('results/' + inputs.run_name)} --release-note", "```", "",
              "Images the arms ran (tags are content-addressed: the suffix hashes every build input):", ""]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -113,10 +111,12 @@ def read_plot(run_dir: Path) -> bytes | None:
     """The run's ratios.png for embedding, None when there is none. Only a regular file, not through a link, that
     starts as a PNG does and is no larger than a gate's plot: anything else in a run folder is refused (exit 2)
     rather than copied into a page that people open."""
+    from lanectl.bench.results_file import read_run_file
+
     path = run_dir / "ratios.png"
     redraw = f"remove it; `lanectl report {run_dir}` draws the plot again"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        picture = read_run_file(path, MAX_PLOT_BYTES, most="a gate's plot", fix=redraw, follow_links=False)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -124,17 +124,6 @@ def read_plot(run_dir: Path) -> bytes | None:
             raise BadInput(f"{path} is a symbolic link; --html embeds only the plot `lanectl gate --out` wrote: "
                            f"{redraw}") from None
         raise BadInput(f"{path}: cannot read it ({exc.strerror or exc}); {redraw}") from None
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise BadInput(f"{path} is not a regular file; {redraw}")
-        if status.st_size > MAX_PLOT_BYTES:
-            raise BadInput(f"{path} is {status.st_size} bytes, more than a gate's plot "
-                           f"({MAX_PLOT_BYTES // (1024 * 1024)} MiB at most); {redraw}")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            picture = handle.read(MAX_PLOT_BYTES + 1)
-    finally:
-        os.close(fd)
     if not picture.startswith(PNG_SIGNATURE) or len(picture) > MAX_PLOT_BYTES:
         raise BadInput(f"{path} is not a PNG image; {redraw}")
     return picture
