@@ -1,13 +1,14 @@
 """bench and gate: measure a lane, and judge a candidate only through a bracket with controls.
 
 The release note's protocol (BRIEF §5): the control lane runs at the start and the end of the
-bracket, the candidate in between (A/B/A, or A/B/B/A); a cell's verdict is the bootstrap interval of
-the candidate/control ratio of per-request rates against a bar; any new Xid line or fatal engine line
-in any arm fails the gate whatever the speed; fidelity at temperature 0 is teacher-forced: the first
-control arm's greedy continuations are scored, every position, by every other arm, and the candidate
-may drift from them no more than the other control arm did. Teacher forcing is by token ids
-(lanectl.bench.forcing): the reference's prompt ids and continuation ids are sent back as ids, so a
-continuation whose text a tokenizer would merge differently is still scored position by position.
+bracket, the candidate in between (A/B/A, or A/B/B/A); a cell's verdict is the 95 % interval of the
+candidate/control ratio of per-request rates, the arm its unit (`lanectl.bench.verdict`), against a
+bar; any new Xid line or fatal engine line in any arm fails the gate whatever the speed; fidelity at
+temperature 0 is teacher-forced: the first control arm's greedy continuations are scored, every
+position, by every other arm, and the candidate may drift from them no more than the other control
+arm did. Teacher forcing is by token ids (lanectl.bench.forcing): the reference's prompt ids and
+continuation ids are sent back as ids, so a continuation whose text a tokenizer would merge
+differently is still scored position by position.
 """
 
 from __future__ import annotations
