@@ -9,6 +9,7 @@ tests and drawn in colour on a terminal; nothing here knows about the terminal.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -87,3 +88,34 @@ def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
         return []
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+# -- text from outside lanectl: control characters shown escaped, never obeyed ---------------------------
+#
+# Engine logs, state files, results and path arguments can hold control characters that a terminal obeys and
+# that a Markdown or HTML reader carries along unseen. Every place lanectl shows such text (the terminal,
+# `lanectl.cli.terminal`; the release note, `lanectl.bench.release_note`) escapes them with this one rule.
+
+# C0 but tab and newline, DEL, C1; the bidirectional embeddings, overrides and isolates; the Unicode line
+# and paragraph separators (a terminal may break the line there); lone surrogates (bytes of an argument or
+# file name that were not UTF-8: printed raw, 0x9b is a C1 CSI again).
+_OTHERS = "\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_CONTROL = re.compile(f"[\x00-\x08\x0a{_OTHERS}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[\x00-\x08{_OTHERS}]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, as surrogateescape kept it
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def shown(text: str, *, keep_newlines: bool = False) -> str:
+    """`text` with every control character escaped, tab kept; newline kept only when `keep_newlines` (a
+    block of lines, a log), else escaped too, so that a field cannot start a line that looks like lanectl's."""
+    return (_CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL).sub(_escaped, text)
+
+
+def has_controls(text: str) -> bool:
+    return _CONTROL_BUT_NEWLINE.search(text) is not None

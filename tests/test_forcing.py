@@ -101,7 +101,7 @@ def test_an_engine_without_token_ids_leaves_the_gate_inconclusive_and_says_why()
     report = judge(bracket(old, old), 1.025)
     assert (report.verdict.value, report.fidelity["verdict"], report.fidelity["unscored"]) == (
         "inconclusive", "inconclusive", 1)
-    assert report.reasons == ["fidelity: 1 prompt(s) could not be scored in a candidate arm, so teacher forcing "
-                              "cannot vouch for them (code#0: this engine does not return token ids (vLLM >= 0.10.2 "
-                              "does))"]
+    assert report.reasons[0] == ("fidelity: 1 prompt(s) could not be scored in a candidate arm, so teacher forcing "
+                                 "cannot vouch for them (code#0: this engine does not return token ids (vLLM >= "
+                                 "0.10.2 does))")
     assert "code#0: no reference continuation to score: " + NO_TOKEN_IDS in report.arms[1]["notes"]

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 
-from lanectl.bench.gate import BracketReport, LaneBench, bracket_arms, judge, judge_bracket
-from lanectl.bench.stats import ForcedPosition, TokenChoice, Verdict
+import pytest
+
+from lanectl.bench.gate import BracketReport, LaneBench, bracket_arms, judge, judge_bracket, judge_calibration
+from lanectl.bench.loadgen import ArmResult, RequestResult, summarize
+from lanectl.bench.stats import ArmNoise, ForcedPosition, TokenChoice, Verdict
 from lanectl.cli.views import render_text
 from lanectl.output import Result
 from tests.test_probes import timed_cell
@@ -16,8 +19,11 @@ REFERENCE = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}, token
 AGREED = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95), token_id=0, top_token_id=0),)
 
 
-def measured(arm: str, lane: str, rate: float, *, xid: bool = False) -> LaneBench:
-    made = LaneBench(lane=lane, arm=arm, image=f"img-{lane}", started="t")
+PROBED = {"gauntlet": {"kind": "gauntlet", "passed": 12, "total": 12, "ok": True, "failures": [], "seconds": {}}}
+
+
+def measured(arm: str, lane: str, rate: float, *, xid: bool = False, probes: bool = True) -> LaneBench:
+    made = LaneBench(lane=lane, arm=arm, image=f"img-{lane}", started="t", probes=dict(PROBED) if probes else {})
     made.cells["prose@1"] = timed_cell(rate)
     made.cell_axes["prose@1"] = ("prose", 1, 0)
     made.greedy["prose#0"] = REFERENCE
@@ -78,7 +84,7 @@ def test_one_candidate_writes_the_one_candidate_form_and_several_nest_each_candi
     arms = [measured("control-1", "a", 100), measured("candidate", "fast", 110), measured("control-2", "a", 100)]
     single = judge(arms, 1.025)
     one = BracketReport(control="a", bar=1.025, order="ABA", candidates=[single], arms=single.arms)
-    assert one.as_dict() == single.as_dict()
+    assert one.as_dict() == {**single.as_dict(), "requested_order": "ABA", "until_decided": 0}
     several = json.loads(json.dumps(bracket().as_dict()))
     assert (several["best"], several["verdict"], several["order"]) == ("faster", "pass", "ABCDA")
     assert [c["candidate"] for c in several["candidates"]] == ["fast", "faster", "slow"]
@@ -94,38 +100,125 @@ def test_the_text_view_shows_each_candidate_then_the_bracket():
         "verdict: PASS (bar 1.025x, order ABA)", "verdict: PASS (bar 1.025x, order ABA)",
         "verdict: FAIL (bar 1.025x, order ABA)"]
     assert text[-4:] == ["bracket: PASS (order ABCDA, 3 candidates; best that passed: faster)",
-                         "  - fast: PASS (overall 1.100x)", "  - faster: PASS (overall 1.200x)",
+                         "  - faster: PASS (overall 1.200x)", "  - fast: PASS (overall 1.100x)",
                          "  - slow: FAIL (overall 0.900x)"]
 
 
-# -- calibration (`gate LANE --calibrate`: every arm ran the control) ---------------------------------------
-
-
-def calibration_arms(candidate_rate: float) -> list[LaneBench]:
-    return [measured("control-1", "a", 100), measured("candidate", "a", candidate_rate),
+def test_a_failed_candidate_never_ranks_above_one_that_passed_however_fast():
+    # "fast-but-broken" is 30 % faster everywhere it finished, and finished nothing in one cell: its overall figure
+    # counts that cell (0), and a FAIL is listed after every PASS whatever its figure.
+    broken = measured("candidate:broken", "broken", 130)
+    broken.cells["prose@8"] = failed_cell()
+    broken.cell_axes["prose@8"] = ("prose", 8, 0)
+    arms = [measured("control-1", "a", 100), broken, measured("candidate:ok", "ok", 104),
             measured("control-2", "a", 100)]
+    for arm in arms:
+        if arm is not broken:
+            arm.cells["prose@8"], arm.cell_axes["prose@8"] = timed_cell(100), ("prose", 8, 0)
+    report = judge_bracket(arms, 1.025)
+    assert report.reasons == ["ok: PASS (overall 1.020x)", "broken: FAIL (overall 0.000x)"]
+    assert report.best is not None and report.best.candidate == "ok"
 
 
-def test_a_quiet_calibration_passes_with_its_figures_first():
-    report = judge(calibration_arms(100), 1.025, max_false_promotion=0.05)
+def failed_cell() -> ArmResult:
+    """A cell where every request failed."""
+    lost = RequestResult(prompt_class="prose", prompt_index=0, ok=False, error="HTTP 500: boom", started_s=0.0,
+                         finished_s=0.1, chunk_times_s=(), output_tokens=0, texts=())
+    return summarize([lost] * 3, wall_time_s=0.1, concurrency=8)
+
+
+def with_one_failed_request(cell: ArmResult) -> ArmResult:
+    lost = RequestResult(prompt_class="prose", prompt_index=0, ok=False, error="HTTP 500: boom", started_s=0.0,
+                         finished_s=0.1, chunk_times_s=(), output_tokens=0, texts=())
+    return summarize([*cell.results[:2], lost], wall_time_s=cell.wall_time_s, concurrency=1)
+
+
+def test_a_cell_with_a_failed_request_cannot_pass():
+    # 1 of 3 requests failed, in the candidate arm: the cell fails, however fast the other two were.
+    fast = measured("candidate", "fast", 120)
+    fast.cells["prose@1"] = with_one_failed_request(fast.cells["prose@1"])
+    report = judge([measured("control-1", "a", 100), fast, measured("control-2", "a", 100)], 1.025)
+    cell = report.cells["prose@1"]
+    assert (cell["verdict"], cell["failed"], round(cell["ratio"], 3)) == ("fail", 1, 1.2)
+    assert report.verdict == Verdict.FAIL
+    assert "prose@1: fail: 1 failed request(s) in it; 1.200x against a bar of 1.025x (95% interval 1.200-1.200)" \
+        in report.reasons
+    # In a control arm: the controls cannot vouch for the comparison, so the cell is at best inconclusive.
+    control = measured("control-2", "a", 100)
+    control.cells["prose@1"] = with_one_failed_request(control.cells["prose@1"])
+    report = judge([measured("control-1", "a", 100), measured("candidate", "fast", 120), control], 1.025)
+    assert report.cells["prose@1"]["verdict"] == "inconclusive" and report.verdict == Verdict.FAIL
+
+
+def test_pass_needs_the_probes_to_have_run():
+    arms = [measured("control-1", "a", 100, probes=False), measured("candidate", "fast", 120, probes=False),
+            measured("control-2", "a", 100, probes=False)]
+    report = judge(arms, 1.025)
+    assert report.cells["prose@1"]["verdict"] == "pass"
+    assert report.verdict == Verdict.INCONCLUSIVE and not report.more_arms_may_decide
+    assert report.reasons == ["no correctness probe ran in control-1, candidate, control-2: PASS needs the "
+                              "workload's probes (`probes:` in the workload file)"]
+
+
+def test_only_a_bracket_undecided_by_its_cells_asks_for_more_arms():
+    noisy = [measured("control-1", "a", 100), measured("candidate", "b", 103), measured("control-2", "a", 102)]
+    report = judge(noisy, 1.025)
+    assert report.verdict == Verdict.INCONCLUSIVE and report.more_arms_may_decide
+    assert not judge(bracket_of(100, 130, 100), 1.025).more_arms_may_decide  # PASS: decided
+
+
+def bracket_of(*rates: float) -> list[LaneBench]:
+    names = ["control-1", *(f"candidate-{i}" for i in range(1, len(rates) - 1)), "control-2"]
+    return [measured(name, "a" if name.startswith("control") else "b", rate) for name, rate in zip(names, rates,
+                                                                                                   strict=True)]
+
+
+def test_a_calibrated_prior_decides_a_bracket_its_own_control_pair_cannot():
+    # 3.6 % faster, controls 0.2 % apart: on its one control pair (1 df, t = 12.7) the interval reaches below the
+    # bar; with a calibration's 7 df of arm noise at that level it clears it.
+    arms = [measured("control-1", "a", 100), measured("candidate", "b", 103.7), measured("control-2", "a", 100.2)]
+    alone = judge(arms, 1.025)
+    calibrated = judge(arms, 1.025, priors={"prose@1": ArmNoise(variance=0.002**2, df=7)})
+    assert (alone.cells["prose@1"]["verdict"], calibrated.cells["prose@1"]["verdict"]) == ("inconclusive", "pass")
+    assert calibrated.cells["prose@1"]["interval"] == {
+        "model": "t on log arm means", "confidence": 0.95, "df": 8,
+        "arm_sd": pytest.approx(math.sqrt((math.log(1.002) ** 2 / 2 + 7 * 0.002**2) / 8), rel=1e-12),
+        "prior": {"variance": 0.002**2, "df": 7}}
+
+
+# -- calibration (`gate LANE --calibrate`: N arms of one lane, back to back) ---------------------------------
+
+
+def calibration_arms(*rates: float) -> list[LaneBench]:
+    return [measured(f"arm-{n}", "a", rate, probes=False) for n, rate in enumerate(rates, start=1)]
+
+
+def test_a_quiet_calibration_passes_with_its_figures():
+    report = judge_calibration(calibration_arms(100, 100.2, 99.9, 100.1, 100), 1.025, 0.05)
     assert report.verdict == Verdict.PASS
     assert report.calibration is not None
-    assert (report.calibration["false_promotion_rate"], report.calibration["cells_passed"]) == (0.0, 0)
-    assert report.reasons[0].startswith("false-promotion rate 0.0000 (allowed 0.05) over 1 cells")
+    cell = report.calibration["cells"]["prose@1"]
+    assert (cell["arms"], cell["df"], cell["brackets"], cell["covered"], cell["passed"]) == (5, 2, 3, 3, 0)
+    assert report.calibration["false_promotion_rate"] < 1e-6
+    assert report.reasons[0].startswith("false-promotion rate 0.0000 (allowed 0.05) for an A/B/A bracket over 1 "
+                                        "cells; 3 of 3 A/A intervals held 1.0, 0 passed the bar, 0 fell below it")
 
 
-def test_a_calibration_whose_noise_cleared_the_bar_fails():
-    # One arm of the same lane measured 5% faster: noise alone would have promoted it.
-    report = judge(calibration_arms(105), 1.025, max_false_promotion=0.05)
+def test_a_calibration_in_which_noise_alone_promoted_the_lane_fails():
+    # One arm 10 % off nineteen quiet ones: judged as an A/B/A bracket, the unchanged lane cleared the bar.
+    rates = [100 + 0.1 * (k % 2) for k in range(20)]
+    rates[10] = 110
+    report = judge_calibration(calibration_arms(*rates), 1.025, 0.05)
     assert report.verdict == Verdict.FAIL
-    assert report.calibration is not None
-    assert (report.calibration["false_promotion_rate"], report.calibration["cells_passed"]) == (1.0, 1)
-    assert report.reasons[-1].startswith("false-promotion rate 1.0000 (allowed 0.05) over 1 cells x")
+    assert report.calibration is not None and report.calibration["cells"]["prose@1"]["passed"] == 1
+    assert report.reasons[0] == ("prose@1: 1 A/A bracket(s) passed the bar and 0 fell below it: noise alone moved "
+                                 "an unchanged lane that far")
+    assert report.reasons[-1].startswith("false-promotion rate ")
 
 
-def test_a_calibration_with_a_cell_below_the_bar_fails_naming_it():
-    # Noise the other way: a cell that a real candidate would FAIL on is as disqualifying as one that passes.
-    report = judge(calibration_arms(90), 1.025, max_false_promotion=0.05)
+def test_a_calibration_with_a_failed_request_fails_and_names_it():
+    arms = calibration_arms(100, 100.2, 99.9)
+    arms[1].cells["prose@1"] = with_one_failed_request(arms[1].cells["prose@1"])
+    report = judge_calibration(arms, 1.025, 0.05)
     assert report.verdict == Verdict.FAIL
-    assert report.calibration is not None and report.calibration["false_promotion_rate"] == 0.0
-    assert report.reasons[0].startswith("prose@1: fail: 0.900x against a bar of 1.025x")
+    assert report.reasons[0] == "arm-2 (a) had 1 failed request(s)"

@@ -1,9 +1,16 @@
-"""bench and gate on stub-engine lanes on the real engine: the A/B/A bracket end to end."""
+"""bench and gate on stub-engine lanes on the real engine: the A/B/A bracket end to end.
+
+Every bracket here measures one concurrency (the stub's streams are threads on a shared 2-core machine, so a
+second level adds time, not evidence), and only brackets that must PASS run a probe (PASS needs the probes).
+`gate-test` (two classes: fidelity is shown per class) has no probe; `gate-pass` adds the one-prompt `quick`
+one; `gate-one` is one class with it, for brackets whose claim is about arms and verdicts, not classes. The
+tests assert what happened (verdicts, promotions, what was recorded and recomputed), never how fast: rates
+measured here depend on the load.
+"""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -20,9 +27,13 @@ pytestmark = pytest.mark.docker
 
 CANDIDATES = """
   t-fast:
-    description: decodes 50% faster than demo-h1 (a margin that a busy machine's noise cannot close)
+    description: decodes twice as fast as demo-h1 (a margin no noise closes, even on one control pair's 1 df)
     engine:
-      env: {STUB_DECODE_TOKENS_PER_S: "150"}
+      env: {STUB_DECODE_TOKENS_PER_S: "200"}
+  t-4pct:
+    description: decodes 4% faster than demo-h1 (the release note's effect)
+    engine:
+      env: {STUB_DECODE_TOKENS_PER_S: "104"}
   t-same:
     description: as fast as demo-h1
     engine:
@@ -48,7 +59,7 @@ CANDIDATES = """
     engine:
       args: [/model, --served-model-name, demo-model, --max-model-len, "2048", --host, 0.0.0.0, --port, "8000"]
 """
-LANES = ["demo-h1", "t-fast", "t-same", "t-fatal", "t-flip", "t-late", "t-leak", "t-crash"]
+LANES = ["demo-h1", "t-fast", "t-4pct", "t-same", "t-fatal", "t-flip", "t-late", "t-leak", "t-crash"]
 # The demo's probes, and the output fault of the stub that fails each.
 DEMO_PROBES = ["gauntlet", "thinking", "soak-demo", "needle-4k"]
 FAULT_FAILS = {"broken_tool_json": "gauntlet", "leak_reasoning": "thinking", "loop": "soak-demo",
@@ -64,9 +75,13 @@ def lanes(tmp_path_factory: pytest.TempPathFactory):
     workloads.mkdir()
     (workloads / "gate-test.yaml").write_text((Path(__file__).parent / "data" / "gate-workload.yaml").read_text())
     shutil.copytree(REPO / "recipes" / "workloads" / "probes", workloads / "probes")
+    shutil.copy(Path(__file__).parent / "data" / "probes" / "quick.yaml", workloads / "probes")
+    (workloads / "gate-pass.yaml").write_text(
+        (workloads / "gate-test.yaml").read_text().replace("name: gate-test", "name: gate-pass") + "probes: [quick]\n")
+    one_class = (workloads / "gate-pass.yaml").read_text().replace("name: gate-pass", "name: gate-one")
+    (workloads / "gate-one.yaml").write_text(one_class.split("  code:\n")[0] + "probes: [quick]\n")
     (workloads / "gate-probes.yaml").write_text(
-        (workloads / "gate-test.yaml").read_text().replace("name: gate-test", "name: gate-probes")
-        + "probes: [thinking, needle-4k]\n")
+        one_class.split("  code:\n")[0].replace("name: gate-one", "name: gate-probes") + "probes: [quick, needle-4k]\n")
     project.cli("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
     yield project
     remove_everything(project)
@@ -78,9 +93,9 @@ def state(lanes: LaneProject, tmp_path: Path):
     remove_containers(lanes)
 
 
-def gate(lanes: LaneProject, state: Path, candidate: str, *extra: str,
+def gate(lanes: LaneProject, state: Path, candidate: str, *extra: str, workload: str = "gate-test",
          env: dict[str, str] | None = None) -> tuple[int, dict]:
-    result = lanes.cli("gate", candidate, "--control", "demo-h1", "--workload", "gate-test", "--concurrency", "1,4",
+    result = lanes.cli("gate", candidate, "--control", "demo-h1", "--workload", workload, "--concurrency", "1",
                        "--no-gpu", "--json", *extra, state=state, timeout=600,
                        extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}", **(env or {})})
     assert result.returncode in (0, 1), result.stderr
@@ -98,15 +113,13 @@ def kernel_log(state: Path):
 
 def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-fast", "--promote", "--out", str(tmp_path / "results"))
+    code, report = gate(lanes, state, "t-fast", "--promote", "--out", str(tmp_path / "results"), workload="gate-pass")
     assert code == 0 and report["verdict"] == "pass", report["reasons"]
     figures = {k: (c["verdict"], c["ratio"], c["low"], c["high"], c["arms"]) for k, c in report["cells"].items()}
-    # The stub decodes 1.5x faster, but how close a measured ratio comes to 1.25, and how wide its interval
-    # is, depend on how busy this shared machine was (CI failed on a loaded box with a cell outside
-    # 1.15-1.35, and with one cell's interval reaching below the bar). So the test checks what PASS means
-    # rather than the figures: no cell fell below the bar, and at least one cell's whole 95% interval lies
-    # at or above it (a bar > 1). A candidate no faster than its control cannot do that (t-same below is
-    # inconclusive, and a slower one fails).
+    # How close a measured ratio comes to the stub's 2x, and how wide its interval is, depend on how busy this
+    # shared machine was. So the test checks what PASS means rather than the figures: no cell fell below the
+    # bar, and at least one cell's whole 95% interval lies at or above it (a bar > 1). A candidate no faster
+    # than its control cannot do that (t-same in the calibration test is not promoted).
     passed = {k: c for k, c in report["cells"].items() if c["verdict"] == "pass"}
     assert passed and "fail" not in {c["verdict"] for c in report["cells"].values()}, figures
     assert report["bar"] > 1.0
@@ -115,11 +128,20 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     fid = report["fidelity"]
     assert (fid["method"], fid["confident_flips"], fid["confident_flips_bar"]) == ("teacher-forced", 0, 0)
     assert fid["positions"] == 4 * 32 and fid["unscored"] == 0  # every position of every prompt scored
+    assert {arm: p["ok"] for arm, p in report["probes"]["quick"].items()} == {
+        "control-1": True, "candidate": True, "control-2": True}
     assert report["promoted"] == "t-fast" and active(lanes, state) == "t-fast"
     run_dir = Path(report["run_dir"])
     assert (run_dir / "ratios.png").stat().st_size > 1000
     again = lanes.cli("report", str(run_dir), state=state, check=True)
     assert "verdict: PASS" in again.stdout
+    # The verdict is the evidence's: `report` judges the per-request rates again and finds the record agrees.
+    recorded = json.loads((run_dir / "results.json").read_text())
+    assert recorded["version"] == 2 and all(
+        len(arm["cells"][key]["rates"]) == arm["cells"][key]["requests"] for arm in recorded["gate"]["arms"]
+        for key in report["cells"])
+    assert again.stdout.splitlines()[-1] == ("recomputed from the per-request rates: every figure and verdict "
+                                             "matches the record")
     # The text shows the per-cell intervals and the teacher-forced fidelity, per class.
     shown = again.stdout.splitlines()
     for key, cell in report["cells"].items():
@@ -135,7 +157,7 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
 
 def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-test",
+    result = lanes.cli("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
                        "--concurrency", "1", "--no-gpu", "--json", "--promote", "--out", str(tmp_path / "results"),
                        state=state, timeout=600, extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     assert result.returncode == 0, result.stderr
@@ -155,7 +177,7 @@ def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(
 
 def test_a_candidate_that_cannot_come_up_fails_alone_and_the_others_are_still_judged(lanes, state):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("gate", "t-crash", "t-fast", "--control", "demo-h1", "--workload", "gate-test",
+    result = lanes.cli("gate", "t-crash", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
                        "--concurrency", "1", "--no-gpu", "--json", "--promote", state=state, timeout=600,
                        extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     assert result.returncode == 0, result.stderr
@@ -180,23 +202,9 @@ def test_a_lane_not_built_is_refused_before_the_bracket_switches_anything(lanes,
     assert not [r for r in history if r["kind"] == "intent" and r.get("to") == "t-fast"]
 
 
-def test_an_equally_fast_candidate_is_inconclusive_and_the_control_stays(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    # Without the plot extra: the same verdict and exit code, the results written, no plot.
-    no_plot = {"PYTHONPATH": without_matplotlib(tmp_path)["PYTHONPATH"]}
-    code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
-    # Inconclusive on a quiet machine; a busy one's noise can push a cell below the bar, which fails it
-    # (the calibration test above saw such noise). Either way it is not promoted.
-    assert code == 1 and report["verdict"] in ("inconclusive", "fail"), report
-    assert report["promoted"] is None and active(lanes, state) == "demo-h1"
-    run_dir = Path(report["run_dir"])
-    assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == report["verdict"]
-    assert not (run_dir / "ratios.png").exists()
-
-
 def test_a_fatal_engine_line_in_the_candidate_arm_fails_the_gate_whatever_the_speed(lanes, state):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-fatal", "--promote", "--concurrency", "1")  # cells do not matter
+    code, report = gate(lanes, state, "t-fatal", "--promote")  # cells do not matter
     assert code == 1 and report["verdict"] == "fail"
     assert any("fatal engine line" in reason and "illegal memory access" in reason for reason in report["reasons"])
     assert active(lanes, state) == "demo-h1"
@@ -204,7 +212,7 @@ def test_a_fatal_engine_line_in_the_candidate_arm_fails_the_gate_whatever_the_sp
 
 def test_altered_tokens_show_confident_flips_and_fail_fidelity(lanes, state):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-flip", "--concurrency", "1")
+    code, report = gate(lanes, state, "t-flip")
     assert report["fidelity"]["confident_flips"] > report["fidelity"]["confident_flips_bar"] == 0
     assert code == 1 and report["verdict"] == "fail"
 
@@ -218,7 +226,7 @@ def first_divergence_passes(control: dict[str, list[str]], candidate: dict[str, 
 
 def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passed_it(lanes, state):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-late", "--order", "ABBA", "--concurrency", "1")
+    code, report = gate(lanes, state, "t-late", "--order", "ABBA")
     assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate-1", "candidate-2", "control-2"]
     greedy = {a["arm"]: a["greedy"] for a in report["arms"]}
     assert first_divergence_passes(greedy["control-1"], greedy["candidate-1"])  # the old rule: no flip at all
@@ -229,28 +237,58 @@ def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passe
     assert all(c["verdict"] == "pass" for c in report["cells"].values())  # fast, yet not promotable
 
 
-def test_calibrate_runs_the_control_against_itself(lanes, state):
+def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candidate_stays_unpromoted(
+        lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("gate", "demo-h1", "--calibrate", "--workload", "gate-test", "--concurrency", "1",
-                       "--no-gpu", state=state, timeout=600,
+    result = lanes.cli("gate", "demo-h1", "--calibrate", "--arms", "3", "--workload", "gate-test", "--concurrency",
+                       "1", "--no-gpu", "--json", state=state, timeout=600,
                        extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     assert result.returncode in (0, 1), result.stdout + result.stderr
-    [line] = [row for row in result.stdout.splitlines() if row.startswith("calibration (ABA of one lane)")]
-    found = re.search(r"false-promotion rate (\d\.\d{4}) \(allowed 0.05\), (\d) of 2 cells passed the bar", line)
-    assert found, line
-    rate, cells_passed = float(found[1]), int(found[2])
-    # Whether this machine is quiet enough to gate on is what calibration measures, so the test cannot
-    # require that it is: a loaded CI machine measured 0.0503 and exited 1, as it should. The command is
-    # held to its own figures here; its verdict on chosen figures is tested pure in test_gate_bracket.py.
-    other_reasons = [row for row in result.stdout.splitlines()
-                     if row.startswith("  - ") and not row.startswith("  - false-promotion rate")]
-    if result.returncode == 0:
-        assert rate <= 0.05 and cells_passed == 0 and not other_reasons, result.stdout
-        assert "verdict: PASS" in result.stdout
-    else:
-        assert rate > 0.05 or cells_passed > 0 or other_reasons, result.stdout
-        assert "verdict: FAIL" in result.stdout
+    calibration = json.loads(result.stdout)["data"]["calibration"]
+    # Whether this machine is quiet enough to gate on is what calibration measures, so the test cannot require
+    # that it is; it holds the command to what it measured. Its verdict on chosen figures is tested pure in
+    # test_gate_bracket.py.
+    assert [a["arm"] for a in json.loads(result.stdout)["data"]["arms"]] == ["arm-1", "arm-2", "arm-3"]
+    assert set(calibration["cells"]) == {"prose@1", "code@1"}
+    # Three arms: two steps between neighbours, 1 df (lanectl.bench.stats.arm_noise), one A/A bracket per cell.
+    assert all((c["arms"], c["df"], c["brackets"]) == (3, 1, 1) for c in calibration["cells"].values())
+    assert calibration["brackets"] == 2 and 0 <= calibration["covered"] <= 2
+    kept = json.loads((state / "calibration.json").read_text())["workloads"]["gate-test"]
+    assert {k: (c["variance"], c["df"]) for k, c in kept["cells"].items()} == {
+        k: (c["variance"], c["df"]) for k, c in calibration["cells"].items()}
     assert active(lanes, state) == "demo-h1"
+    # A later gate of the workload pools its own arms with that noise. t-same is as fast as demo-h1: never
+    # promoted (inconclusive, or a FAIL when noise pushed a cell below the bar). Without the plot extra: the
+    # same verdict and exit code, the results written, no plot.
+    no_plot = {"PYTHONPATH": without_matplotlib(tmp_path)["PYTHONPATH"]}
+    code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
+    assert code == 1 and report["verdict"] in ("inconclusive", "fail"), report
+    assert report["noise_prior"]["lane"] == "demo-h1" and report["noise_prior"]["arms"] == 3
+    assert {k: c["interval"]["prior"]["df"] for k, c in report["cells"].items()} == {"prose@1": 1, "code@1": 1}
+    assert all(c["interval"]["df"] == 2 for c in report["cells"].values())  # the prior's 1 and the pair's 1
+    assert report["promoted"] is None and active(lanes, state) == "demo-h1"
+    run_dir = Path(report["run_dir"])
+    assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == report["verdict"]
+    assert not (run_dir / "ratios.png").exists()
+
+
+def test_until_decided_adds_arms_until_a_4_percent_faster_lane_passes(lanes, state):
+    """The release note's effect, 4 %, against a 1.025 bar. At 4 streams the stub's arms land 0.4-2 % apart on
+    this machine (measured), so A/B/A's one control pair (1 df, t = 12.7) leaves the bracket inconclusive, as it
+    would a real lane's; more rounds of arms decide it. (At one stream the stub's arms agree to 0.03 %, so a
+    single pair decides there: no real engine is that quiet.) No calibration: only the bracket's own arms count."""
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    code, report = gate(lanes, state, "t-4pct", "--until-decided", "8", "--concurrency", "4", workload="gate-one")
+    rounds = report["rounds"]
+    assert code == 0 and report["verdict"] == "pass", (rounds, report["reasons"])
+    assert rounds[0] == {"candidate_arms": 1, "control_arms": 2, "verdict": "inconclusive"}, rounds
+    assert [r["verdict"] for r in rounds[1:]] == ["inconclusive"] * (len(rounds) - 2) + ["pass"]
+    taken = len(rounds) - 1
+    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate", "control-2"] + [
+        name for n in range(2, taken + 2) for name in (f"candidate-{n}", f"control-{n + 1}")]
+    assert [(r["candidate_arms"], r["control_arms"]) for r in rounds] == [(n, n + 1) for n in range(1, taken + 2)]
+    assert report["order"] == "AB" * (taken + 1) + "A" and report["until_decided"] == 8
+    assert report["noise_prior"] is None and active(lanes, state) == "demo-h1"
 
 
 def test_a_context_beyond_max_model_len_is_refused_before_any_arm(lanes, state, tmp_path):
@@ -267,27 +305,27 @@ def test_a_context_beyond_max_model_len_is_refused_before_any_arm(lanes, state, 
 
 def test_bench_measures_the_serving_lane(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("bench", "--workload", "gate-test", "--concurrency", "1,4", "--json", "--out",
-                       str(tmp_path / "bench"), state=state, check=True, timeout=300,
-                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
-    data = json.loads(result.stdout)["data"]
-    cells = data["bench"]["cells"]
-    assert set(cells) == {"prose@1", "prose@4", "code@1", "code@4"}
-    assert 80 < cells["code@1"]["output_tok_per_s"] < 110, "stub decodes 100 tok/s per stream"
-    assert cells["code@4"]["output_tok_per_s"] > 2.5 * cells["code@1"]["output_tok_per_s"]
-    assert (Path(data["run_dir"]) / "results.json").is_file()
-    # For people: the table of the measured cells, notes and where the results went on stderr.
-    text = lanes.cli("bench", "--workload", "gate-test", "--concurrency", "1", "--out", str(tmp_path / "text"),
+    text = lanes.cli("bench", "--workload", "gate-test", "--concurrency", "1,4", "--out", str(tmp_path / "text"),
                      state=state, check=True, timeout=300,
                      extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     [run_dir] = (tmp_path / "text").iterdir()
     measured = json.loads((run_dir / "results.json").read_text())["bench"]
     written = measured["cells"]
+    assert set(written) == {"prose@1", "prose@4", "code@1", "code@4"}
+    # What was measured, not how fast (that depends on the machine's load): every request of the window
+    # finished, each delivered the workload's 32 tokens, and the cell's rate is the tokens over the window.
+    for key, cell in written.items():
+        streams = cell["concurrency"]
+        assert (cell["failed"], cell["requests"], len(cell["rates"])) == (0, max(2, 3 * streams), cell["requests"])
+        assert cell["output_tokens"] >= 32 * cell["requests"]  # and what the cut streams had delivered
+        assert cell["output_tok_per_s"] == pytest.approx(cell["output_tokens"] / cell["wall_time_s"], rel=1e-12)
+        assert cell["ms_per_step"] > 0 and all(rate > 0 for rate in cell["rates"]), key
+    assert written["code@1"]["output_tokens"] == 3 * 32  # one stream: nothing cut at the window's close
     assert text.stdout.splitlines() == [  # in the workload's order; results.json sorts its keys
         "cell                       tok/s  ms/step  TTFT p50  ITL p99 failed",
         *(f"{key:<22} {written[key]['output_tok_per_s']:>9.1f} {written[key]['ms_per_step']:>8.2f} "
           f"{written[key]['ttft_p50_ms']:>8.1f}m {written[key]['itl_p99_ms']:>7.1f}m {written[key]['failed']:>6}"
-          for key in ("prose@1", "code@1")),
+          for key in ("prose@1", "prose@4", "code@1", "code@4")),
     ]
     assert text.stderr.splitlines()[-1 - len(measured["notes"]):] == [*measured["notes"], f"results in {run_dir}"]
     other = lanes.cli("bench", "t-fast", "--workload", "gate-test", state=state)
@@ -318,18 +356,17 @@ def test_every_probe_passes_on_the_healthy_stub_lane_and_fails_on_its_fault(lane
 
 def test_a_candidate_failing_one_probe_fails_the_gate_naming_it(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-leak", "--workload", "gate-probes", "--concurrency", "1",
-                        "--out", str(tmp_path / "results"))
+    code, report = gate(lanes, state, "t-leak", "--out", str(tmp_path / "results"), workload="gate-probes")
     assert code == 1 and report["verdict"] == "fail"
     probe_reasons = [r for r in report["reasons"] if "probe" in r]
-    assert probe_reasons == ["candidate (t-leak) failed probe thinking: 0/16 passed; prompt-1: reasoning leaked "
+    assert probe_reasons == ["candidate (t-leak) failed probe quick: 0/1 passed; prompt-1: reasoning leaked "
                              "into the answer (<think>, </think> in content)"], report["reasons"]
-    thinking, needle = report["probes"]["thinking"], report["probes"]["needle-4k"]
+    thinking, needle = report["probes"]["quick"], report["probes"]["needle-4k"]
     assert {arm: p["ok"] for arm, p in thinking.items()} == {"control-1": True, "candidate": False,
                                                              "control-2": True}
-    assert all(p["ok"] and 0 < p["seconds"]["needle"] < 30 for p in needle.values()), needle
+    assert all(p["ok"] and p["seconds"]["needle"] > 0 for p in needle.values()), needle  # timed, however long
     text = lanes.cli("report", report["run_dir"], state=state, check=True).stdout
-    assert "probe thinking         control-1 16/16  candidate 0/16 FAIL  control-2 16/16" in text, text
+    assert "probe quick            control-1 1/1  candidate 0/1 FAIL  control-2 1/1" in text, text
     assert "probe needle-4k        control-1 1/1 in " in text
 
 

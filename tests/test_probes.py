@@ -406,7 +406,7 @@ def test_a_candidate_its_scoring_failed_on_is_not_promoted_however_fast() -> Non
     agreed = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95), token_id=0, top_token_id=0),)
 
     def bracket_arm(name: str, rate: float, forced: bool) -> LaneBench:
-        made = arm(name, {})
+        made = arm(name, {"thinking": summary(16, 16)})
         made.cells["prose@1"] = timed_cell(rate)
         made.greedy["prose#0"] = reference
         if forced:

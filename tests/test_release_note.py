@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from lanectl.bench.gate import LaneBench
-from lanectl.bench.release_note import release_note
 from lanectl.bench.release_note_html import note_html
-from lanectl.commands.release_note import note_inputs
+from lanectl.commands.release_note import written_note
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from tests.conftest import REPO
@@ -31,6 +30,9 @@ DATA = REPO / "tests" / "data" / "release-note"
 RUN = DATA / "20261201T161346Z-gate-demo-h2+demo-h2-8"  # under load: neither candidate passed
 PICKED_RUN = DATA / "20261201T200652Z-gate-demo-h2+demo-h2-8"  # on an idle machine: demo-h2 passed
 GOLDEN = REPO / "tests" / "golden" / "release-note-demo.md"
+# Format 2, with the per-request rates: `lanectl gate demo-h2 demo-h2-8 --control demo-h1 --workload demo
+# --no-gpu --until-decided 3`, after `lanectl gate demo-h1 --calibrate --arms 8 --workload demo --no-gpu`.
+RECOMPUTED_RUN = DATA / "20261203T102911Z-gate-demo-h2+demo-h2-8"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def shipped():
 
 
 def note(results: dict, catalog, earlier: list | None = None, run: Path = RUN) -> str:
-    return release_note(results, note_inputs(catalog, results, run.name, earlier))
+    return written_note(catalog, results, run.name, earlier)[0]
 
 
 def matches_golden(rendered: str, golden: Path) -> None:
@@ -68,6 +70,16 @@ def test_the_demo_bracket_on_an_idle_machine_picks_demo_h2_and_its_note_matches_
     matches_golden(note(results, shipped, run=PICKED_RUN), GOLDEN.with_name("release-note-demo-picked.md"))
 
 
+def test_a_format_2_brackets_note_is_written_from_its_recomputed_figures_and_matches_golden(shipped):
+    """The same demo bracket recorded with its rates, on a host calibrated first: demo-h2 passed at 1 user in one
+    bracket (the calibration's 7 df pooled with the bracket's own), demo-h2-8 failed at 8 and 32 users."""
+    results = json.loads((RECOMPUTED_RUN / "results.json").read_text())
+    rendered = note(results, shipped, run=RECOMPUTED_RUN)
+    assert ("Every figure and verdict below was recomputed from the per-request rates in results.json, and "
+            "matches what the gate recorded.") in rendered
+    matches_golden(rendered, GOLDEN.with_name("release-note-demo-recomputed.md"))
+
+
 def promoted_bracket() -> dict:
     """An in-memory bracket of the demo lanes where demo-h2 passed and was promoted and demo-h2-8 failed."""
     from lanectl.bench.gate import judge_bracket
@@ -87,7 +99,7 @@ def promoted_bracket() -> dict:
                             arm("candidate:demo-h2-8", "demo-h2-8", 102.5, 660),
                             arm("control-2", "demo-h1", 100, 700)], 1.025)
     report.promoted = "demo-h2"
-    return json.loads(json.dumps({"gate": report.as_dict(), "workload": "demo", "concurrency": [1, 8]}))
+    return json.loads(json.dumps({"version": 2, "gate": report.as_dict(), "workload": "demo", "concurrency": [1, 8]}))
 
 
 def test_a_promoted_brackets_note_matches_golden(shipped):

@@ -1,13 +1,14 @@
 """bench and gate: measure a lane, and judge a candidate only through a bracket with controls.
 
 The release note's protocol (BRIEF §5): the control lane runs at the start and the end of the
-bracket, the candidate in between (A/B/A, or A/B/B/A); a cell's verdict is the bootstrap interval of
-the candidate/control ratio of per-request rates against a bar; any new Xid line or fatal engine line
-in any arm fails the gate whatever the speed; fidelity at temperature 0 is teacher-forced: the first
-control arm's greedy continuations are scored, every position, by every other arm, and the candidate
-may drift from them no more than the other control arm did. Teacher forcing is by token ids
-(lanectl.bench.forcing): the reference's prompt ids and continuation ids are sent back as ids, so a
-continuation whose text a tokenizer would merge differently is still scored position by position.
+bracket, the candidate in between (A/B/A, or A/B/B/A); a cell's verdict is the 95 % interval of the
+candidate/control ratio of per-request rates, the arm its unit (`lanectl.bench.verdict`), against a
+bar; any new Xid line or fatal engine line in any arm fails the gate whatever the speed; fidelity at
+temperature 0 is teacher-forced: the first control arm's greedy continuations are scored, every
+position, by every other arm, and the candidate may drift from them no more than the other control
+arm did. Teacher forcing is by token ids (lanectl.bench.forcing): the reference's prompt ids and
+continuation ids are sent back as ids, so a continuation whose text a tokenizer would merge
+differently is still scored position by position.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from __future__ import annotations
 import json
 import math
 import platform
-import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,19 +28,22 @@ from lanectl.bench.forcing import GreedyContinuation, greedy_continuation, score
 from lanectl.bench.loadgen import ArmResult, make_client, run_arm
 from lanectl.bench.probes import Probe, run_probe
 from lanectl.bench.stats import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
     CONFIDENT_P,
+    ArmNoise,
     ForcedFidelity,
     ForcedPosition,
-    RatioInterval,
     TokenChoice,
     Verdict,
-    bootstrap_ratio,
-    calibrate,
-    cell_verdict,
-    fidelity_verdict,
     teacher_forced,
+)
+from lanectl.bench.verdict import (
+    bracket_verdict,
+    fidelity_verdict_of,
+    judge_arm_noise,
+    judge_candidate,
+    judge_cell,
+    overall_ratio,
+    rank,
 )
 from lanectl.bench.workload import Workload, padded, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
@@ -53,7 +56,6 @@ from lanectl.recipe.catalog import Lane
 # Logprobs asked for in the fidelity pass: enough to find the scored arm's top token among the reference's.
 FIDELITY_TOP_LOGPROBS = 5
 REQUESTS_PER_STREAM = 3
-SCORING_NOTE = re.compile(r"[^\s#]+#\d+: ")
 # Arm orders: A is the control, B the candidate.
 ORDERS = {"ABA": ("control-1", "candidate", "control-2"),
           "ABBA": ("control-1", "candidate-1", "candidate-2", "control-2")}
@@ -115,9 +117,13 @@ class LaneBench:
 
 
 def _arm_figures(arm: ArmResult) -> dict[str, Any]:
-    return {name: getattr(arm, name) for name in (
+    figures = {name: getattr(arm, name) for name in (
         "concurrency", "requests", "wall_time_s", "output_tokens", "output_tok_per_s", "decode_tok_per_s",
         "ms_per_step", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "failed")}
+    # The evidence the verdict is computed from, kept so that anyone can compute it again:
+    # each successful request's tok/s, in the order the requests finished.
+    figures["rates"] = [r.tok_per_s for r in arm.results if r.ok]
+    return figures
 
 
 def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurrency: list[int], *, arm: str,
@@ -211,23 +217,27 @@ class GateReport:
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe -> arm -> its summary
     host: dict[str, str] = field(default_factory=lambda: {"node": platform.node(), "python": platform.python_version(),
                                                           "machine": platform.machine()})
+    # Where the cells' prior arm noise came from (`gate --calibrate` on this host); None: the bracket's own arms.
+    noise_prior: dict[str, Any] | None = None
+    # Set by `judge`, not written: only more arms can decide it (every cell inconclusive, nothing else wrong).
+    more_arms_may_decide: bool = False
+    # The verdict after each judgement of a bracket run with --until-decided: its arms then, and the verdict.
+    rounds: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "control": self.control, "bar": self.bar, "verdict": self.verdict.value,
                 "order": self.order, "reasons": self.reasons, "cells": self.cells, "fidelity": self.fidelity,
                 "arms": self.arms, "promoted": self.promoted, "calibration": self.calibration, "probes": self.probes,
-                "host": self.host}
+                "host": self.host, "noise_prior": self.noise_prior, "rounds": self.rounds}
 
 
-def overall_ratio(report: GateReport) -> float | None:
-    """The geometric mean of a candidate's cell ratios: how `--promote` ranks candidates that passed."""
-    ratios = [cell["ratio"] for cell in report.cells.values() if cell["ratio"] > 0]
-    return math.exp(math.fsum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+def report_rank(report: GateReport) -> tuple[int, float]:
+    return rank(report.verdict, report.cells)
 
 
 @dataclass
 class BracketReport:
-    """Several candidates judged in one bracket against the same two control arms, each by `judge`."""
+    """Several candidates judged in one bracket against the same control arms, each by `judge`."""
 
     control: str
     bar: float
@@ -236,48 +246,56 @@ class BracketReport:
     arms: list[dict[str, Any]]
     promoted: str | None = None
     reasons: list[str] = field(default_factory=list)
+    # The options that shaped the bracket, for the note's "Reproduce": --order and --until-decided.
+    requested_order: str = "ABA"
+    until_decided: int = 0
 
     @property
     def best(self) -> GateReport | None:
         """The candidate that passed with the highest overall ratio; None when none passed."""
         passed = [r for r in self.candidates if r.verdict == Verdict.PASS]
-        return max(passed, key=lambda r: overall_ratio(r) or 0.0) if passed else None
+        return max(passed, key=report_rank) if passed else None
 
     @property
     def verdict(self) -> Verdict:
-        """PASS when any candidate passed; FAIL when every one failed; INCONCLUSIVE otherwise."""
-        verdicts = {r.verdict for r in self.candidates}
-        if Verdict.PASS in verdicts:
-            return Verdict.PASS
-        return Verdict.FAIL if verdicts == {Verdict.FAIL} else Verdict.INCONCLUSIVE
+        return bracket_verdict([r.verdict for r in self.candidates])
 
     def as_dict(self) -> dict[str, Any]:
         """One candidate: exactly the one-candidate form. Several: each candidate's own form under
         `candidates`, with the bracket's arms, order, verdict and promotion beside them."""
+        options = {"requested_order": self.requested_order, "until_decided": self.until_decided}
         if len(self.candidates) == 1:
-            return {**self.candidates[0].as_dict(), "promoted": self.promoted}
+            return {**self.candidates[0].as_dict(), "promoted": self.promoted, **options}
         best = self.best
         return {"control": self.control, "bar": self.bar, "order": self.order, "verdict": self.verdict.value,
                 "best": best.candidate if best else None, "promoted": self.promoted, "reasons": self.reasons,
                 "candidates": [r.as_dict() for r in self.candidates], "arms": self.arms,
-                "host": self.candidates[0].host}
+                "host": self.candidates[0].host, **options}
+
+
+def bracket_reasons(reports: Sequence[GateReport]) -> list[str]:
+    """One line per candidate, best first: a FAIL is never listed above a PASS, whatever its speed."""
+    lines = []
+    for report in sorted(reports, key=report_rank, reverse=True):
+        ratio = overall_ratio(report.cells)
+        lines.append(f"{report.candidate}: {report.verdict.value.upper()}"
+                     + (f" (overall {ratio:.3f}x)" if ratio is not None else ""))
+    return lines
 
 
 def judge_bracket(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str] = (),
-                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> BracketReport:
+                  priors: Mapping[str, ArmNoise] | None = None) -> BracketReport:
     """Pure: each candidate lane judged by `judge` on the control arms and its own arms only, so all
     share the controls, the bar, the fidelity reference (control-1's outputs) and the probes."""
     controls = [a for a in arms if a.arm.startswith("control")]
     lanes = list(dict.fromkeys(a.lane for a in arms if a.arm.startswith("candidate")))
     # In the bracket's order, so each candidate's own order reads as it ran: ABA, or ABBA.
     reports = [judge([a for a in arms if a.arm.startswith("control") or a.lane == lane], bar,
-                     agent_classes=agent_classes, resamples=resamples, seed=seed) for lane in lanes]
+                     agent_classes=agent_classes, priors=priors) for lane in lanes]
     order = "".join("A" if a.arm.startswith("control") else chr(ord("B") + lanes.index(a.lane)) for a in arms)
     bracket = BracketReport(control=controls[0].lane, bar=bar, order=order, candidates=reports,
                             arms=[a.summary() for a in arms])
-    bracket.reasons = [f"{r.candidate}: {r.verdict.value.upper()}"
-                       + (f" (overall {ratio:.3f}x)" if (ratio := overall_ratio(r)) is not None else "")
-                       for r in reports]
+    bracket.reasons = bracket_reasons(reports)
     return bracket
 
 
@@ -290,33 +308,25 @@ def _ratio(candidate: float | None, control: float | None) -> float | None:
     return candidate / control if candidate is not None and control else None
 
 
-def _judge_cell(key: str, controls: list[LaneBench], candidates: list[LaneBench], bar: float, *,
-                resamples: int, seed: int) -> tuple[dict[str, Any], RatioInterval]:
-    def rates(arm: LaneBench) -> list[float]:
-        return [r.tok_per_s for r in arm.cells[key].results if r.ok]
-
+def _cell_context(key: str, controls: list[LaneBench], candidates: list[LaneBench]) -> dict[str, Any]:
+    """What a cell shows beside its verdict: its axes, each arm's tok/s, and the other ratios."""
     def mean(arms: list[LaneBench], figure: Callable[[ArmResult], float | None]) -> float | None:
         return _mean_of([figure(arm.cells[key]) for arm in arms])
 
     def prompt_rate(cell: ArmResult) -> float | None:
         return _mean_of([r.prompt_tok_per_s for r in cell.results if r.ok] or [None])
 
-    interval = bootstrap_ratio([rates(a) or [0.0] for a in controls], [rates(a) or [0.0] for a in candidates],
-                               resamples=resamples, seed=seed)
-    judged = cell_verdict(interval.ratio, interval.low, interval.high, bar)
     klass, streams, context = candidates[0].cell_axes.get(key, (key, 0, 0))
     ttft_control, ttft_candidate = (mean(arms, lambda c: c.ttft_p50_ms) for arms in (controls, candidates))
-    cell = {
+    return {
         "class": klass, "concurrency": streams, "context": context,
         "arms": {arm.arm: arm.cells[key].output_tok_per_s for arm in (*controls, *candidates)},
-        "ratio": judged.ratio, "low": judged.low, "high": judged.high, "verdict": judged.verdict.value,
         # Beside the verdict's figure: > 1 always means the candidate did better.
         "decode_ratio": _ratio(mean(candidates, lambda c: c.decode_tok_per_s),
                                mean(controls, lambda c: c.decode_tok_per_s)),
         "prompt_ratio": _ratio(mean(candidates, prompt_rate), mean(controls, prompt_rate)),
         "ttft_ratio": _ratio(ttft_control, ttft_candidate),
     }
-    return cell, interval
 
 
 def _fidelity(controls: list[LaneBench], candidates: list[LaneBench], agent_classes: Sequence[str]) -> dict[str, Any]:
@@ -341,112 +351,51 @@ def _fidelity(controls: list[LaneBench], candidates: list[LaneBench], agent_clas
     agent = worst(candidates, agent_classes)
     if control_drift is None:  # one control arm: nothing to measure its own spread by
         control_drift = ForcedFidelity(prompts=0, positions=0, unscored=0, flips=())
-    verdict = fidelity_verdict(candidate_drift, control_drift, agent.confident_flips)
-    # A prompt a candidate arm could not be scored on says nothing either way: the gate may not pass on it.
-    unscored = max(scored(arm).unscored for arm in candidates)
-    if verdict == Verdict.PASS and unscored:
-        verdict = Verdict.INCONCLUSIVE
     classes = dict.fromkeys(k.split("#")[0] for k in reference.greedy)
-    return {
-        "verdict": verdict.value, "method": "teacher-forced", "scored_by": "token_ids", "reference": reference.arm,
+    found = {
+        "method": "teacher-forced", "scored_by": "token_ids", "reference": reference.arm,
         "confident_p": CONFIDENT_P, **figures(candidate_drift, control_drift),
-        "unscored": unscored,
+        # A prompt a candidate arm could not be scored on says nothing either way: the gate may not pass on it.
+        "unscored": max(scored(arm).unscored for arm in candidates),
         "classes": {k: figures(worst(candidates, [k]), worst(others, [k]) if others else None) for k in classes},
         "agent": {"classes": list(agent_classes), **figures(agent, None)},
     }
+    verdict = fidelity_verdict_of(found)
+    return {"verdict": verdict.value if verdict else None, **found}
 
 
 def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str] = (),
-          resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-          max_false_promotion: float | None = None) -> GateReport:
+          priors: Mapping[str, ArmNoise] | None = None) -> GateReport:
     """Pure: the verdict from the arms of a bracket (named as in ORDERS: control-1 first, then the
-    candidate arms, control-2 last).
+    candidate arms, control-2 last; `--until-decided` adds candidate-N and control-N arms).
 
-    Per cell (class@concurrency[/context]): `cell_verdict` on the bootstrap interval of the
-    candidate/control ratio of per-request rates. Overall: FAIL when any arm logged a new Xid or fatal
-    engine line, any arm had failed requests or failed a correctness probe, any cell FAILs, or
-    teacher-forced fidelity FAILs; PASS
-    when nothing failed and at least one cell PASSes (a split-KV kernel wins where it applies and must
-    merely not lose elsewhere); INCONCLUSIVE otherwise: rerun, do not promote.
-
-    With `max_false_promotion` the bracket is a calibration (every arm ran the control): the verdict is
-    PASS when its false-promotion rate is at most that and no cell PASSed, FAIL otherwise.
+    Per cell (class@concurrency[/context]): `judge_cell`, the t-interval on arm means with the cell's
+    calibrated prior from `priors` (when this host has one). Overall: `judge_candidate`, on the arms as
+    results.json records them, so `lanectl report` recomputes the same verdict from the file.
     """
     controls = [a for a in arms if a.arm.startswith("control")]
     candidates = [a for a in arms if a.arm.startswith("candidate")]
-    reasons: list[str] = []
-    for arm in arms:
-        if arm.xid_lines:
-            reasons.append(f"{arm.arm} ({arm.lane}) logged {len(arm.xid_lines)} Xid line(s): {arm.xid_lines[0]}")
-        if arm.fatal_lines:
-            reasons.append(f"{arm.arm} ({arm.lane}) logged a fatal engine line: {arm.fatal_lines[0]}")
-        failed = sum(cell.failed for cell in arm.cells.values())
-        if failed:
-            reasons.append(f"{arm.arm} ({arm.lane}) had {failed} failed request(s)")
-    reasons += probe_reasons(arms)
+    written = [arm.summary() for arm in arms]
     cells: dict[str, dict[str, Any]] = {}
-    intervals: list[RatioInterval] = []
     for key in candidates[0].cells:
-        cells[key], interval = _judge_cell(key, controls, candidates, bar, resamples=resamples, seed=seed)
-        intervals.append(interval)
-        if cells[key]["verdict"] == Verdict.FAIL.value:
-            reasons.append(f"{key}: fail: {cells[key]['ratio']:.3f}x against a bar of {bar:.3f}x "
-                           f"(95% interval {cells[key]['low']:.3f}-{cells[key]['high']:.3f})")
+        cells[key] = {**_cell_context(key, controls, candidates),
+                      **judge_cell(key, written, bar, (priors or {}).get(key))}
     fid = _fidelity(controls, candidates, agent_classes)
-    if fid["verdict"] == Verdict.FAIL.value:
-        reasons.append(f"fidelity: {fid['confident_flips']} confident flips (bar {fid['confident_flips_bar']}), "
-                       f"weighted divergence {fid['weighted_divergence']:.3f} (bar "
-                       f"{fid['weighted_divergence_bar']:.3f}), {fid['agent']['confident_flips']} confident "
-                       f"flips on agent/tool prompts (allowed 0)")
-    reasons_to_rerun = []
-    if fid["verdict"] == Verdict.INCONCLUSIVE.value:
-        # bench_lane notes why a prompt's scoring request failed as "class#index: why".
-        why = next((note for arm in candidates for note in arm.notes if SCORING_NOTE.match(note)), None)
-        reasons_to_rerun.append(f"fidelity: {fid['unscored']} prompt(s) could not be scored in a candidate arm, so "
-                                "teacher forcing cannot vouch for them" + (f" ({why})" if why else ""))
-    calibration = None
-    if max_false_promotion is not None:
-        found = calibrate(intervals, bar)
-        calibration = {"max_false_promotion": max_false_promotion, "false_promotion_rate": found.false_promotion_rate,
-                       "cells": found.cells, "cells_passed": found.cells_passed,
-                       "replicates_per_cell": resamples, "detectable_ratio": found.detectable_ratio,
-                       "detectable_gain": found.detectable_gain}
-        line = (f"false-promotion rate {found.false_promotion_rate:.4f} (allowed {max_false_promotion:g}) over "
-                f"{found.cells} cells x {resamples} replicates, {found.cells_passed} cell(s) passed the bar; "
-                f"smallest detectable: {found.detectable_ratio:.3f}x to pass the bar, "
-                f"+{found.detectable_gain:.1%} to tell from no change")
-        # Anything else that went wrong (a failed request or probe, a FAIL cell) is noise the setup must not have.
-        reasons += reasons_to_rerun
-        verdict = Verdict.PASS if found.within(max_false_promotion) and not reasons else Verdict.FAIL
-        reasons = [line, *reasons] if verdict == Verdict.PASS else [*reasons, line]
-    elif reasons:
-        verdict = Verdict.FAIL
-    elif reasons_to_rerun:
-        verdict = Verdict.INCONCLUSIVE
-        reasons += reasons_to_rerun
-    elif any(cell["verdict"] == Verdict.PASS.value for cell in cells.values()):
-        verdict = Verdict.PASS
-        reasons.append("no cell failed, and " + ", ".join(k for k, c in cells.items() if c["verdict"] == "pass")
-                       + f" beat the {bar:.3f}x bar at the low end of the 95% interval")
-    else:
-        verdict = Verdict.INCONCLUSIVE
-        reasons.append(f"no cell's 95% interval cleared the {bar:.3f}x bar, and none fell below it")
+    judged = judge_candidate(cells, written, fid, bar)
     order = "".join("A" if a.arm.startswith("control") else "B" for a in arms)
     return GateReport(
-        candidate=candidates[0].lane, control=controls[0].lane, bar=bar, verdict=verdict, reasons=reasons,
-        cells=cells, fidelity=fid, arms=[arm.summary() for arm in arms], order=order, calibration=calibration,
-        probes=probe_table(arms))
+        candidate=candidates[0].lane, control=controls[0].lane, bar=bar, verdict=judged.verdict,
+        reasons=judged.reasons, cells=cells, fidelity=fid, arms=written, order=order, probes=probe_table(arms),
+        more_arms_may_decide=judged.more_arms_may_decide)
 
 
-def probe_reasons(arms: Sequence[LaneBench]) -> list[str]:
-    """A reason for each probe that failed in any arm: a control that fails one cannot vouch for the bracket."""
-    reasons = []
-    for arm in arms:
-        for name, probe in arm.probes.items():
-            if not probe["ok"]:
-                reasons.append(f"{arm.arm} ({arm.lane}) failed probe {name}: {probe['passed']}/{probe['total']} "
-                               f"passed; {probe['failures'][0]}")
-    return reasons
+def judge_calibration(arms: Sequence[LaneBench], bar: float, max_false_promotion: float) -> GateReport:
+    """Pure: `gate LANE --calibrate`'s verdict on N arms of one lane (`judge_arm_noise` on what is written)."""
+    written = [arm.summary() for arm in arms]
+    judged = judge_arm_noise(written, bar, max_false_promotion)
+    return GateReport(candidate=arms[0].lane, control=arms[0].lane, bar=bar, verdict=judged.verdict,
+                      reasons=judged.reasons, cells={}, fidelity={}, arms=written, order="A" * len(arms),
+                      calibration=judged.calibration)
 
 
 def probe_table(arms: Sequence[LaneBench]) -> dict[str, dict[str, Any]]:
@@ -454,79 +403,176 @@ def probe_table(arms: Sequence[LaneBench]) -> dict[str, dict[str, Any]]:
             for name in dict.fromkeys(name for arm in arms for name in arm.probes)}
 
 
+@dataclass
+class _Bracket:
+    """The arms of one bracket as they run: each switch through the lanes code path and its gate."""
+
+    switcher: LaneSwitcher
+    control: Lane
+    lanes: dict[str, Lane]  # candidate name -> lane
+    workload: Workload
+    concurrency: list[int]
+    kernel_log: Any | None
+    progress: Callable[[str], None]
+    probes: Sequence[Probe]
+    arms: list[LaneBench] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)  # candidate -> why it could not be brought up
+    serving: str | None = None  # the lane the last switch left serving (the way back's, when it failed)
+
+    def run(self, arm: str, candidate: str | None) -> str | None:
+        """Switch to the arm's lane and measure it; None, or why the bracket cannot go on (the control, or the
+        only candidate, could not be brought up). A candidate of several that cannot come up fails alone."""
+        lane = self.control if candidate is None else self.lanes[candidate]
+        self.progress(f"{arm}: switching to {lane.name}")
+        outcome = self.switcher.up(lane)
+        self.serving = outcome.lane
+        if outcome.result not in ("ok", "noop"):
+            why = f"{arm}: could not bring {lane.name} up: {outcome.message}"
+            if candidate is None or len(self.lanes) == 1:
+                return why
+            self.unreachable[candidate] = why
+            self.progress(why)
+            return None
+        self.arms.append(bench_lane(self.switcher.engine, lane, self.workload, self.concurrency, arm=arm,
+                                    kernel_log=self.kernel_log, progress=self.progress, probes=self.probes,
+                                    reference=self.arms[0].continuations if self.arms else None))
+        return None
+
+    def next_arm(self, candidate: str | None) -> str:
+        """The name of a lane's next arm: `control-3`, `candidate-2` (`candidate-2:LANE` among several)."""
+        if candidate is None:
+            return f"control-{sum(a.arm.startswith('control') for a in self.arms) + 1}"
+        taken = sum(a.arm.startswith("candidate") and a.lane == candidate for a in self.arms)
+        return f"candidate-{taken + 1}" + (f":{candidate}" if len(self.lanes) > 1 else "")
+
+    def judge(self, bar: float, agent_classes: Sequence[str], priors: Mapping[str, ArmNoise] | None) -> BracketReport:
+        names = list(self.lanes)
+        if len(names) == 1:
+            single = judge(self.arms, bar, agent_classes=agent_classes, priors=priors)
+            return BracketReport(control=self.control.name, bar=bar, order=single.order, candidates=[single],
+                                 arms=single.arms)
+        measured = [a for a in self.arms if a.lane not in self.unreachable or a.arm.startswith("control")]
+        report = judge_bracket(measured, bar, agent_classes=agent_classes, priors=priors)
+        by_name = {r.candidate: r for r in report.candidates}
+        report.candidates = [by_name.get(name) or GateReport(
+            candidate=name, control=self.control.name, bar=bar, verdict=Verdict.FAIL,
+            reasons=[self.unreachable[name]], cells={}, fidelity={}, order="", arms=[]) for name in names]
+        report.reasons = bracket_reasons(report.candidates)
+        for name, why in self.unreachable.items():
+            report.reasons = [f"{name}: FAIL ({why})" if line.startswith(f"{name}: ") else line
+                              for line in report.reasons]
+        report.arms = [a.summary() for a in self.arms]
+        return report
+
+    def stopped(self, why: str, bar: float, order: str) -> BracketReport:
+        """The bracket could not go on: every candidate FAILs, and the control serves again."""
+        names = list(self.lanes)
+        journal_names = {"candidate": names[0]} if len(names) == 1 else {"candidates": names}
+        self.switcher.journal.append("gate", **journal_names, control=self.control.name, verdict="fail",
+                                     reasons=[why])
+        if self.serving != self.control.name:
+            self.switcher.up(self.control)
+        written = [a.summary() for a in self.arms]
+        failed = [GateReport(candidate=name, control=self.control.name, bar=bar, verdict=Verdict.FAIL, reasons=[why],
+                             cells={}, fidelity={}, order=order, arms=written) for name in self.lanes]
+        return BracketReport(control=self.control.name, bar=bar, order=order, candidates=failed, arms=written,
+                             reasons=[why])
+
+
 def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control: Lane, workload: Workload,
              concurrency: list[int], *, bar: float, promote: bool, kernel_log: Any | None, order: str = "ABA",
-             max_false_promotion: float | None = None,
+             until_decided: int = 0, priors: Mapping[str, ArmNoise] | None = None,
+             noise_prior: dict[str, Any] | None = None,
              progress: Callable[[str], None] = lambda text: None, probes: Sequence[Probe] = ()) -> BracketReport:
     """The bracket in `order` (`bracket_arms`: ABA is control, each candidate, control; ABBA mirrors the
     candidates); each switch through the lanes code path and its gate. The first control arm's greedy
     outputs are the continuations every later arm scores.
 
+    `until_decided` N: while a candidate is INCONCLUSIVE only because its cells are (every other check
+    held), up to N more rounds run, each one more arm of every such candidate and then one more control
+    arm (A B A, B A, B A ...: the arms stay balanced in time), and the bracket is judged again.
+
     The caller holds the host lock for the whole bracket. The control is serving at the end, unless
-    `promote` and a candidate PASSed: then the best that passed (highest overall ratio) is. A calibration
-    (`max_false_promotion` set, one candidate = control) never promotes.
+    `promote` and a candidate PASSed: then the best that passed (highest overall ratio) is.
     """
     chosen = [candidates] if isinstance(candidates, Lane) else list(candidates)
-    names = [lane.name for lane in chosen]
-    journal_names = {"candidate": names[0]} if len(names) == 1 else {"candidates": names}
-    arms: list[LaneBench] = []
-    unreachable: dict[str, str] = {}  # candidate -> why it could not be brought up
-    for arm, candidate_name in bracket_arms(order, names):
-        if candidate_name in unreachable:
+    bracket = _Bracket(switcher, control, {lane.name: lane for lane in chosen}, workload, concurrency, kernel_log,
+                       progress, probes)
+    for arm, candidate_name in bracket_arms(order, list(bracket.lanes)):
+        if candidate_name in bracket.unreachable:
             continue
-        lane = control if candidate_name is None else chosen[names.index(candidate_name)]
-        progress(f"{arm}: switching to {lane.name}")
-        outcome = switcher.up(lane)
-        if outcome.result not in ("ok", "noop") and candidate_name is not None and len(names) > 1:
-            # One candidate that cannot come up fails alone; the controls still bracket the others.
-            unreachable[candidate_name] = f"{arm}: could not bring {lane.name} up: {outcome.message}"
-            progress(unreachable[candidate_name])
-            continue
-        if outcome.result not in ("ok", "noop"):
-            raise_message = f"{arm}: could not bring {lane.name} up: {outcome.message}"
-            switcher.journal.append("gate", **journal_names, control=control.name, verdict="fail",
-                                    reasons=[raise_message])
-            if outcome.lane != control.name:
-                switcher.up(control)
-            failed = [GateReport(candidate=name, control=control.name, bar=bar, verdict=Verdict.FAIL,
-                                 reasons=[raise_message], cells={}, fidelity={}, order=order,
-                                 arms=[a.summary() for a in arms]) for name in names]
-            return BracketReport(control=control.name, bar=bar, order=order, candidates=failed,
-                                 arms=[a.summary() for a in arms], reasons=[raise_message])
-        arms.append(bench_lane(switcher.engine, lane, workload, concurrency, arm=arm, kernel_log=kernel_log,
-                               reference=arms[0].continuations if arms else None, progress=progress,
-                               probes=probes))
-    if len(names) == 1:
-        single = judge(arms, bar, agent_classes=workload.agent_classes, max_false_promotion=max_false_promotion)
-        report = BracketReport(control=control.name, bar=bar, order=single.order, candidates=[single],
-                               arms=single.arms)
-    else:
-        measured = [a for a in arms if a.lane not in unreachable or a.arm.startswith("control")]
-        report = judge_bracket(measured, bar, agent_classes=workload.agent_classes)
-        by_name = {r.candidate: r for r in report.candidates}
-        report.candidates = [by_name.get(name) or GateReport(
-            candidate=name, control=control.name, bar=bar, verdict=Verdict.FAIL, reasons=[unreachable[name]],
-            cells={}, fidelity={}, order=order, arms=[]) for name in names]
-        report.reasons = [*(f"{name}: FAIL ({why})" for name, why in unreachable.items()),
-                          *(r for r in report.reasons if r.split(":")[0] not in unreachable)]
-        report.arms = [a.summary() for a in arms]
+        why = bracket.run(arm, candidate_name)
+        if why is not None:
+            return bracket.stopped(why, bar, order)
+    report = bracket.judge(bar, workload.agent_classes, priors)
+    rounds = {r.candidate: [_judgement(r)] for r in report.candidates}
+    for round_number in range(1, until_decided + 1):
+        undecided = [r.candidate for r in report.candidates if r.more_arms_may_decide]
+        if not undecided:
+            break
+        progress(f"until decided: round {round_number} of {until_decided} for {', '.join(undecided)}")
+        for candidate_name in [*undecided, None]:
+            why = bracket.run(bracket.next_arm(candidate_name), candidate_name)
+            if why is not None:
+                return bracket.stopped(why, bar, order)
+        report = bracket.judge(bar, workload.agent_classes, priors)
+        for judged in report.candidates:
+            if judged.candidate in undecided:
+                rounds[judged.candidate].append(_judgement(judged))
+    report.requested_order, report.until_decided = order, until_decided
+    for judged in report.candidates:
+        judged.rounds, judged.noise_prior = rounds[judged.candidate], noise_prior
     best = report.best
-    if promote and best is not None and max_false_promotion is None:
+    if promote and best is not None:
         progress(f"PASS: promoting {best.candidate}")
-        outcome = switcher.up(chosen[names.index(best.candidate)], why=f"gate PASS against {control.name}")
+        outcome = switcher.up(bracket.lanes[best.candidate], why=f"gate PASS against {control.name}")
         report.promoted = best.candidate if outcome.result in ("ok", "noop") else None
         best.promoted = report.promoted
         if report.promoted is None:
             best.reasons.append(f"promotion failed: {outcome.message}")
     for judged in report.candidates:
-        switcher.journal.append("gate", candidate=judged.candidate, control=control.name,
-                                verdict=judged.verdict.value, bar=bar, order=report.order, reasons=judged.reasons,
-                                promoted=judged.promoted,
-                                cells={k: {"ratio": round(c["ratio"], 4), "low": round(c["low"], 4),
-                                           "high": round(c["high"], 4), "verdict": c["verdict"]}
-                                       for k, c in judged.cells.items()},
-                                fidelity={k: v for k, v in judged.fidelity.items() if k != "classes"},
-                                calibration=judged.calibration)
+        _journal_gate(switcher, judged, control.name, report.order)
+    return report
+
+
+def _judgement(report: GateReport) -> dict[str, Any]:
+    arms = [str(arm["arm"]) for arm in report.arms]
+    return {"candidate_arms": sum(a.startswith("candidate") for a in arms),
+            "control_arms": sum(a.startswith("control") for a in arms), "verdict": report.verdict.value}
+
+
+def _journal_gate(switcher: LaneSwitcher, judged: GateReport, control: str, order: str) -> None:
+    switcher.journal.append("gate", candidate=judged.candidate, control=control, verdict=judged.verdict.value,
+                            bar=judged.bar, order=order, reasons=judged.reasons, promoted=judged.promoted,
+                            cells={k: {"ratio": round(c["ratio"], 4), "low": round(c["low"], 4),
+                                       "high": round(c["high"], 4), "verdict": c["verdict"]}
+                                   for k, c in judged.cells.items()},
+                            fidelity={k: v for k, v in judged.fidelity.items() if k != "classes"},
+                            calibration=_without_cells(judged.calibration))
+
+
+def _without_cells(calibration: dict[str, Any] | None) -> dict[str, Any] | None:
+    # The journal keeps the calibration's verdict figures; its per-cell figures are in results.json.
+    return None if calibration is None else {k: v for k, v in calibration.items() if k != "cells"}
+
+
+def run_calibration(switcher: LaneSwitcher, lane: Lane, workload: Workload, concurrency: list[int], *, arms: int,
+                    bar: float, max_false_promotion: float, kernel_log: Any | None,
+                    progress: Callable[[str], None] = lambda text: None) -> GateReport:
+    """`gate LANE --calibrate`: `arms` arms of one lane, back to back on one start of it (no switch between
+    them, so a restart's own effect on the rate is not in what they measure; a bracket's own arms are).
+    No probes and no teacher forcing: a calibration measures noise, and promotes nothing."""
+    progress(f"calibration: switching to {lane.name}")
+    outcome = switcher.up(lane)
+    if outcome.result not in ("ok", "noop"):
+        why = f"could not bring {lane.name} up: {outcome.message}"
+        switcher.journal.append("gate", candidate=lane.name, control=lane.name, verdict="fail", reasons=[why])
+        return GateReport(candidate=lane.name, control=lane.name, bar=bar, verdict=Verdict.FAIL, reasons=[why],
+                          cells={}, fidelity={}, arms=[], order="")
+    measured = [bench_lane(switcher.engine, lane, workload, concurrency, arm=f"arm-{n}", kernel_log=kernel_log,
+                           progress=progress) for n in range(1, arms + 1)]
+    report = judge_calibration(measured, bar, max_false_promotion)
+    _journal_gate(switcher, report, lane.name, report.order)
     return report
 
 

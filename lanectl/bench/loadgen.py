@@ -67,7 +67,7 @@ class RequestResult:
 
     @property
     def tok_per_s(self) -> float:
-        """This request's output tokens over its whole time, sent to last byte: the bootstrap's per-request rate."""
+        """This request's output tokens over its whole time, sent to last byte: the gate's per-request rate."""
         elapsed = self.finished_s - self.started_s
         return self.output_tokens / elapsed if elapsed > 0 else 0.0
 

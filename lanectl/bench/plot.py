@@ -1,4 +1,4 @@
-"""The gate's picture: ratio per cell with the bar and each cell's 95% bootstrap interval.
+"""The gate's picture: ratio per cell with the bar and each cell's 95% interval.
 
 matplotlib is an optional extra (`lanectl[plot]`), imported only when a plot is drawn: it takes most of
 a second to load, for one picture.

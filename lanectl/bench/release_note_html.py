@@ -2,8 +2,9 @@
 gate's plot embedded (a base64 PNG), for people who would rather look than read.
 
 The Markdown is lanectl's own and uses a small subset (headings, paragraphs, lists, pipe tables, fenced
-code, inline code), so it is converted here rather than with a Markdown library; every piece of text is
-HTML-escaped, since lane names, reasons and log lines come from recipes and engines.
+code, inline code, backslash escapes), so it is converted here rather than with a Markdown library; every
+piece of text is HTML-escaped, since lane names, reasons and log lines come from recipes, engines and a
+results.json anyone may have edited, and control characters are shown escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import base64
 import html
 import re
+
+from lanectl.output import shown
 
 STYLE = """
 body { font: 15px/1.5 system-ui, sans-serif; max-width: 64rem; margin: 2rem auto; padding: 0 1rem; color: #1b1b1b; }
@@ -23,17 +26,46 @@ code, pre { font-family: ui-monospace, monospace; font-size: .9em; background: #
 pre { padding: .6rem; overflow-x: auto; }
 img { max-width: 100%; border: 1px solid #ccd; margin: .6rem 0; }
 """
-INLINE_CODE = re.compile(r"`([^`]+)`")
 PLOT_AFTER = "## Measured, this window"
+# A backslash before ASCII punctuation (how the note escapes text), or a run of backticks (a code span's fence).
+INLINE_TOKEN = re.compile(r"\\([!-/:-@\[-`{-~])|(`+)")
 
 
 def _inline(text: str) -> str:
-    parts = INLINE_CODE.split(text)
-    # split() alternates text and code: odd indices were inside backticks.
-    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+    """One line of the note's Markdown as HTML: backslash escapes read as the character they escape, code spans
+    as <code>, everything HTML-escaped. A backtick run with no closing run of the same length is text."""
+    text = shown(text)
+    out: list[str] = []
+    plain: list[str] = []
+    position = 0
+    while (found := INLINE_TOKEN.search(text, position)) is not None:
+        plain.append(text[position:found.start()])
+        position = found.end()
+        if found.group(1) is not None:
+            plain.append(found.group(1))
+            continue
+        fence = found.group(2)
+        closing = re.compile(f"(?<!`){fence}(?!`)").search(text, position)
+        if closing is None:
+            plain.append(fence)
+            continue
+        code = text[position:closing.start()]
+        if len(code) > 2 and code.startswith(" ") and code.endswith(" "):
+            code = code[1:-1]
+        out.append(html.escape("".join(plain)) + f"<code>{html.escape(code)}</code>")
+        plain = []
+        position = closing.end()
+    plain.append(text[position:])
+    return "".join(out) + html.escape("".join(plain))
+
+
+def _plain_text(text: str) -> str:
+    """A line of the note as text with no markup: for the page's <title>."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", shown(text)).replace("`", "")
 
 
 def _cells(row: str) -> list[str]:
+    # GFM splits a row on every pipe not escaped by a backslash, code spans included, then reads `\|` as `|`.
     cells = re.split(r"(?<!\\)\|", row.strip().strip("|"))
     return [cell.strip().replace("\\|", "|") for cell in cells]
 
@@ -42,7 +74,7 @@ def note_html(markdown: str, plot_png: bytes | None) -> str:
     """The page; `plot_png` (the run's ratios.png) goes under the "Measured" heading when there is one."""
     out: list[str] = []
     lines = markdown.splitlines()
-    title = lines[0].lstrip("# ").strip() if lines else "Release note"
+    title = _plain_text(lines[0].lstrip("# ").strip()) if lines else "Release note"
     i = 0
     while i < len(lines):
         text = lines[i]

@@ -12,9 +12,9 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lanectl.errors import BadInput
 
@@ -24,72 +24,144 @@ MAX_RESULTS_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 64
 
 
+# 1: the summaries only (lanectl before the per-request rates were kept); no "version" key.
+# 2: each arm's cells keep their per-request `rates`, and each cell how its interval was built.
+RESULTS_VERSION = 2
+
+
 class _Shape(BaseModel):
-    # Fields the report does not read are kept as they are (a newer lanectl may add some).
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    # Strict: "1.025" is not a number and 1 is not true. Fields the report does not read are kept as they are
+    # (a newer lanectl may add some).
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 Verdict = Literal["pass", "fail", "inconclusive"]
+Rate = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0)]
+
+
+class _Prior(_Shape):
+    variance: Rate
+    df: Annotated[int, Field(ge=1)]
+
+
+class _Interval(_Shape):
+    model: str
+    confidence: Annotated[float, Field(gt=0, lt=1)]
+    df: Annotated[int, Field(ge=1)] | None
+    arm_sd: Rate | None
+    prior: _Prior | None
 
 
 class _Cell(_Shape):
     klass: str = Field(alias="class")
-    concurrency: int
-    context: int
-    arms: dict[str, float]
-    ratio: float = Field(ge=0)
-    low: float = Field(ge=0)
-    high: float = Field(ge=0)
+    concurrency: Annotated[int, Field(ge=1)]
+    context: Count
+    arms: dict[str, Rate]
+    ratio: Rate
+    low: Rate
+    high: Rate
     verdict: Verdict
-    decode_ratio: float | None
-    prompt_ratio: float | None
-    ttft_ratio: float | None
+    decode_ratio: Rate | None
+    prompt_ratio: Rate | None
+    ttft_ratio: Rate | None
+    failed: Count | None = None  # format 2
+    interval: _Interval | None = None  # format 2
 
 
 class _Figures(_Shape):
-    confident_flips: int
-    confident_flips_bar: int | None
-    weighted_divergence: float
-    weighted_divergence_bar: float | None
+    confident_flips: Count
+    confident_flips_bar: Count | None
+    weighted_divergence: Rate
+    weighted_divergence_bar: Rate | None
 
 
 class _Agent(_Shape):
     classes: list[str]
-    confident_flips: int
+    confident_flips: Count
 
 
 class _Fidelity(_Shape):
     reference: str
     verdict: Verdict
-    confident_flips: int
-    confident_flips_bar: int | None
-    weighted_divergence: float
-    weighted_divergence_bar: float
-    positions: int
-    prompts: int
+    confident_flips: Count
+    confident_flips_bar: Count | None
+    weighted_divergence: Rate
+    weighted_divergence_bar: Rate
+    positions: Count
+    prompts: Count
+    unscored: Count = 0
     classes: dict[str, _Figures]
     agent: _Agent
 
 
-class _Arm(_Shape):
-    arm: str
+class _ArmCell(_Shape):
+    concurrency: Annotated[int, Field(ge=1)]
+    failed: Count
+    output_tok_per_s: Rate
+    ms_per_step: Rate | None
+    rates: list[Rate] | None = None  # format 2: each successful request's tok/s, in completion order
 
 
 class _Probe(_Shape):
     kind: str
-    passed: int
-    total: int
+    passed: Count
+    total: Count
     ok: bool
-    seconds: dict[str, float]
+    seconds: dict[str, Rate]
+    failures: list[str] = []
+
+
+class _Arm(_Shape):
+    arm: str
+    lane: str
+    image: str
+    started: str
+    cells: dict[str, _ArmCell]
+    xid_lines: list[str]
+    fatal_lines: list[str]
+    notes: list[str]
+    probes: dict[str, _Probe] = {}
+
+
+class _CalibrationCell(_Shape):
+    arms: Annotated[int, Field(ge=3)]
+    variance: Rate
+    df: Annotated[int, Field(ge=1)]
+    arm_sd: Rate
+    brackets: Count
+    covered: Count
+    passed: Count
+    failed: Count
+    false_promotion: Annotated[float, Field(ge=0, le=1)]
+    detectable_ratio: Rate
 
 
 class _Calibration(_Shape):
-    false_promotion_rate: float
-    max_false_promotion: float
-    cells: int
-    cells_passed: int
-    detectable_ratio: float
-    detectable_gain: float
+    max_false_promotion: Annotated[float, Field(ge=0, le=1)]
+    false_promotion_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+    # Format 1: the number of cells; format 2: each cell's figures.
+    cells: Count | dict[str, _CalibrationCell]
+    cells_passed: Count | None = None  # format 1
+    brackets: Count | None = None  # format 2
+    covered: Count | None = None
+    brackets_passed: Count | None = None
+    brackets_failed: Count | None = None
+    detectable_ratio: Rate | None = None
+    detectable_gain: Rate | None = None
+
+
+class _NoisePrior(_Shape):
+    lane: str
+    node: str
+    recorded: str
+    arms: Annotated[int, Field(ge=3)]
+
+
+class _Round(_Shape):
+    candidate_arms: Count
+    control_arms: Count
+    verdict: Verdict
 
 
 class _Gate(_Shape):
@@ -105,11 +177,21 @@ class _Gate(_Shape):
     arms: list[_Arm] = []
     probes: dict[str, dict[str, _Probe]] = {}
     calibration: _Calibration | None = None
+    requested_order: Literal["ABA", "ABBA"] | None = None  # format 2
+    until_decided: Count = 0
+    rounds: list[_Round] = []
+    noise_prior: _NoisePrior | None = None
 
     @field_validator("fidelity", mode="before")
     @classmethod
     def _no_fidelity(cls, value: Any) -> Any:
         return None if value == {} else value  # a run with nothing to score writes {}
+
+    @model_validator(mode="after")
+    def _promoted_is_the_candidate(self) -> _Gate:
+        if self.promoted not in (None, self.candidate):
+            raise ValueError(f"promoted names {self.promoted!r}, not the candidate {self.candidate!r}")
+        return self
 
 
 class _Bracket(_Shape):
@@ -124,28 +206,48 @@ class _Bracket(_Shape):
     reasons: list[str]
     candidates: list[_Gate] = Field(min_length=2)
     arms: list[_Arm] = []
+    requested_order: Literal["ABA", "ABBA"] | None = None
+    until_decided: Count = 0
+
+    @model_validator(mode="after")
+    def _names_are_candidates(self) -> _Bracket:
+        names = [c.candidate for c in self.candidates]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a candidate is listed twice: {', '.join(names)}")
+        for field_name in ("best", "promoted"):
+            named = getattr(self, field_name)
+            if named is not None and named not in names:
+                raise ValueError(f"{field_name} names {named!r}, which is not one of the candidates "
+                                 f"({', '.join(names)})")
+        return self
 
 
 class _Results(_Shape):
+    version: Literal[1, 2] = 1
+    workload: str = "?"
+    concurrency: list[Annotated[int, Field(ge=1)]] = []
     gate: _Gate
 
 
-class _BracketResults(_Shape):
-    gate: _Bracket
+class _BracketResults(_Results):
+    gate: _Bracket  # type: ignore[assignment]
 
 
-def _read_bounded(path: Path) -> bytes:
-    # O_NONBLOCK: a FIFO planted as results.json must not hang the command; it is refused below.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+def read_run_file(path: Path, limit: int, *, most: str, fix: str, follow_links: bool = True) -> bytes:
+    """The first `limit` + 1 bytes of a file in a run folder, refused (BadInput) unless it is a regular file
+    of at most `limit` bytes (`most` says whose size that is; `fix` what to do instead). O_NONBLOCK: a FIFO
+    planted there must not hang the command; it is refused here. Without `follow_links`, a symbolic link is
+    not opened at all (ELOOP, an OSError for the caller)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BadInput(f"{path} is not a regular file; give a folder written by `lanectl gate --out`")
-        if info.st_size > MAX_RESULTS_BYTES:
-            raise BadInput(f"{path} is {info.st_size} bytes, more than a gate writes "
-                           f"({MAX_RESULTS_BYTES // (1024 * 1024)} MiB at most)")
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise BadInput(f"{path} is not a regular file; {fix}")
+        if status.st_size > limit:
+            raise BadInput(f"{path} is {status.st_size} bytes, more than {most} ({limit // (1024 * 1024)} MiB at "
+                           f"most); {fix}")
         with os.fdopen(os.dup(fd), "rb") as handle:
-            return handle.read(MAX_RESULTS_BYTES + 1)
+            return handle.read(limit + 1)
     finally:
         os.close(fd)
 
@@ -156,7 +258,8 @@ def load_results(run_dir: Path) -> dict[str, Any]:
     if not path.exists():
         raise BadInput(f"{run_dir}: no results.json; give a folder written by `lanectl gate --out`")
     try:
-        raw = _read_bounded(path)
+        raw = read_run_file(path, MAX_RESULTS_BYTES, most="a gate writes",
+                            fix="give a folder written by `lanectl gate --out`")
     except OSError as exc:
         raise BadInput(f"{path}: cannot read it: {exc.strerror or exc}") from None
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and not _shallow_enough(raw):
@@ -171,6 +274,10 @@ def load_results(run_dir: Path) -> dict[str, Any]:
         raise BadInput(f"{path} holds a JSON {type(data).__name__}, not the object `lanectl gate --out` writes")
     if "gate" not in data:
         raise BadInput(f"{path} holds a bench run, not a gate; its figures are in the file")
+    version = data.get("version", 1)
+    if type(version) is int and version > RESULTS_VERSION:
+        raise BadInput(f"{path} is results format {version}, written by a newer lanectl; this one reads formats "
+                       f"1 to {RESULTS_VERSION}")
     try:
         # The bracket form is tried only for a document that says it is one: a one-candidate run's errors
         # are then its own, not a union's.
@@ -178,11 +285,41 @@ def load_results(run_dir: Path) -> dict[str, Any]:
         (_BracketResults if bracket else _Results).model_validate(data)
     except ValidationError as exc:
         wrong = "; ".join(f"{'.'.join(str(p) for p in error['loc'])}: "
-                          + ("expected a JSON object" if error["type"] == "model_type" else error["msg"])
+                          + ("expected a JSON object" if error["type"] == "model_type"
+                             else error["msg"].removeprefix("Value error, "))
                           for error in exc.errors(include_url=False)[:10])
         raise BadInput(f"{path} is not a gate's results ({wrong}); rerun `lanectl gate --out`, "
                        f"or restore the file from the run") from None
+    if version >= 2:
+        missing = _missing_evidence(data["gate"])
+        if missing:
+            raise BadInput(f"{path} is not a gate's results ({'; '.join(missing[:10])}: format 2 keeps every "
+                           "arm's per-request rates in every cell, and how each cell's interval was built); rerun "
+                           "`lanectl gate --out`, or restore the file from the run")
     return data
+
+
+def _missing_evidence(gate: dict[str, Any]) -> list[str]:
+    """Where a format-2 file lacks what its verdicts are recomputed from, as `gate.…` locations."""
+    missing = []
+    reports = [("gate", gate)]
+    if "candidates" in gate:
+        reports = [(f"gate.candidates.{i}", c) for i, c in enumerate(gate["candidates"])]
+    for where, report in reports:
+        if "arms" not in report:
+            missing.append(f"{where}.arms: missing")
+            continue
+        keys = list(report["cells"]) or list((report.get("calibration") or {}).get("cells") or {})
+        for key in report["cells"]:
+            for name in ("failed", "interval"):
+                if report["cells"][key].get(name) is None:
+                    missing.append(f"{where}.cells.{key}.{name}: missing")
+        for i, arm in enumerate(report["arms"]):
+            for key in keys:
+                cell = arm["cells"].get(key)
+                if cell is None or cell.get("rates") is None:
+                    missing.append(f"{where}.arms.{i}.cells.{key}{'' if cell is None else '.rates'}: missing")
+    return missing
 
 
 def load_gate_results(run_dir: Path) -> dict[str, Any]:

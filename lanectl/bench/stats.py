@@ -1,4 +1,4 @@
-"""The arithmetic of `bench` and `gate`: percentiles, the bootstrap verdict, calibration and teacher-forced fidelity.
+"""The arithmetic of `bench` and `gate`: percentiles, the interval and its verdict, calibration and fidelity.
 
 Pure functions on numbers and token lists, so every rule the gate applies can be checked on fixed
 figures (the release note's among them) without a server.
@@ -6,11 +6,12 @@ figures (the release note's among them) without a server.
 
 from __future__ import annotations
 
+import functools
 import math
-import random
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from statistics import NormalDist
 from typing import Generic, TypeVar
 
 # A token the control chose with at least this probability is one it was sure of; the candidate
@@ -71,7 +72,7 @@ def cell_verdict(ratio: float, low: float, high: float, bar: float) -> CellVerdi
         INCONCLUSIVE  otherwise       no clear gain and no clear loss: rerun, do not promote
 
     This keeps the meaning the rule had with the controls' drift as the band (ratio ± band), with the
-    band replaced by a bootstrap interval (`bootstrap_ratio`) that also counts request-to-request noise.
+    band replaced by an interval (`ratio_interval`) whose unit is the arm, so drift between arms widens it.
     A candidate as fast as its controls is INCONCLUSIVE, not FAIL. Only PASS may promote.
     Release note: 484.5 against controls at 467.5 -> 1.036x, PASS at a 1.025x bar when the interval's low
     end stays above 1.025; 8 splits at 1.022x cannot PASS whatever the noise.
@@ -90,105 +91,258 @@ def cell_verdict(ratio: float, low: float, high: float, bar: float) -> CellVerdi
     return CellVerdict(ratio=ratio, low=low, high=high, bar=bar, verdict=verdict)
 
 
-# -- the bootstrap --------------------------------------------------------------------------------
+# -- the interval: a t-interval on the log of arm means ------------------------------------------
 
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 20261016
 CONFIDENCE = 0.95
+INTERVAL_MODEL = "t on log arm means"
+ARM_NOISE_ESTIMATOR = "mean square successive difference of log arm means"
+
+
+@dataclass(frozen=True)
+class ArmNoise:
+    """How far apart the arms of one lane land in one cell: the variance of log(arm mean rate) between arms,
+    with the degrees of freedom it was estimated on (arms - 1 for one lane's arms)."""
+
+    variance: float
+    df: int
+
+
+def arm_noise(arm_means: Sequence[float]) -> ArmNoise:
+    """The variance of log arm means of one lane's arms, given in the order they ran, from the differences of
+    neighbouring arms: von Neumann's mean square successive difference, sum (x[i+1] - x[i])^2 / (2 (n - 1)).
+
+    Why neighbours: a gate's bracket is neighbouring arms (A/B/A), so what it feels is how far an arm lands
+    from the arms beside it. A slow drift over a calibration inflates the plain sample variance with spread
+    no bracket sees (and an A/B/A ratio cancels a linear drift), while swings from one arm to the next
+    (recorded on an H200: arms alternating up and down by 0.5 % for a few minutes) are what a bracket feels
+    in full. The degrees of freedom are the estimate's own, 2 m^2 / (3 m - 1) for m = n - 1 differences
+    (its variance under independent normal arms), rounded down: 7 for 12 arms, 4 for 8.
+    """
+    if len(arm_means) < 2:
+        raise ValueError("arm noise needs at least two arms")
+    logs = [_log_mean(m) for m in arm_means]
+    steps = [later - earlier for earlier, later in zip(logs, logs[1:], strict=False)]
+    m = len(steps)
+    return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * m), df=max(1, 2 * m * m // (3 * m - 1)))
 
 
 @dataclass(frozen=True)
 class RatioInterval:
-    ratio: float  # mean(candidate arm means) / mean(control arm means)
+    ratio: float  # exp(mean log candidate arm mean - mean log control arm mean)
     low: float
     high: float
-    replicates: tuple[float, ...]  # every bootstrap ratio, in the order drawn
-
-    def share_at_or_above(self, bar: float) -> float:
-        return sum(1 for r in self.replicates if r >= bar) / len(self.replicates)
+    df: int  # degrees of freedom of the arm noise the interval was built on
+    arm_sd: float  # that noise: the pooled standard deviation of log arm means
 
 
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
 
-def bootstrap_ratio(controls: Sequence[Sequence[float]], candidates: Sequence[Sequence[float]], *,
-                    resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                    confidence: float = CONFIDENCE) -> RatioInterval:
-    """The candidate/control ratio of per-request rates, with a seeded two-stage bootstrap interval.
+def _log_mean(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"an arm's mean rate must be finite and > 0, got {value}")
+    return math.log(value)
 
-    Each arm is a list of per-request rates (tok/s of one request); an arm's figure is their mean, and the
-    ratio is the mean of the candidate arms' figures over the mean of the control arms'. One replicate
-    draws, for the controls and for the candidates separately, as many arms as there are, with
-    replacement (so the drift between two control arms widens the interval, as the old band did), then
-    each drawn arm's requests with replacement. The interval is the percentile interval of `resamples`
-    replicates (2.5th and 97.5th percentiles at 95 %). random.Random(seed): the same figures give the
-    same interval on every machine.
-    """
-    arms = [*controls, *candidates]
-    if not controls or not candidates or any(not arm for arm in arms):
+
+def arm_mean(rates: Sequence[float]) -> float:
+    """An arm's figure in a cell: the mean of its per-request rates."""
+    if not rates:
         raise ValueError("every arm needs at least one request")
-    if any(not math.isfinite(v) or v < 0 for arm in arms for v in arm):
+    if any(not math.isfinite(v) or v < 0 for v in rates):
         raise ValueError("per-request rates must be finite and >= 0")
-    if resamples < 1 or not 0 < confidence < 1:
-        raise ValueError("resamples must be >= 1 and confidence in (0, 1)")
-    control_mean = _mean([_mean(arm) for arm in controls])
-    if control_mean == 0:
-        raise ValueError("the controls measured nothing (mean 0); the bracket cannot judge a candidate")
-    ratio = _mean([_mean(arm) for arm in candidates]) / control_mean
-    rng = random.Random(seed)
+    return _mean(rates)
 
-    def draw(group: Sequence[Sequence[float]]) -> float:
-        picked = rng.choices(group, k=len(group))
-        return _mean([_mean(rng.choices(arm, k=len(arm))) for arm in picked])
 
-    replicates = []
-    for _ in range(resamples):
-        control, candidate = draw(controls), draw(candidates)
-        replicates.append(candidate / control if control > 0 else math.inf)
-    tail = (1 - confidence) / 2 * 100
-    finite = [r for r in replicates if math.isfinite(r)] or [ratio]
-    low, high = percentile(finite, tail), percentile(finite, 100 - tail)
-    return RatioInterval(ratio=ratio, low=min(low, ratio), high=max(high, ratio), replicates=tuple(replicates))
+def ratio_interval(controls: Sequence[Sequence[float]], candidates: Sequence[Sequence[float]], *,
+                   prior: ArmNoise | None = None, confidence: float = CONFIDENCE) -> RatioInterval:
+    """The candidate/control ratio of per-request rates, with a t-interval whose unit is the arm.
+
+    Each arm is a list of per-request rates; its figure is their mean. The requests of one arm are not
+    independent draws (at 8 streams they share the engine's batches, and the whole arm shares the
+    engine's state that day), and arms drift apart, so the interval treats each arm's mean as one
+    observation: log(arm mean) = the lane's level + arm noise, the noise normal with one variance for
+    every arm of the cell. The ratio is exp(mean log candidate - mean log control); its standard
+    error is s * sqrt(1/controls + 1/candidates), where s^2 pools the spread of the bracket's own arms
+    about their lane's mean (controls - 1 + candidates - 1 degrees of freedom) with `prior`, the
+    spread `gate --calibrate` measured for this cell on this host:
+
+        s^2 = (prior.df * prior.variance + own sum of squares) / (prior.df + own df)
+
+    and the interval is exp(log ratio -+ t * se), t the Student t quantile at `confidence` on the pooled
+    df. A/B/A has one control pair, so without a prior the interval rests on 1 df (t = 12.7): honest,
+    and wide. A linear drift in time moves the mean of A/B/A's and A/B/B/A's controls exactly as far as
+    their candidates', so it cancels from the ratio (and widens s, through the controls' spread).
+    """
+    if not controls or not candidates:
+        raise ValueError("a ratio needs at least one control arm and one candidate arm")
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    control_logs = [_log_mean(arm_mean(arm)) for arm in controls]
+    candidate_logs = [_log_mean(arm_mean(arm)) for arm in candidates]
+    squares = math.fsum((x - _mean(group)) ** 2 for group in (control_logs, candidate_logs) for x in group)
+    df = len(control_logs) - 1 + len(candidate_logs) - 1
+    if prior is not None:
+        squares += prior.df * prior.variance
+        df += prior.df
+    if df < 1:
+        raise ValueError("no spread to build an interval on: two control arms, or a calibrated prior, are needed")
+    sd = math.sqrt(squares / df)
+    log_ratio = _mean(candidate_logs) - _mean(control_logs)
+    half = t_quantile(0.5 + confidence / 2, df) * sd * math.sqrt(1 / len(control_logs) + 1 / len(candidate_logs))
+    return RatioInterval(ratio=math.exp(log_ratio), low=math.exp(log_ratio - half), high=math.exp(log_ratio + half),
+                         df=df, arm_sd=sd)
+
+
+# -- Student's t, from the regularized incomplete beta function -----------------------------------
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return fraction
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b), for 0 <= x <= 1 and a, b > 0."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1 - front * _beta_fraction(b, a, 1 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * regularized_beta(df / (df + t * t), df / 2, 0.5)
+    return 1 - tail if t >= 0 else tail
+
+
+@functools.lru_cache(maxsize=512)
+def t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p, by bisection on `t_cdf` (to 1e-12 of its size)."""
+    if not 0 < p < 1 or df <= 0:
+        raise ValueError("t_quantile needs 0 < p < 1 and df > 0")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        low, high = high, high * 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        if t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+# -- calibration ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellCalibration:
+    """What N arms of one lane, run back to back, say about one cell's noise and the gate's intervals on it."""
+
+    noise: ArmNoise  # from all the arms: the prior later gates use for this cell
+    brackets: int  # A/B/A brackets of consecutive arms (k, k + 1, k + 2), the middle one as the "candidate"
+    covered: int  # whose interval (with `noise` as its prior) contains 1.0
+    passed: int  # whose interval cleared the bar: false promotions this calibration saw
+    failed: int  # whose interval fell below min(bar, 1 / bar): false alarms
+    false_promotion: float  # the modelled chance that an A/B/A bracket of an unchanged lane passes this cell
+    detectable_ratio: float  # the smallest ratio an A/B/A bracket passes here (its interval's low end at the bar)
+
+    @property
+    def coverage(self) -> float | None:
+        return self.covered / self.brackets if self.brackets else None
+
+
+# A gate's own bracket: two control arms and one candidate arm.
+ABA_CONTROLS, ABA_CANDIDATES = 2, 1
+
+
+def calibrate_cell(arms: Sequence[Sequence[float]], bar: float, *, confidence: float = CONFIDENCE) -> CellCalibration:
+    """One cell of `gate --calibrate`: `arms` are the per-request rates of N >= 3 arms of one lane, in run order.
+
+    Coverage is measured, not assumed: each run of three consecutive arms is judged as the gate judges an
+    A/B/A bracket (`ratio_interval`), with the noise this calibration measured (`arm_noise` of all N arms)
+    as its prior, as a later gate of this host takes it; the share of those intervals that contain 1.0 is
+    the coverage. The false-promotion chance is modelled for a gate's A/B/A bracket with that prior (its df
+    and the control pair's 1): its log ratio is normal with sd s * sqrt(1/2 + 1), and it passes when
+    the interval's low end clears the bar: 1 - Phi(ln(bar) / (s * c) + t). The smallest ratio such a
+    bracket passes is bar * exp(t * s * c).
+    """
+    if len(arms) < 3:
+        raise ValueError("a calibration needs at least three arms of the lane")
+    means = [arm_mean(arm) for arm in arms]
+    noise = arm_noise(means)
+    covered = passed = failed = 0
+    brackets = len(arms) - 2
+    for k in range(brackets):
+        interval = ratio_interval([arms[k], arms[k + 2]], [arms[k + 1]], prior=noise, confidence=confidence)
+        verdict = cell_verdict(interval.ratio, interval.low, interval.high, bar).verdict
+        covered += interval.low <= 1.0 <= interval.high
+        passed += verdict is Verdict.PASS
+        failed += verdict is Verdict.FAIL
+    spread = math.sqrt(noise.variance) * math.sqrt(1 / ABA_CONTROLS + 1 / ABA_CANDIDATES)
+    t = t_quantile(0.5 + confidence / 2, noise.df + ABA_CONTROLS - 1 + ABA_CANDIDATES - 1)
+    if spread > 0:
+        chance = 1 - NormalDist().cdf(math.log(bar) / spread + t)
+    else:
+        chance = 1.0 if bar <= 1 else 0.0
+    return CellCalibration(noise=noise, brackets=brackets, covered=covered, passed=passed, failed=failed,
+                           false_promotion=chance, detectable_ratio=bar * math.exp(t * spread))
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """What an A/A bracket (the control against itself) says about the gate's noise."""
+    """What the cells of a calibration say together."""
 
     bar: float
     cells: int
-    cells_passed: int  # cells whose interval cleared the bar: promotions of an unchanged lane
-    false_promotion_rate: float  # share of bootstrap replicates, over every cell, at or above the bar
-    detectable_ratio: float  # the smallest candidate/control ratio whose interval would clear the bar in every cell
-    detectable_gain: float  # the smallest gain the setup tells from no change in every cell (1 / low - 1, worst cell)
+    brackets: int  # A/A brackets over every cell
+    covered: int
+    brackets_passed: int  # false promotions seen
+    brackets_failed: int  # false alarms seen
+    false_promotion_rate: float  # the chance that an A/B/A bracket of an unchanged lane PASSes (any cell)
+    detectable_ratio: float  # the smallest ratio that passes in every cell: the worst cell's
+    detectable_gain: float  # the worst cell's interval half-width as a gain: detectable_ratio / bar - 1
+
+    @property
+    def coverage(self) -> float | None:
+        return self.covered / self.brackets if self.brackets else None
 
     def within(self, allowed: float) -> bool:
-        return self.cells_passed == 0 and self.false_promotion_rate <= allowed
+        return self.brackets_passed == 0 and self.false_promotion_rate <= allowed
 
 
-def calibrate(intervals: Sequence[RatioInterval], bar: float) -> Calibration:
-    """The false-promotion rate and the smallest detectable effect of an A/A bracket.
-
-    Each cell's interval came from arms that all ran the control, so its true ratio is 1. A bootstrap
-    replicate is one plausible re-run of the cell; one at or above the bar is a promotion by noise
-    alone, so the false-promotion rate is the share of such replicates over all cells (and a cell whose
-    interval itself cleared the bar is an actual false promotion of this run, counted apart).
-    A candidate with true ratio r would measure about r times these A/A ratios, so its interval's low
-    end is about r * low: it clears the bar when r >= bar / low, and it is told apart from no change
-    when r >= 1 / low. The worst cell decides both: the setup detects an effect only where it detects
-    it in every cell.
-    """
-    if not intervals:
+def calibrate(cells: Sequence[CellCalibration], bar: float) -> Calibration:
+    """The bracket passes when any cell does, so its false-promotion rate is 1 - prod(1 - p_cell) (cells taken
+    as independent); the setup detects an effect only where it detects it in every cell, so the worst
+    cell's detectable ratio is the setup's."""
+    if not cells:
         raise ValueError("no cells to calibrate on")
-    replicates = [r for interval in intervals for r in interval.replicates]
-    worst_low = min(interval.low for interval in intervals)
-    if worst_low <= 0:
-        raise ValueError("a cell's interval reaches 0: the arms measured nothing")
-    return Calibration(
-        bar=bar, cells=len(intervals), cells_passed=sum(1 for i in intervals if i.low >= bar),
-        false_promotion_rate=sum(1 for r in replicates if r >= bar) / len(replicates),
-        detectable_ratio=bar / worst_low, detectable_gain=1 / worst_low - 1)
+    clear = math.prod(1 - cell.false_promotion for cell in cells)
+    worst = max(cell.detectable_ratio for cell in cells)
+    return Calibration(bar=bar, cells=len(cells), brackets=sum(c.brackets for c in cells),
+                       covered=sum(c.covered for c in cells), brackets_passed=sum(c.passed for c in cells),
+                       brackets_failed=sum(c.failed for c in cells), false_promotion_rate=1 - clear,
+                       detectable_ratio=worst, detectable_gain=worst / bar - 1)
 
 
 # -- fidelity -------------------------------------------------------------------------------------
@@ -302,9 +456,12 @@ def fidelity_verdict(candidate: ForcedFidelity[PromptKey], controls: ForcedFidel
     changed token is a broken call, so agent/tool prompts allow none, whatever the bar. There is no
     INCONCLUSIVE: the counts are exact, not sampled.
     """
-    within = (
-        candidate.confident_flips <= controls.confident_flips
-        and candidate.weighted_divergence <= controls.weighted_divergence
-        and agent_confident_flips == 0
-    )
+    return fidelity_within(candidate.confident_flips, candidate.weighted_divergence, controls.confident_flips,
+                           controls.weighted_divergence, agent_confident_flips)
+
+
+def fidelity_within(confident_flips: int, weighted_divergence: float, flips_bar: int, weighted_bar: float,
+                    agent_confident_flips: int) -> Verdict:
+    """`fidelity_verdict`'s rule on its figures, as results.json records them."""
+    within = confident_flips <= flips_bar and weighted_divergence <= weighted_bar and agent_confident_flips == 0
     return Verdict.PASS if within else Verdict.FAIL

@@ -21,6 +21,8 @@ A workload file lives under `recipes/workloads/` but declares its own schema, so
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -60,6 +62,13 @@ class Workload(BaseModel):
         default_factory=lambda: [0], min_length=1,
         description="Context lengths (tokens) to measure each cell at: the prompt is padded to that length; "
                     "0 sends it as written.")
+
+    def cells_digest(self) -> str:
+        """sha256 of what the cells send (prompts, output tokens, temperature, context lengths): a calibration
+        of the arm noise holds for this workload only while these are the same."""
+        sent = {"classes": self.classes, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                "context_lengths": self.context_lengths}
+        return hashlib.sha256(json.dumps(sent, sort_keys=True).encode()).hexdigest()
 
     def prompts(self, class_name: str) -> list[str]:
         try:

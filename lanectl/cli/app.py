@@ -413,6 +413,10 @@ def watchdog_install(
     show(install_units(cron=cron, dry_run=dry_run, recipes_dir=Project.locate(state.recipes).recipes_dir))
 
 
+# One thread per stream in the load generator; far more than any engine batches is a typo.
+MAX_STREAMS = 4096
+
+
 def _levels(text: str) -> list[int]:
     from lanectl.errors import BadInput
 
@@ -420,8 +424,12 @@ def _levels(text: str) -> list[int]:
         levels = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         levels = []
-    if not levels or any(level < 1 for level in levels):
-        raise BadInput(f"--concurrency {text!r}: expected positive whole numbers separated by commas, e.g. 1,8,32")
+    if not levels or any(not 1 <= level <= MAX_STREAMS for level in levels):
+        raise BadInput(f"--concurrency {text!r}: expected whole numbers from 1 to {MAX_STREAMS} separated by "
+                       "commas, e.g. 1,8,32")
+    twice = sorted({level for level in levels if levels.count(level) > 1})
+    if twice:
+        raise BadInput(f"--concurrency {text!r}: {twice[0]} is named twice; name each level once")
     return levels
 
 
@@ -454,23 +462,33 @@ def gate(candidates: Annotated[list[str], typer.Argument(
          order: Annotated[str, typer.Option("--order", help="Arm order: ABA (control, each candidate in turn, "
                                                             "control) or ABBA (the candidates mirrored: A, C1, "
                                                             "C2, C2, C1, A; one candidate: A, B, B, A).")] = "ABA",
-         calibrate: Annotated[bool, typer.Option("--calibrate", help="Run CANDIDATE against itself (A/A) and "
-                                                 "report the false-promotion rate and the smallest detectable "
-                                                 "effect.")] = False,
+         until_decided: Annotated[int, typer.Option("--until-decided", metavar="N", help="While a candidate is "
+                                                    "INCONCLUSIVE only because no cell's interval is decisive yet, "
+                                                    "run up to N more rounds (one more arm of it, then one more "
+                                                    "control arm) and judge again.")] = 0,
+         calibrate: Annotated[bool, typer.Option("--calibrate", help="Run --arms arms of CANDIDATE back to back "
+                                                 "(A/A): report each cell's arm-to-arm noise, the coverage of A/A "
+                                                 "intervals, the false-promotion rate and the smallest detectable "
+                                                 "effect, and keep the noise for later gates of the workload on "
+                                                 "this host.")] = False,
+         arms: Annotated[int | None, typer.Option("--arms", metavar="N", help="With --calibrate: how many arms "
+                                                  "(at least 3; default 8).")] = None,
          max_false_promotion: Annotated[float, typer.Option("--max-false-promotion", help="With --calibrate: "
                                                             "the highest false-promotion rate that exits 0.")] = 0.05,
          workload: WorkloadOption = "coding", concurrency: ConcurrencyOption = "1,8,32", out_dir: OutOption = None,
          lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
     """A bracket (A/B/A by default): control, candidate(s), control; a candidate PASSes only when a cell's 95%
-    interval clears the bar and teacher-forced fidelity holds. Every candidate is judged against the same two
-    control arms, with the same bar, fidelity reference and probes; --promote promotes the best that passed
-    (highest ratio). Exit 0 when a candidate PASSed, 1 when none did."""
+    interval clears the bar, teacher-forced fidelity holds and the workload's probes pass. Every candidate is
+    judged against the same control arms, with the same bar, fidelity reference and probes; --promote promotes
+    the best that passed (highest ratio). Exit 0 when a candidate PASSed, 1 when none did, 2 on bad input
+    (before anything switches)."""
     from lanectl.cli.progress import say
     from lanectl.commands.gate import gate as run_gate
 
     show(run_gate(catalog(), candidates, control, workload, _levels(concurrency), bar, promote, out_dir,
                   _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err),
-                  order=order.upper(), calibrate=calibrate, max_false_promotion=max_false_promotion), as_json)
+                  order=order.upper(), calibrate=calibrate, max_false_promotion=max_false_promotion,
+                  until_decided=until_decided, arms=arms), as_json)
 
 
 @app.command()

@@ -376,7 +376,9 @@ def _gate_lines(report: Mapping[str, Any]) -> list[str]:
     for name, arms in (report.get("probes") or {}).items():
         lines.append(f"probe {name:<16} " + "  ".join(_probe_cell(arm, arms[arm]) for arm in order if arm in arms))
     calibration = report.get("calibration")
-    if calibration:
+    if calibration and isinstance(calibration["cells"], dict):
+        lines += _calibration_lines(report, calibration)
+    elif calibration:  # results format 1: one A/B/A bracket of the lane against itself
         lines.append(f"calibration ({report['order']} of one lane): false-promotion rate "
                      f"{calibration['false_promotion_rate']:.4f} (allowed {calibration['max_false_promotion']:g}), "
                      f"{calibration['cells_passed']} of {calibration['cells']} cells passed the bar; smallest "
@@ -386,6 +388,34 @@ def _gate_lines(report: Mapping[str, Any]) -> list[str]:
                  + (f"; promoted {report['promoted']}" if report.get("promoted") else ""))
     lines += [f"  - {reason}" for reason in report["reasons"]]
     return lines
+
+
+def _calibration_lines(report: Mapping[str, Any], calibration: Mapping[str, Any]) -> list[str]:
+    """Per cell: the spread of arm means, how many A/A brackets' intervals held 1.0, and what an A/B/A bracket
+    could detect with this noise."""
+    lines = [f"calibration ({len(report.get('arms', []))} arms of {report['control']}, back to back): per cell, "
+             "the spread of arm means and the A/A brackets of consecutive arms",
+             f"{'cell':<22} {'arms':>4} {'arm sd':>7} {'held 1.0':>9} {'passed':>6} {'failed':>6} "
+             f"{'false promotion':>15} {'detectable':>10}"]
+    for key, cell in calibration["cells"].items():
+        lines.append(f"{key:<22} {cell['arms']:>4} {cell['arm_sd']:>7.2%} "
+                     f"{str(cell['covered']) + '/' + str(cell['brackets']):>9} {cell['passed']:>6} "
+                     f"{cell['failed']:>6} {cell['false_promotion']:>15.4f} {cell['detectable_ratio']:>9.3f}x")
+    return lines
+
+
+def report(result: Result) -> list[Line]:
+    """A gate run again: its tables as the per-request rates say, then whether the record agreed."""
+    data = result.data
+    lines = gate(result)
+    if not data["recomputed"]:
+        return lines + [line(f"results format {data['results_version']}: no per-request rates were kept, so the "
+                             "figures are shown as recorded")]
+    if not data["differences"]:
+        return lines + [line("recomputed from the per-request rates: every figure and verdict matches the record")]
+    lines.append(line((f"recomputed from the per-request rates: {len(data['differences'])} figure(s) differ from "
+                       "the record:", "bold red")))
+    return lines + [line(f"  {difference}") for difference in data["differences"]]
 
 
 def _probe_cell(arm: str, probe: dict[str, Any]) -> str:
@@ -480,7 +510,7 @@ VIEWS: dict[str, View] = {
     "watchdog.install": watchdog_install,
     "bench": bench,
     "gate": gate,
-    "report": gate,
+    "report": report,
     "release-note": release_note,
     "init": init,
     "import.jm": import_jm,

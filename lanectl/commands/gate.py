@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lanectl.bench.gate import bench_lane, run_gate, write_results
+from lanectl.bench.gate import bench_lane, run_calibration, run_gate, write_results
 from lanectl.bench.probes import load_probes, max_model_len
 from lanectl.bench.stats import Verdict
-from lanectl.bench.workload import load_workload, workload_file
+from lanectl.bench.workload import Workload, load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.lanes.switcher import Reporter
-from lanectl.output import Message, Result, info
+from lanectl.output import Message, Result, info, warning
 from lanectl.recipe.catalog import Catalog, Lane
 
 
@@ -64,26 +65,54 @@ def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
     return min(found) if found else None
 
 
+# Enough to outlast any drift a bracket could average away; more is a mistake in the command line.
+MAX_EXTRA_ROUNDS = 50
+MAX_CALIBRATION_ARMS = 100
+DEFAULT_CALIBRATION_ARMS = 8
+
+
+def check_gate_options(bar: float, max_false_promotion: float, until_decided: int, arms: int | None,
+                       calibrate: bool, order: str) -> None:
+    """Every number of the command line, before anything is read or switched: a bar of nan, inf or 0 would
+    run the whole bracket and then judge nothing (or pass everything)."""
+    from lanectl.bench.gate import ORDERS
+    from lanectl.errors import BadInput
+
+    if not math.isfinite(bar) or bar <= 0:
+        raise BadInput(f"--bar {bar}: expected a finite ratio > 0, e.g. 1.025 (the candidate 2.5% faster)")
+    if not math.isfinite(max_false_promotion) or not 0 <= max_false_promotion <= 1:
+        raise BadInput(f"--max-false-promotion {max_false_promotion}: expected a rate in [0, 1], e.g. 0.05")
+    if order not in ORDERS:
+        raise BadInput(f"--order {order!r}: expected one of {', '.join(ORDERS)}")
+    if not 0 <= until_decided <= MAX_EXTRA_ROUNDS:
+        raise BadInput(f"--until-decided {until_decided}: expected 0 to {MAX_EXTRA_ROUNDS} more rounds of arms")
+    if arms is not None and not calibrate:
+        raise BadInput("--arms sets how many arms --calibrate runs; a gate's arms follow --order and --until-decided")
+    if arms is not None and not 3 <= arms <= MAX_CALIBRATION_ARMS:
+        raise BadInput(f"--arms {arms}: expected 3 to {MAX_CALIBRATION_ARMS} arms")
+    if calibrate and (until_decided or order != "ABA"):
+        raise BadInput("--calibrate runs --arms arms of one lane back to back; --order and --until-decided are "
+                       "for a gate")
+
+
 def gate(catalog: Catalog, candidate: str | list[str], control: str | None, workload_name: str,
          concurrency: list[int], bar: float, promote: bool, out: Path | None, lock_wait: float, no_gpu: bool,
          reporter: Reporter, progress: Callable[[str], None], order: str = "ABA", calibrate: bool = False,
-         max_false_promotion: float = 0.05) -> Result:
+         max_false_promotion: float = 0.05, until_decided: int = 0, arms: int | None = None) -> Result:
     """The bracket in `order` (control, each candidate, control by default); exit 0 when a candidate
-    PASSed, 1 when none did. With `calibrate`, the one CANDIDATE runs against itself in the same order
-    and the exit is 0 when its false-promotion rate is at most `max_false_promotion`. With `out`, the
-    results and their plot are written to a new folder under it. The workload is checked (against the
-    lanes' --max-model-len too) before anything switches."""
-    from lanectl.bench.gate import ORDERS
-    from lanectl.bench.plot import plot
+    PASSed, 1 when none did. With `until_decided`, up to that many more rounds of arms while a candidate
+    is undecided. With `calibrate`, `arms` arms of the one CANDIDATE back to back; the exit is 0 when its
+    false-promotion rate is at most `max_false_promotion`, and its arm noise is kept for later gates of the
+    workload on this host. With `out`, the results and their plot are written to a new folder under it.
+    Every option, the workload, its probes and the host's calibration are checked before anything switches."""
+    from lanectl.bench.calibration_file import CalibrationStore, priors_for
     from lanectl.commands.switch import switcher
     from lanectl.errors import BadInput
     from lanectl.lanes.switcher import built_tag
+    from lanectl.state.paths import StateFiles, state_dir
 
+    check_gate_options(bar, max_false_promotion, until_decided, arms, calibrate, order)
     names = [candidate] if isinstance(candidate, str) else list(candidate)
-    if order not in ORDERS:
-        raise BadInput(f"--order {order!r}: expected one of {', '.join(ORDERS)}")
-    if not 0 <= max_false_promotion <= 1:
-        raise BadInput(f"--max-false-promotion {max_false_promotion}: expected a rate in [0, 1]")
     if not names:
         raise BadInput("name at least one candidate lane")
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -109,34 +138,78 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
     probes = load_probes(workload_path, workload.probes or [],
                          [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane,
                                                                                          *candidate_lanes)])
+    store = CalibrationStore(StateFiles(state_dir()).calibration)
+    priors, noise_prior, prior_line = priors_for(store.load(), workload)
     command = f"lanectl gate {' '.join(names)} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         # Every image before the first switch: a refusal mid-bracket would leave a candidate serving.
         for lane in (control_lane, *candidate_lanes):
             built_tag(lanes.engine, lane)
-        report = run_gate(lanes, candidate_lanes, control_lane, workload, concurrency, bar=bar,
-                          promote=promote and not calibrate, kernel_log=_kernel_log(), order=order,
-                          max_false_promotion=max_false_promotion if calibrate else None, progress=progress,
-                          probes=probes)
+        if calibrate:
+            single = run_calibration(lanes, control_lane, workload, concurrency,
+                                     arms=arms or DEFAULT_CALIBRATION_ARMS, bar=bar,
+                                     max_false_promotion=max_false_promotion, kernel_log=_kernel_log(),
+                                     progress=progress)
+            data, verdict = single.as_dict(), single.verdict
+            messages: tuple[Message, ...] = (info(_keep_noise(store, control_lane.name, workload, data)),)
+        else:
+            bracket = run_gate(lanes, candidate_lanes, control_lane, workload, concurrency, bar=bar,
+                               promote=promote, kernel_log=_kernel_log(), order=order, until_decided=until_decided,
+                               priors=priors, noise_prior=noise_prior, progress=progress, probes=probes)
+            data, verdict = bracket.as_dict(), bracket.verdict
+            messages = (info(prior_line),)
     run_dir = None
-    messages: tuple[Message, ...] = ()
-    data = report.as_dict()
     if out is not None:
         name = f"calibrate-{names[0]}" if calibrate else f"gate-{'+'.join(names)}"
-        run_dir = write_results(out, name, {"gate": data, "workload": workload.name, "concurrency": concurrency})
-        not_drawn = plot(data, run_dir / "ratios.png")
-        messages = (info(not_drawn),) if not_drawn else ()
-        messages += (info(f"results{'' if not_drawn else ' and plot'} in {run_dir}"),)
-    passed = report.verdict == Verdict.PASS
+        run_dir, drawn = _write_run(out, name, data, workload.name, concurrency)
+        messages += drawn
     return Result("gate", {**data, "run_dir": str(run_dir) if run_dir else None}, messages,
-                  exit_code=EXIT_OK if passed else EXIT_FAILED)
+                  exit_code=EXIT_OK if verdict == Verdict.PASS else EXIT_FAILED)
+
+
+def _write_run(out: Path, name: str, data: dict[str, Any], workload: str,
+               concurrency: list[int]) -> tuple[Path, tuple[Message, ...]]:
+    from lanectl.bench.plot import plot
+    from lanectl.bench.results_file import RESULTS_VERSION
+
+    run_dir = write_results(out, name, {"version": RESULTS_VERSION, "gate": data, "workload": workload,
+                                        "concurrency": concurrency})
+    not_drawn = plot(data, run_dir / "ratios.png")
+    messages = (info(not_drawn),) if not_drawn else ()
+    drawn = (run_dir / "ratios.png").is_file()  # a calibration has no ratios to draw
+    return run_dir, messages + (info(f"results{' and plot' if drawn else ''} in {run_dir}"),)
+
+
+def _keep_noise(store: Any, lane: str, workload: Workload, data: dict[str, Any]) -> str:
+    """A calibration's arm noise, kept for later gates when every cell was measured cleanly."""
+    from lanectl.bench.calibration_file import measured_noise
+    from lanectl.bench.verdict import fault_reasons
+
+    calibration = data.get("calibration") or {}
+    faults = fault_reasons(data["arms"])
+    cells = calibration.get("cells") or {}
+    if faults or not cells or len(cells) != len(data["arms"][0]["cells"]):
+        why = faults[0] if faults else "not every cell was measured"
+        return f"arm noise not kept for later gates: {why}"
+    store.save(workload.name, measured_noise(lane, workload, calibration))
+    return (f"arm noise of workload {workload.name} kept in {store.path}: later gates of it on this host pool "
+            "their own arms with it")
 
 
 def report(run_dir: Path) -> Result:
-    """The figures of a gate run written by `gate --out`, and its plot drawn again (ratios.png)."""
+    """A gate run written by `gate --out`, judged again from the per-request rates it keeps (format 2): its
+    figures and verdicts as the evidence says, where the recorded ones differ, and its plot drawn again."""
     from lanectl.bench.plot import plot
-    from lanectl.bench.results_file import load_gate_results
+    from lanectl.bench.results_file import load_results
+    from lanectl.bench.verdict import recheck
 
-    gate = load_gate_results(run_dir)
-    not_drawn = plot(gate, run_dir / "ratios.png")
-    return Result("report", gate, (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),))
+    results = load_results(run_dir)
+    rechecked = recheck(results)
+    not_drawn = plot(rechecked.gate, run_dir / "ratios.png")
+    messages: tuple[Message, ...] = (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),)
+    if rechecked.differences:
+        messages += (warning(f"{run_dir / 'results.json'}: the recorded figures differ from its per-request rates "
+                             f"in {len(rechecked.differences)} place(s); shown as the rates say"),)
+    data = {**rechecked.gate, "results_version": results.get("version", 1), "recomputed": rechecked.recomputed,
+            "differences": rechecked.differences}
+    return Result("report", data, messages)

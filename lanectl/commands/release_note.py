@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lanectl.bench.release_note import NoteInputs, candidates_of, release_note
+from lanectl.bench.release_note import NoteInputs, release_note
+from lanectl.bench.verdict import Rechecked, candidates_of
 from lanectl.errors import BadInput
-from lanectl.output import Message, Result, info
+from lanectl.output import Message, Result, info, warning
 from lanectl.recipe.catalog import Catalog
 
 
@@ -53,15 +56,23 @@ def earlier_gate_records(started: str | None) -> list[dict[str, Any]] | None:
             if r.get("kind") == "gate" and (started is None or str(r.get("ts", ""))[:19] < started[:19])]
 
 
+# What Docker accepts as an image reference (name[:tag][@digest], lowercase name): results.json may name
+# anything, and only a reference like this is worth asking the engine about.
+IMAGE_REFERENCE = re.compile(r"[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?(?::[\w][\w.-]{0,127})?"
+                             r"(?:@sha256:[0-9a-f]{64})?")
+
+
 def local_image_ids(references: set[str]) -> dict[str, str]:
     """Each image reference's ID on the local engine; nothing for one it lacks, or when it does not answer."""
     from lanectl.dockerapi.containers import ContainerEngine
+    from lanectl.dockerapi.engine_api import EngineError
     from lanectl.errors import LanectlError
 
+    wanted = sorted(ref for ref in references if IMAGE_REFERENCE.fullmatch(ref))
     try:
         engine = ContainerEngine()
-        found = {ref: engine.image_id(ref) for ref in sorted(r for r in references if r)}
-    except (LanectlError, OSError):
+        found = {ref: engine.image_id(ref) for ref in wanted}
+    except (LanectlError, EngineError, OSError):
         return {}
     return {ref: image for ref, image in found.items() if image}
 
@@ -77,27 +88,64 @@ def write_note(path: Path, text: str) -> None:
     write_atomically(path, text.encode(), mode=0o644)
 
 
+def written_note(catalog: Catalog | None, results: dict[str, Any], run_name: str,
+                 earlier_gates: list[dict[str, Any]] | None,
+                 image_ids: dict[str, str] | None = None) -> tuple[str, Rechecked]:
+    """The note's Markdown, written from the figures recomputed from the run's per-request rates (format 2),
+    saying where the recorded ones differ; and that recomputation."""
+    from lanectl.bench.verdict import recheck
+
+    rechecked = recheck(results)
+    results = {**results, "gate": rechecked.gate}
+    inputs = note_inputs(catalog, results, run_name, earlier_gates, image_ids)
+    inputs = replace(inputs, recomputed=rechecked.recomputed, differences=rechecked.differences)
+    return release_note(results, inputs), rechecked
+
+
+# matplotlib writes the gate's plot at well under 1 MiB; anything far larger was not written by lanectl.
+MAX_PLOT_BYTES = 8 * 1024 * 1024
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_plot(run_dir: Path) -> bytes | None:
+    """The run's ratios.png for embedding, None when there is none. Only a regular file, not through a link, that
+    starts as a PNG does and is no larger than a gate's plot: anything else in a run folder is refused (exit 2)
+    rather than copied into a page that people open."""
+    from lanectl.bench.results_file import read_run_file
+
+    path = run_dir / "ratios.png"
+    redraw = f"remove it; `lanectl report {run_dir}` draws the plot again"
+    try:
+        picture = read_run_file(path, MAX_PLOT_BYTES, most="a gate's plot", fix=redraw, follow_links=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if path.is_symlink():
+            raise BadInput(f"{path} is a symbolic link; --html embeds only the plot `lanectl gate --out` wrote: "
+                           f"{redraw}") from None
+        raise BadInput(f"{path}: cannot read it ({exc.strerror or exc}); {redraw}") from None
+    if not picture.startswith(PNG_SIGNATURE) or len(picture) > MAX_PLOT_BYTES:
+        raise BadInput(f"{path} is not a PNG image; {redraw}")
+    return picture
+
+
 def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None, html: Path | None, *,
                         print_markdown: bool = True) -> Result:
     """The note as Markdown (on stdout, or in `out`), and with `html` the same note as one HTML file
-    with the run's plot inside it."""
+    with the run's plot inside it. Written from the figures recomputed from the run's per-request rates;
+    everything is checked (results.json, the plot) before anything is written."""
     from lanectl.bench.results_file import load_results
 
     results = load_results(run_dir)
-    try:
-        arms = [arm for arm in results["gate"].get("arms") or [] if isinstance(arm, dict)]
-        started = arms[0].get("started") if arms else None
-        inputs = note_inputs(catalog, results, run_dir.name,
-                             earlier_gate_records(started if isinstance(started, str) else None),
-                             local_image_ids({str(arm.get("image", "")) for arm in arms}))
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise BadInput(f"{run_dir / 'results.json'}: not a gate run as `lanectl gate --out` writes it "
-                       f"({type(exc).__name__}: {exc}); nothing was written") from None
-    try:
-        markdown = release_note(results, inputs)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise BadInput(f"{run_dir / 'results.json'}: not a gate run as `lanectl gate --out` writes it "
-                       f"({type(exc).__name__}: {exc}); nothing was written") from None
+    gate = results["gate"]
+    if gate.get("calibration") and not gate["cells"]:
+        raise BadInput(f"{run_dir} is a calibration (`gate --calibrate`), not a release: it has no release note; "
+                       f"`lanectl report {run_dir}` shows its figures")
+    picture = read_plot(run_dir) if html is not None else None
+    arms = results["gate"].get("arms") or []
+    started = arms[0]["started"] if arms else None
+    markdown, rechecked = written_note(catalog, results, run_dir.name, earlier_gate_records(started),
+                                       local_image_ids({arm["image"] for arm in arms}))
     messages: tuple[Message, ...] = ()
     if out is not None:
         write_note(out, markdown)
@@ -106,11 +154,14 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
         from lanectl.bench.release_note_html import note_html
 
         plot = run_dir / "ratios.png"
-        picture = plot.read_bytes() if plot.is_file() else None
         write_note(html, note_html(markdown, picture))
         missing = "" if picture else f" (no plot: {plot} is missing; `lanectl report {run_dir}` draws it)"
         messages += (info(f"wrote the release note as HTML to {html}{missing}"),)
-    shown = print_markdown and out is None
+    if rechecked.differences:
+        messages += (warning(f"results.json's recorded figures differ from its per-request rates in "
+                             f"{len(rechecked.differences)} place(s); the note is written from the rates and "
+                             "lists them"),)
+    to_stdout = print_markdown and out is None
     return Result("release-note", {"markdown": markdown, "out": str(out) if out else None,
                                    "html": str(html) if html else None}, messages,
-                  text_only={"print": shown})
+                  text_only={"print": to_stdout})

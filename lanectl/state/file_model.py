@@ -16,7 +16,8 @@ from typing import Annotated, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from lanectl.errors import OperationFailed
-from lanectl.state.paths import NotAStateFile, read_state_file
+from lanectl.state.atomic import write_atomically
+from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
 
 # How many of a file's errors a report names; the rest are counted.
 SHOWN_ERRORS = 5
@@ -110,3 +111,14 @@ def load_state_file(path: Path, model: type[Model], limit: int, what: str, *, ve
         raise refuse(str(exc), exc) from exc
     except ValueError as exc:
         raise refuse(str(exc), None) from exc
+
+
+def write_state_file(path: Path, data: bytes) -> None:
+    """Replace the state file at `path` whole (`write_atomically`), creating a safe state folder first and never
+    writing through a link; OperationFailed with the system's reason when it cannot be written."""
+    try:
+        create_state_dir(path.parent)
+        check_state_file(path)
+        write_atomically(path, data)
+    except OSError as exc:
+        raise OperationFailed(f"could not write {path}: {exc.strerror or exc}") from exc

@@ -82,6 +82,11 @@ class StateFiles:
         return self.root / "standby.json"
 
     @property
+    def calibration(self) -> Path:
+        """The arm noise `gate --calibrate` measured here, per workload and cell, for later gates' intervals."""
+        return self.root / "calibration.json"
+
+    @property
     def pushes(self) -> Path:
         """One record per image pushed to a registry: the digest the registry returned (`state.pushes`)."""
         return self.root / "pushes"
