@@ -207,7 +207,7 @@ class MemoryEngine:
 
     def list_containers(self) -> list[ListedContainer]:
         self._call("list")
-        return [listed(h.spec, self.images.get(h.spec.image, ""), h.state) for h in self.held.values()]
+        return [listed(h.spec, self.images.get(h.spec.image, ""), h.state, name=name) for name, h in self.held.items()]
 
     def lane_images(self) -> dict[str, str]:
         self._call("images")

@@ -236,3 +236,96 @@ def test_a_recreate_that_fails_its_gate_puts_the_old_containers_back_and_they_se
     assert outcome.message.endswith("Rolled back: demo-h2 is serving again")
     assert run.engine.held[H2] is old and run.engine.running() == {H2, f"{H2}-rtx"}
     assert not [name for name in run.engine.held if ".was-" in name], "nothing left set aside"
+
+
+class Killed(BaseException):
+    """What kill -9 does to a switch: nothing after the step that was journaled runs, and nothing is cleaned."""
+
+
+class Interrupting(QuietReporter):
+    """Acts after the Nth step is shown, which is after it was journaled: as the test seams do for real."""
+
+    def __init__(self, after: int, act) -> None:
+        super().__init__()
+        self.after, self.act, self.shown = after, act, 0
+
+    def step(self, text: str, *, ok: bool = True) -> None:
+        super().step(text, ok=ok)
+        self.shown += 1
+        if self.shown == self.after:
+            self.act()
+
+
+def snapshot_of(run: Run, catalog: Catalog):
+    from lanectl.lanes.snapshot import take_snapshot
+    from lanectl.state.paths import StateFiles
+
+    return take_snapshot(catalog, run.engine, StateFiles(run.journal.path.parent), environ={},
+                         create_secret_key=False, host_memory=lambda: 64.0)
+
+
+SWITCHES = {
+    "stop-first": (lambda c: h1_serving(c).active("demo-h1", "demo-h1").fingerprinted(),
+                   lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+    "sleep": (h1_serving, lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+    "wake": (standby_h1, lambda c, s: plan_rollback(c, s, None)),
+    "recreate": (lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
+                 lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+}
+
+
+def _cases():
+    for kind, (make_box, planner) in SWITCHES.items():
+        steps = len(planner(repo_catalog(), make_box(repo_catalog()).snapshot()).steps)
+        for after in range(1, steps + 1):
+            yield kind, after
+
+
+@pytest.mark.parametrize(("kind", "after"), list(_cases()))
+def test_a_switch_killed_after_any_step_is_finished_or_undone_and_a_lane_serves(catalog, tmp_path, kind, after):
+    make_box, planner = SWITCHES[kind]
+    box = make_box(catalog)
+    run = Run(catalog, box, tmp_path)
+
+    def kill() -> None:
+        raise Killed
+
+    run.reporter = Interrupting(after, kill)
+    with pytest.raises(Killed):
+        run.run(planner(catalog, box.snapshot()))
+    snapshot = snapshot_of(run, catalog)
+    assert snapshot.unfinished is not None and len(snapshot.unfinished["done_steps"]) == after
+    plan = plan_reconcile(catalog, snapshot)
+    assert plan is not None
+    run.reporter = QuietReporter()
+    outcome = run.executor().run(plan, why="reconcile", switch=snapshot.unfinished["switch"],
+                                 state=snapshot.state, standby=snapshot.standby)
+    assert outcome.result in ("finished", "undone"), outcome.message
+    state = run.states.load()
+    assert state.active in ("demo-h1", "demo-h2") and state.watchdog_armed and state.watchdog_lease is None
+    active = catalog.lane(state.active)
+    assert {active.container_name(role) for role in active.roles} <= run.engine.running()
+    others = run.engine.running() - {active.container_name(role) for role in active.roles}
+    assert all(run.standbys.load().standby(name.split("-demo-")[0]) is None or True for name in others)
+    assert run.journal.unfinished_intent() is None
+
+
+@pytest.mark.parametrize(("kind", "after"), list(_cases()))
+def test_a_signal_after_any_step_goes_back_or_finishes_and_always_re_arms(catalog, tmp_path, kind, after):
+    make_box, planner = SWITCHES[kind]
+    box = make_box(catalog)
+    run = Run(catalog, box, tmp_path)
+    plan = planner(catalog, box.snapshot())
+    run.reporter = Interrupting(after, lambda: run.interrupt.arrived(signal.SIGINT))
+    outcome = run.run(plan)
+    state = run.states.load()
+    assert state.watchdog_armed and state.watchdog_lease is None, outcome.message
+    # The point of no return: the end of the last phase a failure sends back (the optional ones come after).
+    committed = sum(len(phase.steps) for phase in plan.phases if not phase.optional)
+    if after < committed:
+        assert (outcome.result, outcome.exit_code) == ("interrupted", 130), outcome.message
+        assert state.active == plan.previous, outcome.message
+    else:
+        assert outcome.result == "ok" and state.active == plan.lane, "past the gate only bookkeeping is left"
+    serving = catalog.lane(state.active)
+    assert {serving.container_name(role) for role in serving.roles} <= run.engine.running()

@@ -125,7 +125,7 @@ def test_a_recreate_of_the_serving_lane_goes_back_to_the_containers_it_set_aside
     aside = next(s for s in plan.steps if s.action == "set-aside")
     assert aside.rename_to == f"{H2}.was-" + box.containers[H2].id[:12]
     assert plan.previous == "h2-REF"
-    assert way_back(plan) == [f"stop:{H2}-rtx", f"stop:{H2}", f"remove:{H2}", f"restore:{aside.rename_to}",
+    assert way_back(plan) == [f"stop:{H2}-rtx", f"stop:{H2}", f"put-back:{aside.rename_to}",
                               f"start:{H2}", f"start:{H2}-rtx", "gate:h2-REF", "activate:h2-REF", "arm:h2-REF"]
     assert keys(plan)[-2:] == [f"remove:{aside.rename_to}", "arm:h2-REF"], "dropped once the new one passed"
 

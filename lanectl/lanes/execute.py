@@ -379,7 +379,12 @@ class Executor:
             return self._stop(run, step)
         elif action == "remove":
             self.engine.remove(step.container)
-        elif action in ("set-aside", "restore"):
+        elif action == "set-aside":
+            self.engine.rename(step.container, step.rename_to)
+        elif action == "put-back":
+            if self.engine.container(step.container) is None:
+                return "nothing was set aside"
+            self.engine.remove(step.rename_to)  # its replacement, if it was made
             self.engine.rename(step.container, step.rename_to)
         elif action == "create":
             assert step.spec is not None, "a plan's create step carries its spec"

@@ -155,6 +155,21 @@ class Inventory:
         return [f for f in self.foreign
                 if f.listed.name in names or (f.listed.live and set(f.listed.host_ports) & ports)]
 
+    def with_put_back(self, lane: Lane) -> Inventory:
+        """The inventory as it is once what a switch set aside of `lane` has its names back (stopped)."""
+        from copy import copy
+        from dataclasses import replace
+
+        back = copy(self)
+        back.own = dict(self.own)
+        back.aside = dict(self.aside)
+        for name, container in self.aside.items():
+            if container.lane.name == lane.name:
+                original = lane.container_name(container.role)
+                back.own[original] = replace(container, listed=replace(container.listed, name=original))
+                del back.aside[name]
+        return back
+
     def with_stopped(self, lane: Lane) -> Inventory:
         """The inventory as it is once `lane` was stopped: what bringing it back must start."""
         from copy import copy

@@ -31,7 +31,7 @@ from lanectl.state.lanes import LaneState
 # A switch disarms the watchdog for the target's startup budget plus this margin; the plan re-arms it.
 LEASE_MARGIN_SECONDS = 300
 
-Action = Literal["disarm", "arm", "stop", "remove", "set-aside", "restore", "create", "start", "gate", "activate",
+Action = Literal["disarm", "arm", "stop", "remove", "set-aside", "put-back", "create", "start", "gate", "activate",
                  "deactivate", "sleep", "check-memory", "wake", "wake-check", "forget-standby", "gpu-memory"]
 # finish / undo / finish-down: what a plan for a switch a killed run left unfinished does with it.
 Kind = Literal["up", "rollback", "down", "restart", "finish", "undo", "finish-down", "noop"]
@@ -46,7 +46,7 @@ class Step:
     seconds: float = 0  # stop: the container's stop timeout; gate: its budget; disarm: the lease
     why: str = field(default="", compare=False)
     spec: ContainerSpec | None = field(default=None, compare=False, repr=False)  # create: exactly what
-    rename_to: str = ""  # set-aside, restore: the container's new name
+    rename_to: str = ""  # set-aside: the name it is set aside as; put-back: the name it takes back
 
     @property
     def key(self) -> str:
@@ -62,7 +62,7 @@ class Step:
             "stop": f"stop {what}, allowing {self.seconds:.0f} s to exit{why}",
             "remove": f"remove {what}{why}",
             "set-aside": f"set {what} aside as {self.rename_to}, until its replacement passes its gate",
-            "restore": f"restore {self.container} as {self.rename_to}",
+            "put-back": f"put {self.container} back as {self.rename_to}, if it was set aside",
             "create": f"create {what}{why}",
             "start": f"start {what}",
             "gate": f"hold {self.lane} to its health gate (within {self.seconds:g} s)",
@@ -282,12 +282,16 @@ def _drop_asides(asides: list[Step], why: str) -> tuple[Step, ...]:
 
 
 def _put_back(asides: list[Step]) -> tuple[Step, ...]:
-    """The way back from a recreate: the new container goes, the one set aside takes its name again."""
-    steps: list[Step] = []
-    for aside in asides:
-        steps += [Step("remove", aside.lane, aside.container, aside.role, why="the replacement did not pass"),
-                  Step("restore", aside.lane, aside.rename_to, aside.role, rename_to=aside.container)]
-    return tuple(steps)
+    """The way back from a recreate: the replacement goes and the container set aside takes its name again; a
+    step that finds nothing set aside (the switch ended before it) changes nothing."""
+    return tuple(Step("put-back", aside.lane, aside.rename_to, aside.role, rename_to=aside.container)
+                 for aside in asides)
+
+
+def _left_aside(inventory: Inventory, lane: Lane) -> list[Step]:
+    """What a killed switch set aside of `lane`, as the set-aside steps that did it."""
+    return [Step("set-aside", lane.name, lane.container_name(c.role), c.role, rename_to=c.name)
+            for c in inventory.aside.values() if c.lane.name == lane.name]
 
 
 def _create(inventory: Inventory, lane: Lane, role: str, why: str) -> Step:
@@ -510,16 +514,24 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
         way_back, abandon = _restore(inventory, previous, slept=slept)
         return Plan("undo", to_name if isinstance(to_name, str) else None, previous.name if previous else None,
                     way_back, abandon=abandon, alone="there was no lane before it")
-    way_back, abandon = _way_back(inventory, target, previous, slept=slept, rollback_on_failure=True)
+    asides = _left_aside(inventory, target)
+    way_back, abandon = _way_back(inventory, target, previous, slept=slept, rollback_on_failure=True, asides=asides)
     alone = "" if previous else "there was no lane before it"
     primary = inventory.container(target, ROLE_PRIMARY)
-    if primary is None or not primary.listed.running:
+    if primary is None or not primary.listed.running or not _whole(inventory, target):
         return Plan("undo", target.name, previous.name if previous else None, way_back, abandon=abandon, alone=alone)
     # The companions the killed run had not started yet start now; nothing is recreated here (a later `up` does).
     phases = (Phase((*bring_up_steps(inventory, target, recreate=False), _gate(target))),
-              Phase((Step("activate", target.name),), optional=True), Phase((Step("arm", target.name),), optional=True))
+              Phase((Step("activate", target.name),), optional=True),
+              Phase((*_drop_asides(asides, "replaced by a container that passed its gate"),
+                     Step("arm", target.name)), optional=True))
     return Plan("finish", target.name, previous.name if previous else None, phases, way_back, abandon, alone=alone,
                 with_gpus=with_gpus, budget_seconds=target.spec.health.startup_budget_minutes * 60)
+
+
+def _whole(inventory: Inventory, lane: Lane) -> bool:
+    """Every container of the lane is there (a killed recreate may have set one aside and not made its new one)."""
+    return all(inventory.container(lane, role) is not None for role in lane.roles)
 
 
 # -- the way back ---------------------------------------------------------------------------------------------
@@ -542,7 +554,7 @@ def _way_back(inventory: Inventory, target: Lane, previous: Lane | None, *, slep
         touched = previous or target
         return (stop_target, Phase((Step("deactivate", touched.name, why="nothing serves"),
                                     Step("arm", touched.name)))), ()
-    phases, abandon = _restore(inventory, previous, slept=slept)
+    phases, abandon = _restore(inventory.with_put_back(target), previous, slept=slept)
     return (stop_target, *phases), abandon
 
 
