@@ -23,5 +23,5 @@ ENV VLLM_DSV41_MEGA_SPLITKV="4"
 ENV VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS="6"
 ENV VLLM_LOGGING_LEVEL="INFO"
 COPY lanectl-run/exit_guard.py /lanectl/exit_guard.py
-ENTRYPOINT ["python3", "/lanectl/exit_guard.py", "vllm", "serve"]
+ENTRYPOINT ["python3", "-S", "/lanectl/exit_guard.py", "vllm", "serve"]
 CMD ["/model", "--served-model-name", "dsv41-flash-uva", "--trust-remote-code", "--tensor-parallel-size", "1", "--offload-backend", "uva", "--cpu-offload-gb", "60", "--cpu-offload-params", "routed_experts.w13_weight", "routed_experts.w2_weight", "--engram-config", "{\"cpu_offload\": true}", "--max-model-len", "1048576", "--max-num-seqs", "16", "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.97", "--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5,\"num_speculative_tokens_per_batch_size\":[[1,8,5],[9,32,3]]}", "--tool-call-parser", "deepseek_v41", "--reasoning-parser", "deepseek_v41", "--enable-auto-tool-choice", "--long-prefill-token-threshold", "6144", "--host", "0.0.0.0", "--port", "30006", "--shutdown-timeout", "105"]
