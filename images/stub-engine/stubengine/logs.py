@@ -91,6 +91,7 @@ SITES: dict[str, Site] = {
         Site(ENGINE_CORE, "core.py", 1589),
     "[shutdown] EngineCore: exiting busy loop": Site(ENGINE_CORE, "core.py", 1422),
     "Waiting for in-flight requests to complete before sleeping...": Site(ENGINE_CORE, "core.py", 953),
+    "Invocation of %s method failed\n%s": Site(ENGINE_CORE, "core.py", 1673),
 }
 
 # Where a logger's other messages come from (the stub's own lines: split-KV overlay, ignored flags, ...).
