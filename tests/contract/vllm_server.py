@@ -51,6 +51,7 @@ class FakeEngineClient:
     dead: bool = False
     prefix_cache_held: bool = False  # vLLM's reset fails (success: false) while blocks are still held
     wake_error: str | None = None
+    sleep_error: Exception | None = None  # what MPClient raises for a sleep the engine core failed
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class FakeEngineClient:
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.calls.append(("sleep", level, mode))
+        if self.sleep_error is not None:
+            raise self.sleep_error
         self.sleeping = True
         stat_logger(self.served_model_name).record_sleep_state(1, level)
 
