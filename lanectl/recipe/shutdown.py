@@ -81,8 +81,9 @@ def check_shutdown(doc: YamlDocument, spec: LaneSpec,
             if stop - TEARDOWN_SECONDS < 1:
                 problems.append(doc.problem(locate((*base, "stop_timeout_seconds")), (
                     f"{stop} s leaves the {role} engine no time to drain its requests on a stop: lanectl gives vLLM "
-                    f"stop_timeout_seconds - {TEARDOWN_SECONDS} s ({SHUTDOWN_TIMEOUT_FLAG}) and keeps {TEARDOWN_SECONDS} "
-                    "s for its teardown before Docker kills it. Raise stop_timeout_seconds to at least "
+                    f"stop_timeout_seconds - {TEARDOWN_SECONDS} s ({SHUTDOWN_TIMEOUT_FLAG}) and keeps "
+                    f"{TEARDOWN_SECONDS} s for its teardown before Docker kills it. Raise stop_timeout_seconds to "
+                    "at least "
                     f"{TEARDOWN_SECONDS + 1}")))
             continue
         where = locate((*base, "args", index))

@@ -125,7 +125,8 @@ def test_a_request_line_uvicorn_would_refuse_is_refused_and_never_reaches_the_lo
     "Invalid HTTP request received." and no access line, so no client writes a line break into the log."""
     p = spawn()
     answer = _raw_request(p.port, b"GET /a" + brk + FORGED + brk + b" HTTP/1.1")
-    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n") and answer.endswith(b"\r\n\r\nInvalid HTTP request received.")
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert answer.endswith(b"\r\n\r\nInvalid HTTP request received.")
     p.wait_line(r"^WARNING:  Invalid HTTP request received\.$")
     assert httpx.get(p.url + "/health").status_code == 200  # the marker: every line before it has arrived
     p.wait_line(r'"GET /health HTTP/1\.1" 200 OK$')
