@@ -129,6 +129,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """uvicorn's access line: `ADDR - "METHOD TARGET HTTP/1.1" 200 OK`, a `"` in the target written %22."""
+        if not hasattr(self, "path"):
+            return  # no request line was read (one over http.server's 64 KiB): uvicorn's parser logs none either
         try:
             phrase = HTTPStatus(int(code)).phrase
         except ValueError:
