@@ -13,6 +13,7 @@ import json
 import signal
 import socket
 import threading
+from typing import Any
 
 import httpx
 import pytest
@@ -108,26 +109,47 @@ def test_a_drain_that_fits_finishes_every_request_in_flight_and_exits_0(spawn) -
         httpx.get(p.url + "/health")
 
 
-def test_while_it_drains_the_engine_serves_http_and_ends_each_new_request_at_once_as_aborted(spawn) -> None:
-    """vLLM's EngineCore._reject_add_in_shutdown: the new request ends with finish_reason "abort" and no token; a
-    stream of it has no chunk with a finish_reason at all (vLLM skips the empty last chunk), only usage and [DONE]."""
+def test_while_it_drains_the_engine_serves_http_and_fails_or_aborts_each_new_request_at_once(spawn) -> None:
+    """vLLM 0.31.0 keeps its port open while it drains (launcher.NoSignalServer), but AsyncLLM.shutdown shut its
+    renderer first: a text prompt or chat fails to tokenize (500); a prompt of token ids reaches the engine core,
+    which ends it at once as aborted (_reject_add_in_shutdown), without a token -- a stream of it has no chunk with a
+    finish_reason at all (vLLM skips the empty last chunk), only usage and [DONE]."""
     p = spawn(env={"STUB_DECODE_TOKENS_PER_S": "50"}, args=["--shutdown-timeout", "600"])
     (long,) = _in_flight(p.url, 1, 30_000)
     p.signal(signal.SIGTERM)
     p.wait_line(r"\[shutdown\] EngineCore: draining in-flight requests count=1 timeout=600s$")
     assert httpx.get(p.url + "/health").status_code == 200
-    plain = httpx.post(p.url + COMPLETIONS, json={"prompt": "new", "max_tokens": 5}, timeout=EXIT_WAIT).json()
-    assert (plain["choices"][0]["text"], plain["choices"][0]["finish_reason"], plain["usage"]["completion_tokens"]) == (
+    for path, body in ((COMPLETIONS, {"prompt": "new", "max_tokens": 5}),
+                       (CHAT, {"messages": [{"role": "user", "content": "new"}], "max_tokens": 5}),
+                       (COMPLETIONS, {"prompt": "new", "max_tokens": 5, "stream": True})):
+        failed = httpx.post(p.url + path, json=body, timeout=EXIT_WAIT)
+        assert (failed.status_code, failed.json()) == (500, {"error": {
+            "message": "cannot schedule new futures after shutdown", "type": "InternalServerError", "param": None,
+            "code": 500}}), path
+    p.wait_line(r"^RuntimeError: cannot schedule new futures after shutdown$")
+    ids = httpx.post(p.url + COMPLETIONS, json={"prompt": [1, 2, 3], "max_tokens": 5}, timeout=EXIT_WAIT).json()
+    assert (ids["choices"][0]["text"], ids["choices"][0]["finish_reason"], ids["usage"]["completion_tokens"]) == (
         "", "abort", 0)
-    refused = Stream(p.url, 5)
-    chat = Stream(p.url, 5, CHAT)
-    assert refused.ended() and chat.ended()
-    assert refused.finish_reasons == [] and refused.completion_tokens == 0 and refused.events[-1] == "[DONE]"
-    assert [e["choices"] for e in refused.events[:-1]] == [[]]  # the usage chunk only
-    assert chat.finish_reasons == [] and chat.completion_tokens == 0 and chat.events[-1] == "[DONE]"
-    assert chat.events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    refused: list[Any] = []
+    stream_into(lambda _, e: refused.append(e), p.url, COMPLETIONS,
+                {"prompt": [1, 2, 3], "max_tokens": 5, "stream_options": {"include_usage": True}}, timeout=EXIT_WAIT)
+    assert [e["choices"] for e in refused[:-1]] == [[]] and refused[0]["usage"]["completion_tokens"] == 0
+    assert refused[-1] == "[DONE]"
     assert long.thread.is_alive() and not long.finish_reasons, "the request in flight still runs"
     assert p.proc.poll() is None
+
+
+def test_vllm_0_26_0_stops_listening_at_the_signal_and_still_drains(spawn) -> None:
+    """The GPU record's vLLM let uvicorn take the signal too: new requests were refused from the first moment, while
+    the streams in flight finished."""
+    p = spawn(env={"STUB_DECODE_TOKENS_PER_S": "100", "STUB_VLLM_VERSION": "0.26.0"}, args=["--shutdown-timeout", "30"])
+    streams = _in_flight(p.url, 2, 150)
+    p.signal(signal.SIGTERM)
+    p.wait_line(r"draining in-flight requests count=2")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(p.url + "/health")
+    assert all(s.ended() and s.finish_reasons == ["length"] for s in streams)
+    assert p.wait_exit(EXIT_WAIT) == 0
 
 
 def test_a_second_stop_signal_changes_nothing(spawn) -> None:

@@ -102,8 +102,9 @@ root cause."; for CORE_DEATH_SECONDS /health answers 200 and completions 500 wit
 engine marked unhealthy (...)"; nothing at all for hang. The unpatched sampler logs "WARNING ... rejection
 sampler read past draft buffer (...)". SIGTERM/SIGINT: "INFO:     Shutting down", "INFO:     Finished server
 process [P]", exit 0 while loading; once serving, vLLM 0.31.0's shutdown with --shutdown-timeout N (shutdown.py):
-0 aborts the requests in flight, N > 0 lets them finish while each new request ends at once as aborted, and a
-drain past its deadline leaves its requests unanswered and the process waiting for their clients; exit 0.
+0 aborts the requests in flight, N > 0 lets them finish while each new request fails at once (500 "cannot schedule
+new futures after shutdown" for text, aborted for token ids), and a drain past its deadline leaves its requests
+unanswered and the process waiting for their clients; exit 0.
 Request lines uvicorn would refuse (any byte but visible ASCII in the target) get its 400 and no access line.
 """
 

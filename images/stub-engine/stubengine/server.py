@@ -36,6 +36,30 @@ TRUE_WORDS = ("1", "true", "on", "yes")
 # and no access line, so a client cannot write a line break of any kind into the engine's log.
 REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [\x21-\x7e]+ HTTP/1\.[01]\r?\n")
 INVALID_REQUEST = "Invalid HTTP request received."
+# What a request that needs vLLM's renderer gets once a stop began: AsyncLLM.shutdown shuts the renderer's thread
+# pool before it stops the engine core (v1/engine/async_llm.py), and tokenizing on it raises this RuntimeError
+# (concurrent/futures/thread.py), which vLLM's error handler answers 500 (the GPU record shows it too).
+RENDERER_CLOSED = "cannot schedule new futures after shutdown"
+_RENDERER_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.12/dist-packages/vllm/renderers/base.py", line 665, in '
+    "_tokenize_singleton_prompt_async\n"
+    "    prompt = await self._tokenize_prompt_async(prompt, params)\n"
+    '  File "/usr/lib/python3.12/concurrent/futures/thread.py", line 170, in submit\n'
+    "    raise RuntimeError('cannot schedule new futures after shutdown')\n"
+    f"RuntimeError: {RENDERER_CLOSED}")
+
+
+class RendererClosed(protocol.ApiError):
+    """A request that needs the renderer after a stop began: 500, then uvicorn logs the exception, as it logs one
+    that Starlette's error middleware re-raises once vLLM's handler answered."""
+
+    def __init__(self) -> None:
+        super().__init__(500, RENDERER_CLOSED, "InternalServerError")
+
+    def log(self) -> None:
+        logs.uvicorn.error("Exception in ASGI application")
+        logs.raw(_RENDERER_TRACEBACK)
 
 
 class StubHTTPServer(ThreadingHTTPServer):
@@ -55,6 +79,7 @@ class StubHTTPServer(ThreadingHTTPServer):
         self._connections: dict[Handler, bool] = {}
         self._changed = threading.Condition()
         self.closing = False
+        self.renderer_closed = False
         super().__init__((cfg.host, cfg.port), Handler)
 
     def track(self, handler: Handler, busy: bool) -> None:
@@ -209,6 +234,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(404, {"detail": "Not Found"})
         except protocol.ApiError as err:
             self._error(err)
+            if isinstance(err, RendererClosed):
+                err.log()
 
     def _method_not_allowed(self, allowed: str) -> None:
         body = json.dumps({"detail": "Method Not Allowed"}).encode()
@@ -241,6 +268,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _tokenize(self, path: str) -> None:
         cfg = self.server.cfg
+        if self.server.renderer_closed:
+            self._body()
+            raise RendererClosed()
         if path == "/tokenize":
             self._json(200, protocol.tokenize_answer(self._body(), served_names=cfg.served_model_names,
                                                      max_model_len=cfg.max_model_len))
@@ -293,6 +323,8 @@ class Handler(BaseHTTPRequestHandler):
         gen = protocol.parse(
             self._body(), chat=chat, served_names=srv.cfg.served_model_names, max_model_len=srv.cfg.max_model_len
         )
+        if srv.renderer_closed and not gen.sent_as_ids:
+            raise RendererClosed()
         seed = srv.cfg.token_seed + srv.sleeper.seed_offset
         fault = srv.faults.output
         tokens = decoding.TokenStream(gen.prompt_ids, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from,

@@ -3,11 +3,12 @@
 vLLM's order (entrypoints/launchers/launcher.py serve_http, v1/engine/core_client.py MPClient.shutdown,
 v1/utils.py shutdown, v1/engine/core.py _handle_shutdown):
 1. the API server stops its engine client with `--shutdown-timeout` T ("0 = abort, >0 = wait"); the HTTP server
-   keeps answering meanwhile;
-2. its process manager sends the engine core SIGTERM and gives it T seconds. The engine core refuses every new
-   request from then on (`_reject_add_in_shutdown`: it ends at once as aborted, without a token) and, with T = 0,
-   aborts the ones in flight (their streams end with finish_reason "abort"); with T > 0 it keeps stepping until
-   none is left, then exits;
+   keeps answering meanwhile, but AsyncLLM.shutdown shuts its renderer first: a new request with a text prompt (or
+   chat messages) fails to tokenize, 500 "cannot schedule new futures after shutdown";
+2. its process manager sends the engine core SIGTERM and gives it T seconds. The engine core refuses every request
+   that still reaches it (token ids: `_reject_add_in_shutdown` ends it at once as aborted, without a token) and,
+   with T = 0, aborts the ones in flight (their streams end with finish_reason "abort"); with T > 0 it keeps
+   stepping until none is left, then exits;
 3. an engine core still alive at the deadline is SIGKILLed. With T = 0 the deadline is the same moment: the abort
    outputs race the kill (STUB_ABORT_LOST=1: the kill wins). Requests the kill leaves unfinished never get another
    byte;
@@ -46,8 +47,17 @@ def stop(cfg: Config, serving: Serving, signum: int) -> int:
     """Run vLLM's shutdown for the first stop signal and return the process's exit code."""
     timeout = cfg.shutdown_timeout
     mode = "abort" if timeout == 0 else "drain"
+    if cfg.vllm_version == "0.26.0":
+        # 0.26.0 let uvicorn take the signal too: it stopped listening at once (the GPU record: new requests refused
+        # from the first moment of every drain). 0.31.0 runs uvicorn without its handlers (launcher.NoSignalServer),
+        # so the port stays open until the engine client stopped.
+        logs.uvicorn.info("Shutting down")
+        serving.httpd.shutdown()
+        serving.httpd.server_close()
+        serving.httpd.close_idle_connections()
     log_api.info("[shutdown] API server: shutdown triggered")
     log_api.info("[shutdown] API server: stopping engine client mode=%s timeout=%ss", mode, timeout)
+    serving.httpd.renderer_closed = True  # AsyncLLM.shutdown shuts the renderer first, then stops the engine core
     log_api.info("[shutdown] MPClient: start timeout=%s", f"{timeout}s")
     log_api.info("[shutdown] MPClient: stopping engine manager")
     log_api.info("[shutdown] Process manager: send sigterm to process %s", logs.ENGINE_CORE)
