@@ -165,11 +165,13 @@ def _stream(url: str, max_tokens: int, events: list[Any]) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_a_request_refused_while_the_engine_drains_looks_as_vllm_makes_it(draining: StubProcess, stream: bool) -> None:
+def test_a_request_of_token_ids_refused_while_the_engine_drains_looks_as_vllm_makes_it(
+        draining: StubProcess, stream: bool) -> None:
+    """A prompt of token ids needs no tokenizing: it reaches the engine core, which refuses it."""
     refusal = _engine_core_refusal()
     assert (refusal.new_token_ids, str(refusal.finish_reason)) == ([], "abort")
     vllm = _vllm_completion([_request_output(refusal.new_token_ids, str(refusal.finish_reason))], stream)
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 16}
+    body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 16}
     if stream:
         stub: list[Any] = []
         stream_into(lambda _, e: stub.append(e), draining.url, "/v1/completions",
@@ -179,6 +181,45 @@ def test_a_request_refused_while_the_engine_drains_looks_as_vllm_makes_it(draini
     assert shape(stub) == shape(vllm), f"vLLM 0.31.0 answers {vllm}; the stub {stub}"
     if not stream:
         assert (stub[0]["choices"][0]["text"], stub[0]["usage"]["completion_tokens"]) == ("", 0)
+
+
+def test_a_stop_shuts_the_renderer_before_it_stops_the_engine_core() -> None:
+    """vLLM's own AsyncLLM.shutdown, run on a stand-in that records what it shuts and in which order."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    order: list[str] = []
+    core = SimpleNamespace(shutdown=lambda timeout: order.append(f"engine core {timeout}"))
+    engine = SimpleNamespace(renderer=SimpleNamespace(shutdown=lambda: order.append("renderer")), engine_core=core,
+                             output_handler=None)
+    AsyncLLM.shutdown(engine, timeout=30)  # type: ignore[arg-type]
+    assert order == ["renderer", "engine core 30"]
+
+
+def test_a_text_request_while_the_engine_drains_fails_as_vllms_app_answers_it(
+        draining: StubProcess, vllm_app: VllmServer) -> None:
+    """With its renderer shut, tokenizing a text prompt runs vLLM's make_async on a shut executor; vLLM's app
+    answers what that raises."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm.utils.async_utils import make_async
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    executor.shutdown(wait=False)
+    tokenize = make_async(lambda prompt: prompt, executor=executor)
+
+    async def tokenize_after_shutdown() -> Any:
+        return await tokenize("x")
+
+    with pytest.raises(RuntimeError) as raised:
+        asyncio.run(tokenize_after_shutdown())
+    vllm_app.completions.error = raised.value
+    try:
+        vllm = httpx.post(vllm_app.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 5})
+    finally:
+        vllm_app.completions.error = None
+    stub = httpx.post(draining.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 5},
+                      timeout=EXIT_WAIT)
+    assert (stub.status_code, stub.json()) == (vllm.status_code, vllm.json())
 
 
 def test_a_stream_aborted_in_flight_ends_as_vllm_ends_it() -> None:

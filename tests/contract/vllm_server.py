@@ -98,12 +98,15 @@ class FakeCompletions:
 
     text: str = "OK"
     requests: list[Any] = field(default_factory=list)
+    error: Exception | None = None  # what rendering the request raised, if it did
 
     async def create_completion(self, request: Any, raw_request: Any) -> Any:
         from vllm.entrypoints.openai.completion.protocol import CompletionResponse, CompletionResponseChoice
         from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
         self.requests.append(request)
+        if self.error is not None:
+            raise self.error
         tokens = min(request.max_tokens or 1, 3)
         return CompletionResponse(model=request.model, choices=[CompletionResponseChoice(
             index=0, text=self.text, finish_reason="length")],
