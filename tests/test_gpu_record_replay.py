@@ -155,9 +155,8 @@ DRAIN_TIMEOUTS = (30, 0, 5)
 DRAIN_ABSENT = ("gpu/record/drain/ is absent: the real `vllm serve` drain run (RUN_MODELS=drain bash "
                 "gpu/vllm_serve/on-device.sh run, on the H200) has not been recorded yet. Until it is, the stub's "
                 "stop and sleep modes are held to vLLM 0.31.0's code only (tests/contract/test_shutdown.py)")
-# At 0 the stop is over in well under a second: whether a new request found the server still answering is a race.
-DRAIN_RACES = ("new requests answered while it stopped, by finish_reason",
-               "a new request answered while it stopped got a token")
+# Whether a new request came before the port closed is a race (0.26.0's uvicorn closed it within 0.1 s).
+DRAIN_RACES = ("what a new request got, when answered",)
 
 
 def drain_run(timeout: int, unpacked: Path) -> Path | None:
@@ -190,8 +189,13 @@ def test_the_drain_record_shows_what_lanectls_stops_are_built_on(drain_record: d
     it drains, 0 finishes none, and a drain past its deadline kills the engine core under its requests."""
     fits, abort, short = (drain_record[t] for t in DRAIN_TIMEOUTS)
     assert fits["drain 30: the streams in flight ended"] == [("finished", 8)]
-    assert fits["drain 30: new requests answered while it stopped, by finish_reason"] == ["abort"]
-    assert fits["drain 30: a new request answered while it stopped got a token"] is False
+    for timeout, facts_at in drain_record.items():
+        assert facts_at[f"drain {timeout}: a new request was served a token while it stopped"] is False
+        assert facts_at[f"drain {timeout}: no new request was left waiting for an answer"] is True
+    # The one new request the record's 0.26.0 answered came through the renderer AsyncLLM.shutdown had shut first:
+    # what the stub answers a text prompt while it drains (tests/contract/test_shutdown.py holds 0.31.0's code to it).
+    assert fits["drain 30: what a new request got, when answered"] == [
+        (500, "cannot schedule new futures after shutdown")]
     assert fits["drain 30: the engine core is killed"] is False
     assert not any(ending == "finished" for ending, _ in abort["drain 0: the streams in flight ended"])
     assert short["drain 5: the engine core is killed"] is True
@@ -216,6 +220,6 @@ def test_the_stub_stops_and_sleeps_with_requests_in_flight_as_the_real_vllm_did(
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert (out / "figures.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     stub = drain_facts(*load(out), timeout)
-    keys = [k for k in real if timeout != 0 or not k.endswith(DRAIN_RACES)]
+    keys = [k for k in real if not k.endswith(DRAIN_RACES)]
     assert not differences(real, stub, keys), "the stub drifted from the record:\n" + "\n".join(
         differences(real, stub, keys))
