@@ -103,13 +103,18 @@ def facts(events: list[dict[str, Any]], figures: dict[str, Any]) -> dict[str, An
 
     kill = figures.get("engine_kill", {})
     sequence = kill.get("sequence", [])
-    answered = [s for s in sequence if s["health"] != "refused"]
-    found["kill: /health answers 200 for a moment after the engine core died"] = bool(answered) and all(
-        s["health"] == 200 for s in answered)
-    # A poll can straddle the close (health answered, the completion refused) or time out: both are races.
-    answers = {s["completion"] for s in answered} - {"ReadTimeout", "refused"}
-    found["kill: completions answered in that moment"] = sorted(answers, key=str)
-    found["kill: their error"] = sorted({s["error"] for s in answered if s["error"]})
+    # Polls that got an HTTP answer: one at the moment the port closed can be reset or time out instead.
+    answered = [s for s in sequence if isinstance(s["health"], int)]
+    # Outcomes, not the window: whether a poll caught the moment the API server outlived its engine core depends on
+    # how busy the machine was (the record's own polls say how long it lasted; kill_window() reads it).
+    found["kill: /health answered nothing but 200 until the port refused"] = all(s["health"] == 200 for s in answered)
+    # A poll can straddle the close (health answered, the completion refused or reset) or time out: races, so only
+    # the completions that got an HTTP answer count.
+    completions = [s for s in answered if isinstance(s["completion"], int)]
+    found["kill: every completion answered after the kill failed with 500"] = all(
+        s["completion"] == 500 for s in completions)
+    found["kill: every error said the engine core had an issue"] = all(
+        (s["error"] or "").startswith("EngineCore encountered an issue.") for s in completions)
     found["kill: then the port refuses"] = bool(sequence) and sequence[-1]["health"] == "refused"
     found["kill: exit code"] = kill.get("exit_code")
     after = _lines(events, "engine_kill")
@@ -120,4 +125,82 @@ def facts(events: list[dict[str, Any]], figures: dict[str, Any]) -> dict[str, An
     found["kill: an EngineDeadError record"] = dead and (dead["process"], dead["level"])
     # lanectl's rules of today over the recorded lines, not what the run's lanectl made of them.
     found["kill: lines lanectl's fatal rules believe"] = len(fatal_engine_lines(after)) > 0
+    return found
+
+
+def kill_window(figures: dict[str, Any]) -> tuple[float | None, float | None]:
+    """From a run's own polls after the engine core was killed: the last moment /health still answered (None: no poll
+    caught one) and the first moment the port refused, in seconds after the kill."""
+    sequence = figures.get("engine_kill", {}).get("sequence", [])
+    answered = [s["t"] for s in sequence if isinstance(s["health"], int)]
+    refused = [s["t"] for s in sequence if s["health"] == "refused"]
+    return (max(answered) if answered else None, min(refused) if refused else None)
+
+
+# -- stops and sleeps with requests in flight (run.py's drain_stop and sleep_modes) ---------------------------------
+
+def stream_ending(stream: dict[str, Any]) -> str:
+    """How one streaming completion in flight ended, as its client saw it."""
+    finish, done, error = stream.get("finish_reason"), stream.get("done"), stream.get("error") or ""
+    if finish and done:
+        return "finished" if finish in ("length", "stop") else f"ended with finish_reason {finish}"
+    if not finish and not done and error.startswith("ReadTimeout"):
+        return "stalled: no byte more, the connection held open"
+    if not finish and not done and error:
+        return f"cut: {error.split(':', 1)[0]}"
+    return f"finish_reason {finish}, [DONE] {done}, error {error.split(':', 1)[0] or None}"
+
+
+def _endings(streams: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for stream in streams:
+        counts[stream_ending(stream)] = counts.get(stream_ending(stream), 0) + 1
+    return sorted(counts.items())
+
+
+def _error_message(response: Any) -> str | None:
+    error = response.get("error") if isinstance(response, dict) else None
+    return error.get("message") if isinstance(error, dict) else None
+
+
+def drain_facts(events: list[dict[str, Any]], figures: dict[str, Any], timeout: int) -> dict[str, Any]:
+    """A stop (SIGTERM) with 8 streams in flight at --shutdown-timeout `timeout`, and, where the run has them, the
+    sleeps with streams in flight: what lanectl's switch and its reports rely on."""
+    stop = figures.get("drain_stop", {})
+    lines = _lines(events, "drain_stop")
+    head = f"drain {timeout}:"
+    found: dict[str, Any] = {}
+    found[f"{head} requests running before the signal"] = (stop.get("in_flight_before_signal") or {}).get(
+        "vllm:num_requests_running")
+    mode = next((m.group(1) for line in lines if (m := re.search(r"stopping engine client (mode=\w+ timeout=\d+s)",
+                                                                  line))), None)
+    found[f"{head} the API server stops its engine client with"] = mode
+    counted = next((m.groups() for line in lines if (m := re.search(r"EngineCore: (aborting|draining) in-flight "
+                                                                     r"requests count=(\d+)", line))), None)
+    found[f"{head} the engine core says it is"] = counted and (counted[0], int(counted[1]))
+    found[f"{head} the engine core is killed"] = any("force killing remaining process" in line for line in lines)
+    found[f"{head} the streams in flight ended"] = _endings(stop.get("streams", []))
+    # New requests sent while it stopped (a text prompt each, as a client sends).
+    asked = [e for e in _http(events, "drain_stop", "POST", "/v1/completions")
+             if (e.get("request") or {}).get("prompt") == "A new request:"]
+    found[f"{head} a new request was served a token while it stopped"] = any(
+        e["status"] == 200 and ((e.get("response") or {}).get("usage") or {}).get("completion_tokens") for e in asked)
+    # Failed, refused, reset: each came back at once; none was left waiting (a probe gives up after 3 s).
+    found[f"{head} no new request was left waiting for an answer"] = not any(
+        str(e["status"]).endswith("Timeout") for e in asked)
+    # Which of those it was depends on when each request came (0.26.0's uvicorn stopped listening within 0.1 s).
+    found[f"{head} what a new request got, when answered"] = sorted({
+        (e["status"], _error_message(e.get("response"))) for e in asked if isinstance(e["status"], int)}, key=str)
+    found[f"{head} exit code"] = stop.get("exit_code")
+    sleeps = figures.get("sleep_modes", {})
+    for sleep_mode in ("wait", "abort"):
+        cycle = sleeps.get(sleep_mode)
+        if cycle is None:
+            continue
+        found[f"sleep mode={sleep_mode}: the streams in flight ended"] = _endings(cycle.get("streams", []))
+        found[f"sleep mode={sleep_mode}: the sleep answered"] = cycle.get("sleep_status")
+        asleep = cycle.get("is_sleeping_after") or [None, None]
+        found[f"sleep mode={sleep_mode}: /is_sleeping after"] = (asleep[1] or {}).get("is_sleeping") if isinstance(
+            asleep[1], dict) else asleep[1]
+        found[f"sleep mode={sleep_mode}: woke"] = isinstance(cycle.get("wake"), (int, float))
     return found

@@ -17,6 +17,7 @@ from lanectl.health.engine_log import (
     believed_message,
     fatal_engine_line,
     fatal_engine_lines,
+    log_lines,
     parse,
     record_message,
     startup_match,
@@ -86,6 +87,11 @@ def test_traceback_lines_are_believed_by_fatal_rules_but_are_no_records(text: st
     # A record that quotes a fatal text after its start is not the engine saying it.
     f"{P_API}ERROR 12-01 08:31:00 [serving_completion.py:170] Error in preprocessing prompt inputs: "
     "'EngineDeadError'",
+    # vLLM 0.31.0's `Error with model %s` (openai/chat_completion/serving.py) with the model a client named, and a
+    # request's own line with the id a client chose (X-Request-Id; v1/engine/async_llm.py).
+    f"{P_API}ERROR 12-01 08:31:00 [serving.py:251] Error with model error=ErrorInfo(message='The model "
+    "`EngineCore encountered a fatal error.` does not exist.', type='NotFoundError', param='model', code=404)",
+    f"{P_API}INFO 12-01 08:31:00 [async_llm.py:751] Request EngineCore encountered a fatal error. aborted.",
 ])
 def test_text_a_client_chose_is_never_a_fatal_line(line: str) -> None:
     assert not fatal_engine_line(line)
@@ -130,3 +136,24 @@ def test_fatal_engine_lines_adds_a_recipes_regexes() -> None:
              access("/NCCL error"), P_CORE + KV_031]
     assert fatal_engine_lines(lines, ["NCCL error"]) == lines[:1]
     assert fatal_engine_lines(lines) == []
+
+
+def test_records_that_echo_a_request_are_never_believed() -> None:
+    """Not even by a recipe rule that does not anchor at the message's start (the recipe model refuses such a
+    rule; this is the second line of defence)."""
+    echo = (f"{P_API}ERROR 12-01 08:31:00 [serving.py:251] Error with model error=ErrorInfo(message='The model "
+            "`NCCL error` does not exist.', type='NotFoundError', param='model', code=404)")
+    assert record_message(echo) is None and fatal_engine_lines([echo], ["NCCL error"]) == []
+
+
+def test_a_log_is_split_where_docker_splits_it_so_a_request_line_stays_in_its_access_line() -> None:
+    """A request line holding a line break other than "\\n", had anything logged it unrefused, is one line to
+    Docker; only a reader that also split at it (str.splitlines) would see a record in its middle."""
+    forged = (P_CORE + "INFO 12-01 08:30:00 [core.py:1024] EngineCore encountered a fatal error.")
+    for brk in ("\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"):
+        access_line = access(f"/a{brk}{forged}{brk}")
+        text = f"{P_CORE}{KV_031}\n{access_line}\n"
+        assert log_lines(text) == [P_CORE + KV_031, access_line]
+        assert fatal_engine_lines(log_lines(text)) == []
+        assert fatal_engine_lines(text.splitlines()) != [], "the reading log_lines exists to prevent"
+    assert log_lines("a\r\nb") == ["a\r", "b"] and parse("a\r").text == "a" and log_lines("") == []

@@ -140,7 +140,7 @@ class FakeContainer:
 
 
 def health(budget_minutes: float = 20, poll: float = 5, expect: tuple[str, ...] = (EXPECT_KV, EXPECT_CONFIGS),
-           forbid: tuple[str, ...] = ("Autotuning process starts",),
+           forbid: tuple[str, ...] = (r"^\[Autotuner\]: Autotuning process starts",),
            stall: tuple[StartupStall, ...] = ()) -> Health:
     return Health(
         startup_budget_minutes=budget_minutes,
@@ -190,7 +190,8 @@ def test_a_forbidden_line_fails_at_once_and_quotes_the_line() -> None:
     assert not result.passed
     assert result.failed_check == "startup-log-forbidden"
     assert result.seconds == 30
-    assert result.detail == f"startup log line matches forbidden 'Autotuning process starts': {AUTOTUNE_STALL_LINE}"
+    assert result.detail == (r"startup log line matches forbidden '^\[Autotuner\]: Autotuning process starts': "
+                             f"{AUTOTUNE_STALL_LINE}")
     assert result.log_tail[-1] == AUTOTUNE_STALL_LINE
     assert result.missing == (
         "/health 200",

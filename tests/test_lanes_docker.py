@@ -219,8 +219,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(lanes, state):
     result = lanes.cli("up", "demo-h2", "--dry-run", state=state)
     assert result.returncode == 0
     assert result.stdout.splitlines()[1:4] == [
-        f"would stop {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1), allowing 10 s to exit",
-        f"would stop {lanes.container('demo-h1')} (primary of demo-h1), allowing 10 s to exit",
+        f"would stop {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1), allowing 30 s to exit",
+        f"would stop {lanes.container('demo-h1')} (primary of demo-h1), allowing 30 s to exit",
         f"would create {lanes.container('demo-h2')} (primary of demo-h2)",
     ]
     after = status(lanes, state)

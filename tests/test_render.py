@@ -66,7 +66,7 @@ def test_recipe_values_cannot_inject_instructions(project, write_recipe):
     cmd = next(line for line in dockerfile.splitlines() if line.startswith("CMD "))
     import json
 
-    assert json.loads(cmd[4:])[-1] == hostile
+    assert json.loads(cmd[4:])[-3:] == [hostile, "--shutdown-timeout", "15"]
     assert 'ENV X="\\$HOME\\" \\\\ RUN evil"' in dockerfile
 
 
@@ -130,7 +130,8 @@ def test_a_project_template_overrides_the_builtin_one_of_the_same_name(project, 
     write_recipe(GOOD)
     plan = plan_image(load_catalog(Project.locate()).lane("a"))
     assert plan.dockerfile == ('FROM lanectl/base-python:bookworm\nLABEL block=project\n'
-                               'CMD ["/model", "--served-model-name", "m", "--port", "8000"]\n# the project\'s own\n')
+                               'CMD ["/model", "--served-model-name", "m", "--port", "8000", '
+                               '"--shutdown-timeout", "15"]\n# the project\'s own\n')
 
 
 def test_a_template_neither_the_project_nor_lanectl_has_is_refused(project, write_recipe):

@@ -64,7 +64,7 @@ def test_an_active_lane_that_cannot_sleep_safely_is_stopped_with_the_reason(cata
         plan_up(catalog, box.snapshot(), target)
     assert keys(plan)[1:3] == [f"stop:{H1}-rtx", f"stop:{H1}"]
     assert {s.why for s in plan.steps[1:3]} == {why}
-    assert plan.steps[2].describe().endswith(f"allowing 10 s to exit ({why})")
+    assert plan.steps[2].describe().endswith(f"allowing 30 s to exit ({why})")
     assert "check-memory:demo-h2" not in keys(plan)
 
 

@@ -80,6 +80,16 @@ def edit_lane(lanes: LaneProject, lane: str, block: str) -> None:
     recipe.write_text(text[:head.end()] + block + text[head.end():])
 
 
+def serve_flags_as_they_run(lanes: LaneProject, lane: str) -> str:
+    """The lane's serve flags with the --shutdown-timeout they run with, as a recipe value: given explicitly beside a
+    changed stop timeout, they keep the image's CMD as it is (lanectl renders the flag from the stop timeout
+    otherwise, and a changed CMD is a new build)."""
+    from lanectl.project import Project
+    from lanectl.recipe.catalog import load_catalog
+
+    return json.dumps(load_catalog(Project.locate(lanes.root / "recipes")).lane(lane).spec.engine.args)
+
+
 def journaled_steps(lanes: LaneProject, state: Path) -> list[list[str]]:
     """The steps of each switch in the journal, in order."""
     records = json.loads(cli(lanes, state, "history", "-n", "1000", "--json").stdout)["data"]["records"]
@@ -97,14 +107,16 @@ def test_every_container_field_of_a_changed_recipe_reaches_the_containers_and_st
     secret = {"LT_SECRET": "first-value"}
     cli(lanes, state, "up", "demo-h1", "--no-gpu", **secret)
     before = inspect(lanes, "demo-h1")
+    flags = serve_flags_as_they_run(lanes, "demo-h1")
     edit_lane(lanes, "demo-h1", f"""    engine:
+      args: {flags}
       ports: [{{container: 8000, host: {port}, host_ip: 127.0.0.2}}]
       volumes: [{{volume: {volume}, target: /cache}}]
       secret_env: [LT_SECRET]
       shm_size: 96m
       ipc: private
       user: "0:0"
-      stop_timeout_seconds: 7
+      stop_timeout_seconds: 40
     companions:
       rtx:
         engine:
@@ -130,7 +142,7 @@ def test_every_container_field_of_a_changed_recipe_reaches_the_containers_and_st
         assert any(m["Name"] == volume and m["Destination"] == "/cache" for m in after["Mounts"])
         assert "LT_SECRET=first-value" in after["Config"]["Env"]
         assert (host["ShmSize"], host["IpcMode"], after["Config"]["User"], after["Config"]["StopTimeout"]) == (
-            96 * 2**20, "private", "0:0", 7)
+            96 * 2**20, "private", "0:0", 40)
         assert "first-value" not in json.dumps(after["Config"]["Labels"])
         assert "LT_RTX=1" in inspect(lanes, "demo-h1", "rtx")["Config"]["Env"]
         assert all(c["drift"] == [] for c in row(status(lanes, state), "demo-h1")["containers"])
@@ -150,12 +162,13 @@ def test_every_container_field_of_a_changed_recipe_reaches_the_containers_and_st
 def test_a_kept_stopped_lane_whose_recipe_changed_is_recreated_when_it_comes_back(lanes, state):
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     cli(lanes, state, "up", "demo-h2", "--no-gpu")
-    edit_lane(lanes, "demo-h1", "    engine:\n      stop_timeout_seconds: 6\n")
-    assert row(status(lanes, state), "demo-h1")["containers"][0]["drift"] == ["stop_timeout_seconds 10 → 6"]
+    flags = serve_flags_as_they_run(lanes, "demo-h1")
+    edit_lane(lanes, "demo-h1", f"    engine:\n      args: {flags}\n      stop_timeout_seconds: 40\n")
+    assert row(status(lanes, state), "demo-h1")["containers"][0]["drift"] == ["stop_timeout_seconds 30 → 40"]
     back = cli(lanes, state, "rollback", "--no-gpu")
-    assert f"create {lanes.container('demo-h1')} (primary of demo-h1) (recreated: stop_timeout_seconds 10 → 6)" \
+    assert f"create {lanes.container('demo-h1')} (primary of demo-h1) (recreated: stop_timeout_seconds 30 → 40)" \
         in back.stderr
-    assert inspect(lanes, "demo-h1")["Config"]["StopTimeout"] == 6
+    assert inspect(lanes, "demo-h1")["Config"]["StopTimeout"] == 40
 
 
 def test_a_rebuild_under_the_same_tag_reaches_the_containers(lanes, state):

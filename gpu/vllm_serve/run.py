@@ -630,7 +630,8 @@ def engine_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]
                 "STUB_LOAD_SECONDS": "1", "STUB_SLEEP_SECONDS": "0.2", "STUB_WAKE_SECONDS": "0.2"}
         if args.stub_version:
             env["STUB_VLLM_VERSION"] = args.stub_version
-        argv = [sys.executable, "-m", "stubengine", "serve", "/model", "--enable-sleep-mode"]
+        # vLLM's flags too (--shutdown-timeout N): the stub reads the ones it models.
+        argv = [sys.executable, "-m", "stubengine", "serve", "/model", "--enable-sleep-mode", *args.vllm_arg]
     else:
         env |= {"VLLM_SERVER_DEV_MODE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -47,7 +47,7 @@ from lanectl.bench.verdict import (
 )
 from lanectl.bench.workload import Workload, padded, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
-from lanectl.health.engine_log import fatal_engine_lines
+from lanectl.health.engine_log import fatal_engine_lines, log_lines
 from lanectl.health.probe import probe_base_url
 from lanectl.host.xid import believed_xid
 from lanectl.lanes.switcher import LaneSwitcher
@@ -164,7 +164,7 @@ def bench_lane(engine: ContainerEngine, lane: Lane, workload: Workload, concurre
         progress(f"{lane.name} [{arm}] probe {probe.name}")
         result.probes[probe.name] = run_probe(base_url, model, probe).summary()
     for name in (lane.container_name(role) for role in lane.roles):
-        result.fatal_lines += fatal_engine_lines(engine.logs(name, since=log_since).splitlines(),
+        result.fatal_lines += fatal_engine_lines(log_lines(engine.logs(name, since=log_since)),
                                                  lane.spec.watchdog.fatal_log_lines)
     if kernel_log is not None:
         lines, _ = kernel_log.read_new(kernel_cursor)

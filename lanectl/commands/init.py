@@ -49,7 +49,7 @@ defaults:
     ports:
       - {{container: 8000, host: 18100, host_ip: 127.0.0.1}}
     init: true                    # an init as PID 1, so SIGTERM reaches the engine
-    stop_timeout_seconds: 10
+    stop_timeout_seconds: 30      # a stop: requests in flight get 15 s to finish (--shutdown-timeout), 15 s to exit
   health:                         # the gate a lane must pass before it counts as up
     startup_budget_minutes: 2
     poll_interval_seconds: 0.5

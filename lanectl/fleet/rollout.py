@@ -34,6 +34,7 @@ from lanectl.fleet.plan import (
     why_swarm_rolled_back,
 )
 from lanectl.health.engine_http import engine_url
+from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateResult, HealthGate, MonotonicClock
 from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
@@ -95,7 +96,7 @@ class SwarmLogSource:
             return []
         if task.id != self.task_id:
             self.task_id, self.seen = task.id, 0
-        lines = self.swarm.task_logs(task.id).splitlines()
+        lines = log_lines(self.swarm.task_logs(task.id))
         fresh, self.seen = lines[self.seen:], len(lines)
         return fresh
 
@@ -463,7 +464,7 @@ class FleetRollout:
         return 2 * self._budget_seconds(lane) + LEASE_MARGIN_SECONDS
 
     def _log_tail(self, service_id: str, since: float) -> list[str]:
-        lines = self.swarm.service_logs(service_id, since=since - 1.0).splitlines()
+        lines = log_lines(self.swarm.service_logs(service_id, since=since - 1.0))
         return [line for line in lines if not PROBE_ACCESS_LINE.search(line)][-30:]
 
     def _journal(self, switch: str, step: str, node: NodeInfo, detail: str, *, ok: bool = True) -> None:

@@ -5,7 +5,16 @@ whose access log carries the request line a client chose (`GET /EngineDeadError 
 request log (`--enable-log-requests`) is a vLLM record, but its message echoes the prompt. A rule that
 searched whole lines would let any client that reaches the port write a "fatal line" and have a
 healthy lane restarted (issue 23). So every reader of engine logs (the health gate, the watchdog, the
-benchmark gate) asks this module for the *believed message* of a line and applies rules to that only.
+benchmark gate) splits a log into lines here (`log_lines`: at "\n" only, as Docker frames them) and asks
+this module for the *believed message* of each line, and applies rules to that only.
+
+A record is what vLLM or uvicorn wrote as one line. uvicorn refuses a request line holding any byte but
+visible ASCII (httptools and h11 alike: "Invalid HTTP request received."), so a request line can never
+become several records, provided the reader splits where Docker does: str.splitlines() also breaks at
+\r, \v, \f, \x1c-\x1e, \x85, \u2028 and \u2029, and would turn one access line into a forged record.
+Records that echo what a request sent (`_REQUEST_ECHO`) all begin with vLLM's own words (the contract
+suite reads that from vLLM 0.31.0's code), so a rule anchored at the message's start (`^`) cannot be set
+off by a client; a recipe's unanchored `forbid`/`fatal_log_lines` rule is refused (recipe/model.py).
 
 Shapes (vLLM 0.31.0, `vllm/logger.py`; the process prefix comes from vLLM's child-process stdout
 prefixing and is optional, as older vLLM and the stub's own tooling may lack it):
@@ -45,9 +54,11 @@ _TRACEBACK_HEADER = re.compile(r"^Traceback \(most recent call last\):$")
 _TRACEBACK_FRAME = re.compile(r'^  File "[^"]*", line \d+(?:, in .*)?$')
 # `RuntimeError: ...`, `vllm.v1.engine.exceptions.EngineDeadError: ...`, `torch.AcceleratorError: ...`.
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?:: .*)?$")
-# Records whose message echoes what a request sent (vllm/entrypoints/logger.py): the prompt, the
-# output, the parameters. Nothing in them is the engine's own word.
-_REQUEST_ECHO = re.compile(r"^(?:Received request|Generated response|Added request) ")
+# Records whose message echoes what a request sent, in vLLM 0.31.0: the request log (the prompt, the
+# output, the parameters; serve/utils/request_logger.py), a request's own lines with its id (which a
+# client picks with X-Request-Id; v1/engine/async_llm.py), and `Error with model %s` (the model name a
+# client asked for; openai/chat_completion/serving.py). Nothing in them is the engine's own word.
+_REQUEST_ECHO = re.compile(r"^(?:Received request|Generated response|Added request|Request|Error with model) ")
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,12 @@ class EngineLine:
         """What fatal-line rules read: a record's message (as `record_message`) or a traceback line. An
         exception line can end in text a request caused, so the built-in patterns are anchored at its start."""
         return self.message if self.kind == TRACEBACK else self.record_message
+
+
+def log_lines(text: str) -> list[str]:
+    """A container log's lines, split where Docker splits them: at "\n" (a trailing "\r" kept on its line)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def parse(line: str) -> EngineLine:

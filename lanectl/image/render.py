@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 RENDERED_KEEP = 256
 
 HELPERS_DIR = Path(__file__).parent / "in_image"  # stdlib-only scripts that run inside the image
-# How a lane image runs its engine: under in_image/exit_guard.py (_lane/engine.j2 puts it there).
-EXIT_GUARD = ("python3", "/lanectl/exit_guard.py")
+# How a lane image runs its engine: under in_image/exit_guard.py (_lane/engine.j2 puts it there). -S: no
+# site-packages to read before the guard's first line takes the stop signals.
+EXIT_GUARD = ("python3", "-S", "/lanectl/exit_guard.py")
 KERNEL_OUT = "/lanectl/kernel-out"
 KERNEL_SRC = "/lanectl/kernel-src"
 # `vllm download-kernels` (vLLM 0.32.0 on) installs FlashInfer's precompiled kernels, which vLLM otherwise downloads or

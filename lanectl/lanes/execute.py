@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from lanectl.dockerapi.containers import ContainerSpec, ContainerState, NoGpuRuntime
 from lanectl.errors import OperationFailed
 from lanectl.health.drain import drain_report
+from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import INTERRUPTED, PROBE_ACCESS_LINE, GateResult
 from lanectl.lanes.engine_calls import EngineCalls
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
@@ -325,7 +326,7 @@ class Executor:
         gate = failure.gate
         name = lane.container_name()
         state = self.engine.container(name) if gate is None or gate.exit_code is None else None
-        tail = list(gate.log_tail) if gate else self.engine.logs(name, tail=60).splitlines()
+        tail = list(gate.log_tail) if gate else log_lines(self.engine.logs(name, tail=60))
         exit_code = gate.exit_code if gate and gate.exit_code is not None else None
         diagnostics = {
             "failed": str(failure),
@@ -413,7 +414,7 @@ class Executor:
         before = self.calls.in_flight(lane, step.role) if lane is not None else None
         stopped_at = time.time()
         self.engine.stop(step.container, int(step.seconds))
-        report = drain_report(self.engine.logs(step.container, since=stopped_at - 1).splitlines(), before)
+        report = drain_report(log_lines(self.engine.logs(step.container, since=stopped_at - 1)), before)
         if report.in_flight is None and report.how == "not said":
             return ""
         self._facts = {"in_flight": report.in_flight, "cut": report.cut}

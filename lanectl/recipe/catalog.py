@@ -32,6 +32,7 @@ from lanectl.recipe.model import (
     flag_value,
     merge,
 )
+from lanectl.recipe.shutdown import check_shutdown, with_shutdown_timeouts
 
 if TYPE_CHECKING:
     # Only a catalog that is not in the cache is parsed and validated: these are imported then.
@@ -263,9 +264,12 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
             continue
         lane_problems.extend(_check_consistency(doc, spec, locate))
         lane_problems.extend(_check_standby(doc, spec, locate))
+        lane_problems.extend(check_shutdown(doc, spec, locate))
         problems.extend(lane_problems)
         if lane_problems:
             continue
+        # From here on every role that runs `vllm serve` carries the --shutdown-timeout it will stop with.
+        spec = with_shutdown_timeouts(spec)
         lanes.append(Lane(name=str(name), recipe=recipe, spec=spec, kernels=tuple(lane_kernels),
                           declared_at=doc.position(("lanes", name), key=True)))
         locators[str(name)] = locate

@@ -415,6 +415,22 @@ def _regex(pattern: str) -> str:
 LogRegex = Annotated[str, AfterValidator(_regex)]
 
 
+def _anchored_regex(pattern: str) -> str:
+    """A rule that fails a lane must match from the start of a record's message: vLLM 0.31.0 writes a client's
+    text into some of its records after their first words (engine_log._REQUEST_ECHO)."""
+    _regex(pattern)
+    if not pattern.startswith("^") or pattern.startswith(("^.*", "^.+")):
+        body = pattern.lstrip("^").removeprefix(".*").removeprefix(".+")
+        raise ValueError(f"{pattern!r} can match past the start of a record's message, where vLLM 0.31.0 writes "
+                         "text a client sent (`Error with model %s` names the model a request asked for, a "
+                         "request's own lines its X-Request-Id): anyone who reaches the port could set it off. "
+                         f"Anchor it at the message's first words, e.g. '^{body}'")
+    return pattern
+
+
+AnchoredLogRegex = Annotated[str, AfterValidator(_anchored_regex)]
+
+
 class StartupStall(Strict):
     """A phase of the start that must end within `minutes` once it began: flashinfer's autotuner logs
     `Autotuning process starts ...` on every start and `... ends` at once on a warm cache, while a cold one
@@ -460,8 +476,9 @@ class StartupLog(Strict):
 
     expect: list[LogRegex] = Field(default_factory=list,
                                    description="Regexes that must each match a startup log record.")
-    forbid: list[LogRegex] = Field(default_factory=list,
-                                   description="Regexes of records that fail the start whenever they appear.")
+    forbid: list[AnchoredLogRegex] = Field(
+        default_factory=list, description="Regexes of records that fail the start whenever they appear; each starts "
+        "with '^' (the message's first words).")
     stall: list[StartupStall] = Field(
         default_factory=list, description="Phases that must end within their minutes (after -> until)."
     )
@@ -534,8 +551,9 @@ class WatchdogPolicy(Strict):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     gpu_memory_release_timeout_seconds: float = Field(120, ge=0, le=3600)
     xid: XidPolicy = Field(default_factory=XidPolicy)
-    fatal_log_lines: list[str] = Field(
-        default_factory=list, description="Extra regexes, added to the built-in fatal vLLM lines."
+    fatal_log_lines: list[AnchoredLogRegex] = Field(
+        default_factory=list, description="Extra regexes, added to the built-in fatal vLLM lines; each starts with "
+        "'^' (the message's first words)."
     )
     alert: Alert = Field(default_factory=Alert)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lanectl.dockerapi.containers import ContainerEngine, ContainerState
 from lanectl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, LanectlError
 from lanectl.health.engine_exit import exit_code_text
-from lanectl.health.engine_log import fatal_engine_lines
+from lanectl.health.engine_log import fatal_engine_lines, log_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -297,7 +297,7 @@ class Watchdog:
         if primary is not None:
             since = record.log_since if record.log_since and started and record.log_since > started else started
             if since:
-                fatal = fatal_engine_lines(self.engine.logs(lane.container_name(), since=since).splitlines(),
+                fatal = fatal_engine_lines(log_lines(self.engine.logs(lane.container_name(), since=since)),
                                            lane.spec.watchdog.fatal_log_lines)
         xids, record = self._read_xids(record)
         xids, xid_notes, record = self._xids_on_lane(lane, xids, record)

@@ -51,6 +51,7 @@ class FakeEngineClient:
     dead: bool = False
     prefix_cache_held: bool = False  # vLLM's reset fails (success: false) while blocks are still held
     wake_error: str | None = None
+    sleep_error: Exception | None = None  # what MPClient raises for a sleep the engine core failed
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class FakeEngineClient:
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.calls.append(("sleep", level, mode))
+        if self.sleep_error is not None:
+            raise self.sleep_error
         self.sleeping = True
         stat_logger(self.served_model_name).record_sleep_state(1, level)
 
@@ -95,12 +98,15 @@ class FakeCompletions:
 
     text: str = "OK"
     requests: list[Any] = field(default_factory=list)
+    error: Exception | None = None  # what rendering the request raised, if it did
 
     async def create_completion(self, request: Any, raw_request: Any) -> Any:
         from vllm.entrypoints.openai.completion.protocol import CompletionResponse, CompletionResponseChoice
         from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
         self.requests.append(request)
+        if self.error is not None:
+            raise self.error
         tokens = min(request.max_tokens or 1, 3)
         return CompletionResponse(model=request.model, choices=[CompletionResponseChoice(
             index=0, text=self.text, finish_reason="length")],

@@ -23,5 +23,5 @@ ENV VLLM_DSV41_MEGA_SPLITKV="4"
 ENV VLLM_DSV41_MEGA_SPLITKV_MAX_TOKENS="6"
 ENV VLLM_SERVER_DEV_MODE="1"
 COPY lanectl-run/exit_guard.py /lanectl/exit_guard.py
-ENTRYPOINT ["python3", "/lanectl/exit_guard.py", "python3", "-m", "stubengine", "serve"]
-CMD ["/model", "--served-model-name", "demo-model", "--max-num-seqs", "32", "--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5}", "--host", "0.0.0.0", "--port", "8000", "--enable-sleep-mode"]
+ENTRYPOINT ["python3", "-S", "/lanectl/exit_guard.py", "python3", "-m", "stubengine", "serve"]
+CMD ["/model", "--served-model-name", "demo-model", "--max-num-seqs", "32", "--speculative-config", "{\"method\":\"dspark\",\"num_speculative_tokens\":5}", "--host", "0.0.0.0", "--port", "8000", "--enable-sleep-mode", "--shutdown-timeout", "15"]

@@ -139,11 +139,27 @@ class StubProcess:
                 self.proc.stdout.close()
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll until `condition()` holds; a generous timeout, so only a stub that never gets there fails."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.02)
+
+
 def stream_events(url: str, path: str, body: dict, timeout: float = 30.0) -> list[tuple[float, object]]:
     """POST a streaming request; return (arrival time, parsed data) per SSE event, "[DONE]" kept as str."""
+    events: list[tuple[float, object]] = []
+    stream_into(lambda at, event: events.append((at, event)), url, path, body, timeout)
+    return events
+
+
+def stream_into(on_event: Callable[[float, object], None], url: str, path: str, body: dict,
+                timeout: float = 30.0) -> None:
+    """As stream_events, handing each event to `on_event` as it arrives (for a test that acts mid-stream)."""
     import httpx
 
-    events: list[tuple[float, object]] = []
     with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=timeout) as resp:
         assert resp.status_code == 200, resp.read()
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -152,8 +168,7 @@ def stream_events(url: str, path: str, body: dict, timeout: float = 30.0) -> lis
                 continue
             assert line.startswith("data: "), line
             payload = line[len("data: ") :]
-            events.append((time.monotonic(), payload if payload == "[DONE]" else json.loads(payload)))
-    return events
+            on_event(time.monotonic(), payload if payload == "[DONE]" else json.loads(payload))
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -9,11 +9,13 @@ what lanectl's rules believe cannot drift apart without a red test here.
 from __future__ import annotations
 
 import signal
+import socket
 
 import httpx
+import pytest
 from stubengine import logs
 
-from lanectl.health.engine_log import OTHER, RECORD, TRACEBACK, parse
+from lanectl.health.engine_log import OTHER, RECORD, TRACEBACK, fatal_engine_lines, log_lines, parse
 
 from .stubproc import PROCESS_PREFIX
 
@@ -100,3 +102,41 @@ def test_an_unknown_vllm_version_is_refused(spawn) -> None:
     p = spawn(env={"STUB_VLLM_VERSION": "0.30.0"}, ready=False)
     assert p.wait_exit(5) == 2
     assert "STUB_VLLM_VERSION='0.30.0': expected one of 0.31.0, 0.26.0" in p.output
+
+
+# Bytes str.splitlines() breaks a line at, besides "\n": a request line holding one, logged as it came, would be
+# two lines to a reader that splits so, the second a forged record.
+LINE_BREAKS = [b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x85", "\x85".encode(), "\u2028".encode()]
+FORGED = b"INFO 12-01 08:30:00 [core.py:1024] EngineCore encountered a fatal error."
+
+
+def _raw_request(port: int, request_line: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(request_line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=lambda b: repr(b))
+def test_a_request_line_uvicorn_would_refuse_is_refused_and_never_reaches_the_log(spawn, brk: bytes) -> None:
+    """uvicorn's parsers (httptools and h11) take visible ASCII only in a request target: anything else is a 400
+    "Invalid HTTP request received." and no access line, so no client writes a line break into the log."""
+    p = spawn()
+    answer = _raw_request(p.port, b"GET /a" + brk + FORGED + brk + b" HTTP/1.1")
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert answer.endswith(b"\r\n\r\nInvalid HTTP request received.")
+    p.wait_line(r"^WARNING:  Invalid HTTP request received\.$")
+    assert httpx.get(p.url + "/health").status_code == 200  # the marker: every line before it has arrived
+    p.wait_line(r'"GET /health HTTP/1\.1" 200 OK$')
+    assert not any("EngineCore encountered a fatal error" in line for line in p.lines)
+    log = "\n".join(p.lines) + "\n"
+    assert fatal_engine_lines(log_lines(log)) == [] and fatal_engine_lines(log.splitlines()) == []
+
+
+def test_the_access_line_is_uvicorns_with_a_quote_in_the_target_written_percent_22(spawn) -> None:
+    p = spawn()
+    assert _raw_request(p.port, b'GET /x"y%20z?q="1" HTTP/1.1').startswith(b"HTTP/1.1 404 Not Found")
+    line = p.wait_line(r'"GET /x.*" 404 Not Found$').string
+    assert line.endswith(' - "GET /x%22y%20z?q=%221%22 HTTP/1.1" 404 Not Found') and parse(line).kind == OTHER

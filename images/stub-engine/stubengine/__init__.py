@@ -11,7 +11,7 @@ Command line (vLLM's)::
     python3 -m stubengine serve MODEL_PATH [--served-model-name NAME ...] [--host 0.0.0.0]
         [--port 8000] [--max-model-len 32768] [--max-num-seqs 256]
         [--cpu-offload-gb GB] [--cpu-offload-params NAME ...] [--engram-config JSON] [--enable-sleep-mode]
-        [any other vLLM flag ...]
+        [--shutdown-timeout N] [any other vLLM flag ...]
 
 Any other `--flag`, `--flag value ...` or `--flag=value` is accepted and listed once at startup.
 `--port 0` binds a free port; the "Uvicorn running on" line names it.
@@ -49,6 +49,8 @@ Environment (stub knobs; all optional):
     STUB_WAKE_SECONDS=1            how long POST /wake_up takes
     STUB_SLEEP_REFUSES=0           1: a request sent while asleep is refused at once (503 EngineSleepingError);
                                    by default it is queued and served once woken, as vLLM does
+    STUB_ABORT_LOST=0              1: with --shutdown-timeout 0 the engine core is killed before its abort
+                                   outputs leave (shutdown.py): requests in flight never end
     VLLM_SERVER_DEV_MODE=0         1: mount /sleep, /wake_up, /is_sleeping, /reset_prefix_cache (vLLM's
                                    development routes; sleep itself also needs --enable-sleep-mode)
     STUB_STATS_INTERVAL_S=10       period of the "Engine 000: Avg ..." stats line (0: never)
@@ -99,7 +101,11 @@ root cause."; for CORE_DEATH_SECONDS /health answers 200 and completions 500 wit
 "ERROR ... CUDA error: an illegal memory access was encountered", keeps serving; unhealthy -> "WARNING ... Stub
 engine marked unhealthy (...)"; nothing at all for hang. The unpatched sampler logs "WARNING ... rejection
 sampler read past draft buffer (...)". SIGTERM/SIGINT: "INFO:     Shutting down", "INFO:     Finished server
-process [P]", exit 0.
+process [P]", exit 0 while loading; once serving, vLLM 0.31.0's shutdown with --shutdown-timeout N (shutdown.py):
+0 aborts the requests in flight, N > 0 lets them finish while each new request fails at once (500 "cannot schedule
+new futures after shutdown" for text, aborted for token ids), and a drain past its deadline leaves its requests
+unanswered and the process waiting for their clients; exit 0.
+Request lines uvicorn would refuse (any byte but visible ASCII in the target) get its 400 and no access line.
 """
 
 __version__ = "0.31.0+stub"

@@ -8,22 +8,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from . import config, logs, startup
+from . import config, logs, shutdown, startup
 
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def _exit_on_signal(signum: int, _frame: object = None) -> None:
-    logs.uvicorn.info("Shutting down")
-    logs.uvicorn.info("Finished server process [%d]", os.getpid())
-    # No graceful drain: in-flight streams are cut as a container stop cuts them, and nothing can
-    # keep the process alive past the signal.
-    os._exit(0)
-
-
-def _serve(cfg: config.Config) -> None:
+def _serve(cfg: config.Config, up: startup.Up) -> None:
     try:
-        startup.serve(cfg)
+        startup.serve(cfg, up)
     except BaseException:  # noqa: BLE001 - any escape from the server thread must end the process
         logs.get("api_server").exception("API server failed")
         os._exit(1)
@@ -38,13 +30,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Handlers make SIGTERM deliverable even to PID 1 (the kernel drops default-handled signals sent
     # to init); blocking the signals in every thread and taking them with sigwait on the main thread
-    # makes the exit immediate whatever the other threads are blocked in.
+    # hands the stop to one place whatever the other threads are blocked in. Signals after the first stay
+    # blocked, so they change nothing, as vLLM's handler ignores a second one.
     for sig in _SIGNALS:
-        signal.signal(sig, _exit_on_signal)
+        signal.signal(sig, lambda *_: None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    threading.Thread(target=_serve, args=(cfg,), name="APIServer", daemon=True).start()
-    _exit_on_signal(signal.sigwait(_SIGNALS))
-    return 0
+    up = startup.Up()
+    threading.Thread(target=_serve, args=(cfg, up), name="APIServer", daemon=True).start()
+    signum = signal.sigwait(_SIGNALS)
+    serving = up.serving()
+    if serving is None:
+        shutdown.exit_before_serving()
+    os._exit(shutdown.stop(cfg, serving, signum))
 
 
 if __name__ == "__main__":

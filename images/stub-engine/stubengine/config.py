@@ -76,6 +76,10 @@ class Config:
     sleep_seconds: float = 0.5
     wake_seconds: float = 1.0
     sleep_refuses: bool = False
+    # vLLM's --shutdown-timeout (engine/arg_utils.py: "0 = abort, >0 = wait"): what a stop signal does to the
+    # requests in flight. abort_lost: with 0, the engine core is killed before its abort outputs leave.
+    shutdown_timeout: int = 0
+    abort_lost: bool = False
     # Split-KV overlay, read under the real vLLM names (#57711).
     mega_splitkv: int = 0
     mega_splitkv_max_tokens: int = 8
@@ -87,7 +91,7 @@ class Config:
 
 # Flags whose values the stub uses; everything else is collected as ignored.
 _SINGLE = ("--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--cpu-offload-gb",
-           "--engram-config")
+           "--engram-config", "--shutdown-timeout")
 VLLM_VERSIONS = ("0.31.0", "0.26.0")
 _MULTI = ("--served-model-name", "--cpu-offload-params")
 _BOOLEAN = ("--enable-sleep-mode",)
@@ -177,6 +181,17 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _shutdown_timeout(raw: str) -> int:
+    """As vLLM reads it: argparse's `type=int`, then VllmConfig's `Field(ge=0)`."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"argument --shutdown-timeout: invalid int value: {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"--shutdown-timeout {value}: must be >= 0 (0 aborts in-flight requests, N waits N s)")
+    return value
+
+
 def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     parsed = parse_args(argv)
@@ -213,6 +228,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(f"--port {cfg.port} out of range")
     if cfg.max_model_len < 1 or cfg.max_num_seqs < 1:
         raise ConfigError("--max-model-len and --max-num-seqs must be >= 1")
+    cfg.shutdown_timeout = _shutdown_timeout(single.get("--shutdown-timeout", "0"))
 
     cfg.load_seconds = _num(env, "STUB_LOAD_SECONDS", 2.0)
     cfg.slow_start_seconds = _num(env, "STUB_SLOW_START_SECONDS", 30.0)
@@ -240,6 +256,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.sleep_seconds = _num(env, "STUB_SLEEP_SECONDS", 0.5)
     cfg.wake_seconds = _num(env, "STUB_WAKE_SECONDS", 1.0)
     cfg.sleep_refuses = _flag(env, "STUB_SLEEP_REFUSES")
+    cfg.abort_lost = _flag(env, "STUB_ABORT_LOST")
     cfg.dev_mode = _flag(env, "VLLM_SERVER_DEV_MODE")
     fault = env.get("STUB_FAULT", "").strip().lower()
     if fault and fault != "none":

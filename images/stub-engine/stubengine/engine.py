@@ -56,8 +56,8 @@ class Request:
     max_tokens: int
     stream: decoding.TokenStream
     arrival: float = field(default_factory=time.monotonic)
-    # ("tokens", first index, count, finish_reason | None), ("abort", generated) or ("error", message),
-    # consumed by the HTTP thread.
+    # ("tokens", first index, count, finish_reason | None), ("abort", generated), ("error", message) or
+    # ("stall",) (the engine core was killed: no output will ever come), consumed by the HTTP thread.
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: int = 0
     decode_steps: int = 0  # steps that drafted for it (every step after its prefill)
@@ -111,6 +111,10 @@ class Engine:
         # STUB_SLEEP_REFUSES=1: answer a request sent while paused at once with 503, the stub's old shape,
         # for a test of a client that must give up on a silent engine.
         self.refuse_while_paused = False
+        # None, or the mode of a stop in progress ("abort" | "drain"); from then on new adds are refused.
+        self.stopping: str | None = None
+        # The process manager's SIGKILL of the engine core: nothing steps or answers any more.
+        self.killed = False
         metrics.gauges = self.gauges
 
     def start(self) -> None:
@@ -121,8 +125,13 @@ class Engine:
 
     def submit(self, req: Request) -> None:
         with self._cond:
-            if self.faults.dead:
+            if self.faults.dead or self.killed:
                 raise EngineDeadError(DEAD_MESSAGE)
+            if self.stopping is not None:
+                # vLLM's EngineCore._reject_add_in_shutdown: the request ends at once as aborted, no token made.
+                req.events.put(("abort", 0))
+                self.metrics.finished("abort")
+                return
             if self.paused is not None and self.refuse_while_paused:
                 raise EngineSleepingError(SLEEPING_MESSAGE)
             self._waiting.append(req)
@@ -139,15 +148,43 @@ class Engine:
         with self._cond:
             self.paused = mode
             if mode == "abort":
-                for req in itertools.chain(self._running, self._waiting):
-                    req.aborted = True
-                    req.events.put(("abort", req.generated))
-                    self.metrics.finished("abort")
-                self._running.clear()
-                self._waiting.clear()
+                self._abort_all()
             self._cond.notify_all()
             while mode == "wait" and self._running and not self.faults.dead:
                 self._cond.wait(0.1)
+
+    def stop(self, timeout: int) -> int:
+        """vLLM's EngineCore._handle_shutdown on SIGTERM: refuse new adds from now on; with timeout 0 also
+        abort every unfinished request (their streams end with finish_reason "abort"), else let them run.
+        Returns how many were unfinished."""
+        with self._cond:
+            unfinished = len(self._running) + len(self._waiting)
+            self.stopping = "abort" if timeout == 0 else "drain"
+            if timeout == 0:
+                self._abort_all()
+            self._cond.notify_all()
+            return unfinished
+
+    def drained(self, deadline: float) -> bool:
+        """Wait until no request is left (True) or the monotonic deadline passed first (False)."""
+        with self._cond:
+            while self._running or self._waiting:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.killed:
+                    return False
+                self._cond.wait(min(left, 0.1))
+            return True
+
+    def kill(self) -> None:
+        """The engine core is SIGKILLed: nothing more is stepped or sent, so every request in flight waits for
+        an output that never comes (its client sees a stream stop without an end)."""
+        with self._cond:
+            self.killed = True
+            for req in itertools.chain(self._running, self._waiting):
+                req.events.put(("stall",))
+            self._running.clear()
+            self._waiting.clear()
+            self._cond.notify_all()
 
     def resume(self) -> None:
         """Resume scheduling: the requests queued while paused (and those kept) run."""
@@ -173,6 +210,14 @@ class Engine:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    def _abort_all(self) -> None:
+        for req in itertools.chain(self._running, self._waiting):
+            req.aborted = True
+            req.events.put(("abort", req.generated))
+            self.metrics.finished("abort")
+        self._running.clear()
+        self._waiting.clear()
+
     def _fail_all(self, message: str) -> None:
         for req in itertools.chain(self._running, self._waiting):
             req.events.put(("error", message))
@@ -184,7 +229,7 @@ class Engine:
         while True:
             if self.faults.dead:
                 self._fail_all(DEAD_MESSAGE)
-            elif self.faults.stuck or self.paused in ("abort", "keep"):
+            elif self.killed or self.faults.stuck or self.paused in ("abort", "keep"):
                 pass  # no step runs; queued requests wait for a resume
             elif self._running or (self._waiting and self.paused is None):
                 break
@@ -231,7 +276,7 @@ class Engine:
             if delay > 0:
                 time.sleep(delay)
             with self._cond:
-                if self.faults.stuck or self.faults.dead or self.paused in ("abort", "keep"):
+                if self.killed or self.faults.stuck or self.faults.dead or self.paused in ("abort", "keep"):
                     continue  # the step never completes; the loop parks in _schedule
                 emitted = self._emit(batch, accepted)
             self.metrics.add(generation_tokens=emitted, engine_steps=1, splitkv_steps=int(split))

@@ -69,6 +69,29 @@ SITES: dict[str, Site] = {
     "It took %.6f seconds to fall asleep.": Site(ENGINE_CORE, "core.py", 433),
     "It took %.6f seconds to wake up tags %s.": Site(ENGINE_CORE, "core.py", 452),
     "wake up the engine with tags: %s": Site(API_SERVER, "api_server.py", 1071),
+    # A stop signal (shutdown.py), in the order vLLM prints it; the API server's side, then the engine core's.
+    "[shutdown] API server: shutdown triggered": Site(API_SERVER, "launcher.py", 128),
+    "[shutdown] API server: stopping engine client mode=%s timeout=%ss": Site(API_SERVER, "launcher.py", 144),
+    "[shutdown] MPClient: start timeout=%s": Site(API_SERVER, "core_client.py", 762),
+    "[shutdown] MPClient: stopping engine manager": Site(API_SERVER, "core_client.py", 764),
+    "[shutdown] Process manager: send sigterm to process %s": Site(API_SERVER, "utils.py", 638),
+    "[shutdown] Process manager: force killing remaining processes count=%d": Site(API_SERVER, "utils.py", 658),
+    "[shutdown] Process manager: force killing remaining process %s pid %d": Site(API_SERVER, "utils.py", 663),
+    "[shutdown] MPClient: engine manager stopped": Site(API_SERVER, "core_client.py", 766),
+    "[shutdown] MPClient: cleaning up background resources": Site(API_SERVER, "core_client.py", 767),
+    "[shutdown] MPClient: complete": Site(API_SERVER, "core_client.py", 769),
+    "[shutdown] API server: engine client stopped": Site(API_SERVER, "launcher.py", 153),
+    "[shutdown] API server: signalling HTTP server shutdown": Site(API_SERVER, "launcher.py", 156),
+    "[shutdown] API server: shutting down FastAPI HTTP server": Site(API_SERVER, "launcher.py", 178),
+    "[shutdown] EngineCore: trigger received signal=%s": Site(ENGINE_CORE, "core.py", 1409),
+    "[shutdown] EngineCore: start mode=%s timeout=%ds": Site(ENGINE_CORE, "core.py", 1558),
+    "[shutdown] EngineCore: aborting in-flight requests count=%d": Site(ENGINE_CORE, "core.py", 1567),
+    "[shutdown] EngineCore: draining in-flight requests count=%d timeout=%ds": Site(ENGINE_CORE, "core.py", 1578),
+    "[shutdown] EngineCore: request processing complete; starting resource teardown":
+        Site(ENGINE_CORE, "core.py", 1589),
+    "[shutdown] EngineCore: exiting busy loop": Site(ENGINE_CORE, "core.py", 1422),
+    "Waiting for in-flight requests to complete before sleeping...": Site(ENGINE_CORE, "core.py", 953),
+    "Invocation of %s method failed\n%s": Site(ENGINE_CORE, "core.py", 1673),
 }
 
 # Where a logger's other messages come from (the stub's own lines: split-KV overlay, ignored flags, ...).

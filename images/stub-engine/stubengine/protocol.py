@@ -40,6 +40,7 @@ class Generation:
     body: dict[str, Any] = field(default_factory=dict)  # the request as sent (answers.py reads chat options)
     prompt_ids: list[int] = field(default_factory=list)  # the token ids the prompt is read as (sent, or its text's)
     return_token_ids: bool = False  # vLLM's extension: the choice carries prompt_token_ids and token_ids
+    sent_as_ids: bool = False  # the prompt came as token ids: vLLM's renderer has no text to tokenize
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -124,6 +125,7 @@ def parse(body: Any, *, chat: bool, served_names: list[str], max_model_len: int)
         body=body,
         prompt_ids=prompt_ids,
         return_token_ids=bool(body.get("return_token_ids")) and not chat,
+        sent_as_ids=sent_ids is not None,
     )
 
 

@@ -8,7 +8,10 @@ waits; the timing that matters (one chunk per stream per step) lives in the engi
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
+from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,6 +30,36 @@ DEV_ROUTES = ("/sleep", "/wake_up", "/reset_prefix_cache")
 DEV_GET_ROUTES = ("/is_sleeping",)
 # FastAPI's reading of a bool query parameter.
 TRUE_WORDS = ("1", "true", "on", "yes")
+# What uvicorn's parsers take as a request line (httptools' llhttp, which vLLM's fastapi[standard] installs, and
+# h11 alike; run byte by byte against uvicorn 0.55.0): METHOD SP TARGET SP HTTP/1.x with a target of visible ASCII
+# only. Any other byte (\r, \v, \f, \x1c-\x1e, \x85, ...) makes the line "Invalid HTTP request received.": a 400
+# and no access line, so a client cannot write a line break of any kind into the engine's log.
+REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [\x21-\x7e]+ HTTP/1\.[01]\r?\n")
+INVALID_REQUEST = "Invalid HTTP request received."
+# What a request that needs vLLM's renderer gets once a stop began: AsyncLLM.shutdown shuts the renderer's thread
+# pool before it stops the engine core (v1/engine/async_llm.py), and tokenizing on it raises this RuntimeError
+# (concurrent/futures/thread.py), which vLLM's error handler answers 500 (the GPU record shows it too).
+RENDERER_CLOSED = "cannot schedule new futures after shutdown"
+_RENDERER_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.12/dist-packages/vllm/renderers/base.py", line 665, in '
+    "_tokenize_singleton_prompt_async\n"
+    "    prompt = await self._tokenize_prompt_async(prompt, params)\n"
+    '  File "/usr/lib/python3.12/concurrent/futures/thread.py", line 170, in submit\n'
+    "    raise RuntimeError('cannot schedule new futures after shutdown')\n"
+    f"RuntimeError: {RENDERER_CLOSED}")
+
+
+class RendererClosed(protocol.ApiError):
+    """A request that needs the renderer after a stop began: 500, then uvicorn logs the exception, as it logs one
+    that Starlette's error middleware re-raises once vLLM's handler answered."""
+
+    def __init__(self) -> None:
+        super().__init__(500, RENDERER_CLOSED, "InternalServerError")
+
+    def log(self) -> None:
+        logs.uvicorn.error("Exception in ASGI application")
+        logs.raw(_RENDERER_TRACEBACK)
 
 
 class StubHTTPServer(ThreadingHTTPServer):
@@ -41,7 +74,39 @@ class StubHTTPServer(ThreadingHTTPServer):
         self.metrics = metrics
         self.faults = faults
         self.sleeper = sleeper
+        # Open connections, each True while it serves a request (uvicorn's server_state.connections): a shutdown
+        # closes the idle ones and waits for the others, as uvicorn's does.
+        self._connections: dict[Handler, bool] = {}
+        self._changed = threading.Condition()
+        self.closing = False
+        self.renderer_closed = False
         super().__init__((cfg.host, cfg.port), Handler)
+
+    def track(self, handler: Handler, busy: bool) -> None:
+        with self._changed:
+            self._connections[handler] = busy
+
+    def untrack(self, handler: Handler) -> None:
+        with self._changed:
+            self._connections.pop(handler, None)
+            self._changed.notify_all()
+
+    def close_idle_connections(self) -> int:
+        """Close every connection that waits for its next request; returns how many are still serving one."""
+        self.closing = True
+        with self._changed:
+            for handler, busy in self._connections.items():
+                if not busy:
+                    _shut(handler.connection)
+            return sum(self._connections.values())
+
+    def wait_for_connections(self) -> None:
+        with self._changed:
+            while self._connections:
+                self._changed.wait(0.5)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away mid-answer; uvicorn logs nothing for it either
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -55,13 +120,50 @@ class Handler(BaseHTTPRequestHandler):
     def version_string(self) -> str:
         return "uvicorn"
 
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self, busy=False)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.untrack(self)
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        self.server.track(self, busy=False)
+        if self.server.closing:
+            self.close_connection = True  # uvicorn ends keep-alive once it shuts down
+
+    def parse_request(self) -> bool:
+        self.server.track(self, busy=True)
+        if not REQUEST_LINE.fullmatch(self.raw_requestline):
+            self._invalid_request()
+            return False
+        return super().parse_request()
+
+    def _invalid_request(self) -> None:
+        """uvicorn's answer to a request line its parser refuses (httptools_impl.send_400_response)."""
+        logs.uvicorn.warning(INVALID_REQUEST)
+        head = (f"HTTP/1.1 400 Bad Request\r\ndate: {formatdate(usegmt=True)}\r\nserver: uvicorn\r\n"
+                f"content-type: text/plain; charset=utf-8\r\ncontent-length: {len(INVALID_REQUEST)}\r\n"
+                "connection: close\r\n\r\n")
+        self.close_connection = True
+        self.wfile.write(head.encode() + INVALID_REQUEST.encode())
+
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """uvicorn's access line: `ADDR - "METHOD TARGET HTTP/1.1" 200 OK`, a `"` in the target written %22."""
+        if not hasattr(self, "path"):
+            return  # no request line was read (one over http.server's 64 KiB): uvicorn's parser logs none either
         try:
             phrase = HTTPStatus(int(code)).phrase
         except ValueError:
             phrase = ""
         host, port = self.client_address[:2]
-        logs.uvicorn.info('%s:%s - "%s" %s %s', host, port, self.requestline, code, phrase)
+        target = self.path.replace('"', "%22")
+        logs.uvicorn.info('%s:%s - "%s %s %s" %s %s', host, port, self.command, target, self.request_version, code,
+                          phrase)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         pass  # parse errors are answered with a status line; the access line is enough
@@ -132,6 +234,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(404, {"detail": "Not Found"})
         except protocol.ApiError as err:
             self._error(err)
+            if isinstance(err, RendererClosed):
+                err.log()
 
     def _method_not_allowed(self, allowed: str) -> None:
         body = json.dumps({"detail": "Method Not Allowed"}).encode()
@@ -164,6 +268,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _tokenize(self, path: str) -> None:
         cfg = self.server.cfg
+        if self.server.renderer_closed:
+            self._body()
+            raise RendererClosed()
         if path == "/tokenize":
             self._json(200, protocol.tokenize_answer(self._body(), served_names=cfg.served_model_names,
                                                      max_model_len=cfg.max_model_len))
@@ -216,6 +323,8 @@ class Handler(BaseHTTPRequestHandler):
         gen = protocol.parse(
             self._body(), chat=chat, served_names=srv.cfg.served_model_names, max_model_len=srv.cfg.max_model_len
         )
+        if srv.renderer_closed and not gen.sent_as_ids:
+            raise RendererClosed()
         seed = srv.cfg.token_seed + srv.sleeper.seed_offset
         fault = srv.faults.output
         tokens = decoding.TokenStream(gen.prompt_ids, seed, srv.cfg.flip_every, srv.cfg.prefill_flip_from,
@@ -245,6 +354,9 @@ class Handler(BaseHTTPRequestHandler):
     def _complete(self, req: Request, render: protocol.Renderer) -> None:
         while True:
             event = req.events.get()
+            if event[0] == "stall":
+                self._await_disconnect()
+                return
             if event[0] == "error":
                 raise _engine_error(event[1], self.server.faults)
             if event[0] == "abort":
@@ -272,15 +384,21 @@ class Handler(BaseHTTPRequestHandler):
             first = True
             while True:
                 event = req.events.get()
+                if event[0] == "stall":
+                    self._await_disconnect()
+                    return
                 if event[0] == "error":
                     self._sse(_engine_error(event[1], self.server.faults).body())
                     break
                 if event[0] == "abort":
-                    # An aborted request (a sleep in the default mode) ends as vLLM ends it: no new token,
-                    # finish_reason "abort".
+                    # An aborted request (a sleep or a stop in abort mode, a request refused while the engine
+                    # stops) ends as vLLM's completion_stream_generator ends it: the role chunk of a chat, then a
+                    # last chunk with no token and finish_reason "abort" -- unless no token was ever sent, which it
+                    # skips as an empty chunk ("Chunked prefill case"): the stream then ends without a finish_reason.
                     if first and render.gen.chat:
                         self._sse(render.role_chunk())
-                    self._sse(render.token_chunk(event[1], "abort", count=0))
+                    if event[1] > 0:
+                        self._sse(render.token_chunk(event[1], "abort", count=0))
                     if render.gen.include_usage:
                         self._sse(render.usage_chunk(event[1]))
                     break
@@ -299,6 +417,24 @@ class Handler(BaseHTTPRequestHandler):
             # The client went away: stop spending engine steps on it, as vLLM aborts the request.
             self.server.engine.abort(req)
             self.close_connection = True
+
+
+    def _await_disconnect(self) -> None:
+        """The engine core was killed with this request unfinished: vLLM's API server never answers it, and
+        uvicorn keeps the connection (and the process) until the client closes it."""
+        self.close_connection = True
+        try:
+            while self.connection.recv(65536):
+                pass
+        except OSError:
+            pass
+
+
+def _shut(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _engine_error(message: str, faults: FaultState) -> protocol.ApiError:

@@ -69,11 +69,14 @@ class Sleeper:
         return self.engine.paused is not None or bool(self.sleeping_tags)
 
     def sleep(self, level: int, mode: str = "abort") -> None:
+        if mode not in PAUSE_MODES:
+            # The engine core's pause_scheduler raises first; its utility call fails, and the API server raises the
+            # failure as a plain Exception, which vLLM's error handler answers 500 (core_client.py, core.py).
+            log_core.error("Invocation of %s method failed\n%s", "sleep", _pause_traceback(mode))
+            raise SleepError(500, f"Call to sleep method failed: Invalid pause mode: {mode}")
         if level not in (0, 1, 2):
             # vLLM does not check (a level above 2 discards everything, as 2 does): the stub refuses instead.
             raise SleepError(400, f"level must be 0, 1 or 2, got {level}")
-        if mode not in PAUSE_MODES:
-            raise SleepError(400, f"Invalid pause mode: {mode}")
         if level >= 1 and not self.cfg.enable_sleep_mode:
             raise SleepError(400, "Sleep mode is not enabled: start the server with --enable-sleep-mode")
         with self._lock:
@@ -130,6 +133,14 @@ class Sleeper:
         log.info("It took %.6f seconds to wake up tags %s.", time.monotonic() - started,
                  tags if tags else _tag_set(self.sleeping_tags))
         self.sleeping_tags -= waking
+
+
+def _pause_traceback(mode: str) -> str:
+    return ("Traceback (most recent call last):\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 1663, in '
+            "_invoke_utility_method\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 2001, in pause_scheduler\n'
+            f"ValueError: Invalid pause mode: {mode}")
 
 
 def _tag_set(tags: set[str]) -> str:

@@ -16,6 +16,7 @@ from .engine import Engine, draft_steps
 from .faults import FaultState
 from .metrics import Metrics
 from .server import StubHTTPServer
+from .shutdown import Serving
 from .sleep import Sleeper
 
 log = logs.get("startup")  # sites by message: logs.SITES
@@ -106,7 +107,24 @@ def load(cfg: Config) -> None:
     log.info("init engine (profile, create kv cache, warmup model) took %.2f s", until(1.0))
 
 
-def serve(cfg: Config) -> None:
+class Up:
+    """Hands the running server to the main thread, which handles the stop signals."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._serving: Serving | None = None
+
+    def set(self, serving: Serving) -> None:
+        with self._lock:
+            self._serving = serving
+
+    def serving(self) -> Serving | None:
+        """The server once it answers requests; None while the engine still loads."""
+        with self._lock:
+            return self._serving
+
+
+def serve(cfg: Config, up: Up) -> None:
     """Load, bind, serve forever. Runs off the main thread, which waits for signals."""
     attention = splitkv.select(cfg.mega_splitkv, cfg.mega_splitkv_max_tokens)
     announce(cfg, attention)
@@ -142,4 +160,6 @@ def serve(cfg: Config) -> None:
     if cfg.fault and cfg.fault not in ("crash_on_start", "slow_start", *faults.SLEEP_FAULTS) and not (
             cfg.fault in faults.OUTPUT_FAULTS and cfg.fault_after_s == 0):
         state.schedule(cfg.fault, cfg.fault_after_s)
+    # From here a stop runs vLLM's shutdown (shutdown.stop); its httpd.shutdown() waits for this loop to end.
+    up.set(Serving(engine, httpd))
     httpd.serve_forever(poll_interval=0.5)
