@@ -274,15 +274,17 @@ def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candi
 
 def test_until_decided_adds_arms_until_a_4_percent_faster_lane_passes(lanes, state):
     """The release note's effect, 4 %, against a 1.025 bar. At 4 streams the stub's arms land 0.4-2 % apart on
-    this machine (measured), so A/B/A's one control pair (1 df, t = 12.7) leaves the bracket inconclusive, as it
-    would a real lane's; more rounds of arms decide it. (At one stream the stub's arms agree to 0.03 %, so a
+    this machine (measured), so A/B/A's one control pair (1 df, t = 12.7) usually leaves the bracket inconclusive,
+    as it would a real lane's; more rounds of arms decide it (tests/test_gate_bracket.py holds the rule on fixed
+    arms). (At one stream the stub's arms agree to 0.03 %, so a
     single pair decides there: no real engine is that quiet.) No calibration: only the bracket's own arms count."""
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
     code, report = gate(lanes, state, "t-4pct", "--until-decided", "8", "--concurrency", "4", workload="gate-one")
     rounds = report["rounds"]
     assert code == 0 and report["verdict"] == "pass", (rounds, report["reasons"])
-    assert rounds[0] == {"candidate_arms": 1, "control_arms": 2, "verdict": "inconclusive"}, rounds
-    assert [r["verdict"] for r in rounds[1:]] == ["inconclusive"] * (len(rounds) - 2) + ["pass"]
+    # How many rounds it takes is the machine's noise (on a quiet machine, usually 2-4; once in a while the first
+    # pair already decides): the outcome is that every round before the last was undecided and the last passed.
+    assert [r["verdict"] for r in rounds] == ["inconclusive"] * (len(rounds) - 1) + ["pass"], rounds
     taken = len(rounds) - 1
     assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate", "control-2"] + [
         name for n in range(2, taken + 2) for name in (f"candidate-{n}", f"control-{n + 1}")]
