@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_client.py
 	$(BIN)/python benchmarks/fleet.py
 	$(BIN)/python benchmarks/standby.py
+	$(BIN)/python benchmarks/drain.py
 
 # Removes every image lanectl built (not the base images).
 clean-images:

@@ -45,7 +45,7 @@ defaults:
     env: {{STUB_LOAD_SECONDS: "{load}", STUB_WAKE_SECONDS: "{wake}", VLLM_SERVER_DEV_MODE: "1"}}
     init: true
     gpus: {{device_ids: ["0"]}}
-    stop_timeout_seconds: 10
+    stop_timeout_seconds: 30
   companions:
     rtx:
       engine:
@@ -53,7 +53,7 @@ defaults:
         env: {{STUB_LOAD_SECONDS: "{load}", STUB_WAKE_SECONDS: "{wake}", VLLM_SERVER_DEV_MODE: "1"}}
         init: true
         gpus: {{device_ids: ["1"]}}
-        stop_timeout_seconds: 10
+        stop_timeout_seconds: 30
   health:
     startup_budget_minutes: 5
     poll_interval_seconds: 0.5

@@ -243,9 +243,10 @@ class FakeEngines:
             return GateResult(False, check, f"{lane.name} is broken", 0.1, ("a log line",), ())
         return GateResult(True, None, "ready", 0.1, (), ())
 
-    def sleep(self, lane: Lane, role: str) -> None:
+    def sleep(self, lane: Lane, role: str) -> str:
         if lane.name in self.failing_sleeps:
-            raise StandbyError('POST /reset_prefix_cache answered 200 {"success": false}')
+            raise StandbyError("POST /sleep?level=1&mode=wait answered 500: Call to sleep method failed")
+        return "no request in flight"
 
     def wake(self, lane: Lane) -> None:
         if lane.name in self.failing_wakes:

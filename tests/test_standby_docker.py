@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.lane_fixtures import LaneProject, free_port, make_lane_project, remove_containers, remove_everything
+from tests.streams import Streams
 
 pytestmark = pytest.mark.docker
 
@@ -42,8 +43,8 @@ def fault_lanes() -> str:
         _lane("t-wakefail", {"STUB_FAULT": "wake_fail"}),
         _lane("t-altered", {"STUB_FAULT": "wake_altered"}),
         _lane("t-dies", {"STUB_FAULT": "die_asleep", "STUB_FAULT_AFTER_S": "0.5"}),
-        # POST /reset_prefix_cache answers 200 {"success": false}, as vLLM 0.31.0 does while blocks are held.
-        _lane("t-heldcache", {"STUB_FAULT": "prefix_cache_held"}),
+        # Its sleep fails (500 from the engine core's failed offload).
+        _lane("t-sleepfail", {"STUB_FAULT": "sleep_fail"}),
         # Its wake takes longer than its recipe allows.
         _lane("t-slowwake", {"STUB_WAKE_SECONDS": "5"}, "    standby: {wake_timeout_seconds: 1}\n"),
         # Asks for more host memory for its weights than any test machine has.
@@ -52,7 +53,7 @@ def fault_lanes() -> str:
 
 
 LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy",
-         "t-heldcache"]
+         "t-sleepfail"]
 
 
 @pytest.fixture(scope="module")
@@ -245,17 +246,29 @@ def test_too_little_host_memory_stops_the_lane_instead(lanes, state):
     assert [c["status"] for c in row(data, "t-heavy")["containers"]] == ["exited", "exited"]
 
 
-def test_a_sleep_whose_prefix_cache_reset_failed_stops_the_lane_instead(lanes, state):
-    up(lanes, state, "t-heldcache")
+def test_a_sleep_that_fails_stops_the_lane_instead(lanes, state):
+    up(lanes, state, "t-sleepfail")
     switched = up(lanes, state, "demo-h2")
-    assert ('t-heldcache is stopped instead of left asleep: sleep failed: ' in switched.stderr
-            and 'POST /reset_prefix_cache answered 200 {"success": false}' in switched.stderr), switched.stderr
+    assert "t-sleepfail is stopped instead of left asleep: sleep failed: " in switched.stderr and \
+        "Call to sleep method failed: CuMemAllocator" in switched.stderr, switched.stderr
     assert "waits asleep" not in switched.stdout
     data = status(lanes, state)
-    assert row(data, "t-heldcache")["standby"] is None
-    assert [c["status"] for c in row(data, "t-heldcache")["containers"]] == ["exited", "exited"]
-    notes = [r for r in records(lanes, state) if r["kind"] == "note" and r.get("lane") == "t-heldcache"]
-    assert any('{"success": false}' in r["message"] for r in notes), notes
+    assert row(data, "t-sleepfail")["standby"] is None
+    assert [c["status"] for c in row(data, "t-sleepfail")["containers"]] == ["exited", "exited"]
+    notes = [r for r in records(lanes, state) if r["kind"] == "note" and r.get("lane") == "t-sleepfail"]
+    assert any("CuMemAllocator" in r["message"] for r in notes), notes
+
+
+def test_requests_in_flight_when_a_lane_falls_asleep_finish_before_it_sleeps(lanes, state):
+    up(lanes, state, "demo-h1")
+    streams = Streams(f"http://127.0.0.1:{port(lanes, 'demo-h1')}", "demo-model").start()
+    streams.running()
+    switched = up(lanes, state, "demo-h2")
+    assert "demo-h1 waits asleep as a standby" in switched.stdout
+    assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
+    sleeps = [r for r in records(lanes, state) if r["kind"] == "step" and r["step"] ==
+              f"sleep:{lanes.container('demo-h1')}"]
+    assert "8 request(s) in flight, all finished before it slept" in sleeps[-1]["detail"], sleeps
 
 
 def test_down_stops_the_standbys_too(lanes, state):

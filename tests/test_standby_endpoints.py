@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from lanectl.lanes.standby import SleepEndpoints, StandbyError
-from tests.stub_engine.stubproc import StubProcess, stub_spawner
+from tests.streams import Streams
+from tests.stub_engine.stubproc import MODEL_NAME, StubProcess, stub_spawner
 
 Spawn = Callable[..., StubProcess]
 DEV = {"VLLM_SERVER_DEV_MODE": "1", "STUB_SLEEP_SECONDS": "0", "STUB_WAKE_SECONDS": "0", "STUB_STATS_INTERVAL_S": "0"}
@@ -35,14 +36,23 @@ def test_sleep_and_wake_of_a_stub_in_good_order(spawn) -> None:
     assert endpoints.sleep_state()["awake"] == 1.0
 
 
-def test_a_prefix_cache_reset_that_answers_success_false_fails_the_sleep(spawn) -> None:
-    p = spawn({"STUB_FAULT": "prefix_cache_held"})
+def test_a_sleep_lets_the_requests_in_flight_finish_first(spawn) -> None:
+    p = spawn()
     endpoints = SleepEndpoints(p.url, 10)
-    with pytest.raises(StandbyError) as failed:
-        endpoints.sleep(1)
-    assert str(failed.value) == ('POST /reset_prefix_cache answered 200 {"success": false}: the engine still holds '
-                                 "cached blocks (requests running?), so a wake could serve stale prefixes")
-    assert not endpoints.is_sleeping(), "nothing was put to sleep after the failed reset"
+    streams = Streams(p.url, MODEL_NAME, count=4, max_tokens=60).start()
+    streams.running()
+    assert endpoints.sleep(1, drain_seconds=30) == "4 request(s) in flight, all finished before it slept"
+    assert streams.ends() == ["length"] * 4 and endpoints.is_sleeping()
+
+
+def test_requests_still_running_when_the_drain_is_up_are_aborted_and_the_sleep_says_so(spawn) -> None:
+    p = spawn()
+    endpoints = SleepEndpoints(p.url, 10)
+    streams = Streams(p.url, MODEL_NAME, count=3, max_tokens=5000).start()
+    streams.running()
+    said = endpoints.sleep(1, drain_seconds=0.5)
+    assert said.startswith("3 request(s) still in flight after the drain's 0.5 s were CUT"), said
+    assert streams.ends() == ["abort"] * 3 and endpoints.is_sleeping()
 
 
 class _Engine(BaseHTTPRequestHandler):
@@ -96,8 +106,8 @@ def _metrics(awake: int, offloaded: int, discard: int) -> bytes:
                                         ("discard_all", discard))).encode()
 
 
-def _answers(metrics: bytes, reset: bytes = b'{"success": true}') -> dict[str, tuple[int, bytes]]:
-    return {"/reset_prefix_cache": (200, reset), "/sleep?level=1": (200, b""),
+def _answers(metrics: bytes) -> dict[str, tuple[int, bytes]]:
+    return {"/sleep?level=1&mode=wait": (200, b""),
             "/is_sleeping": (200, json.dumps({"is_sleeping": True}).encode()), "/metrics": (200, metrics)}
 
 
@@ -112,7 +122,8 @@ def test_is_sleeping_and_the_sleep_state_gauge_must_agree(engine) -> None:
     assert str(failed.value) == ("/is_sleeping says asleep after POST /sleep?level=1, but vllm:engine_sleep_state says "
                                  "awake=1, discard_all=0, weights_offloaded=0 (a level-1 sleep reads awake=0, "
                                  "discard_all=0, weights_offloaded=1)")
-    assert server.seen == ["POST /reset_prefix_cache", "POST /sleep?level=1", "GET /is_sleeping", "GET /metrics"]
+    # The requests in flight first (this engine's /metrics has none to count), then the sleep and its checks.
+    assert server.seen == ["GET /metrics", "POST /sleep?level=1&mode=wait", "GET /is_sleeping", "GET /metrics"]
 
 
 def test_a_level_1_sleep_that_the_gauge_reports_as_level_2_is_not_trusted(engine) -> None:
@@ -126,14 +137,4 @@ def test_an_engine_without_the_gauge_is_not_trusted(engine) -> None:
 
 
 def test_the_gauge_and_is_sleeping_agreeing_passes(engine) -> None:
-    SleepEndpoints(url(engine(_answers(_metrics(0, 1, 0)))), 5).sleep(1)
-    # An empty 200 from the reset (vLLM before 0.31.0) is no claim either way.
-    SleepEndpoints(url(engine(_answers(_metrics(0, 1, 0), reset=b""))), 5).sleep(1)
-
-
-@pytest.mark.parametrize("reset", [b'{"success": "yes"}', b"ok", b"[]"])
-def test_a_reset_answer_of_another_shape_fails_the_sleep(engine, reset: bytes) -> None:
-    server = engine(_answers(_metrics(0, 1, 0), reset=reset))
-    with pytest.raises(StandbyError, match=r"^POST /reset_prefix_cache answered .*, not \{\"success\": bool\}$"):
-        SleepEndpoints(url(server), 5).sleep(1)
-    assert server.seen == ["POST /reset_prefix_cache"]
+    assert SleepEndpoints(url(engine(_answers(_metrics(0, 1, 0)))), 5).sleep(1) == "no request in flight"

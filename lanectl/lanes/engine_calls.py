@@ -9,7 +9,6 @@ a gate costs Docker one request (and an inspect if the container exits), however
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -19,11 +18,17 @@ from typing import Protocol
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.dockerapi.engine_api import NotFound, Stream
 from lanectl.health.engine_exit import exit_detail
-from lanectl.health.engine_http import EngineHttp, EngineUnanswered
 from lanectl.health.gate import ContainerStatus, GateProgress, GateResult, HealthGate
 from lanectl.health.probe import EndpointProbe, probe_base_url
-from lanectl.lanes.standby import SleepEndpoints, StandbyError, role_base_url
+from lanectl.lanes.standby import (
+    DEFAULT_DRAIN_SECONDS,
+    METRICS_TIMEOUT_SECONDS,
+    SleepEndpoints,
+    StandbyError,
+    role_base_url,
+)
 from lanectl.recipe.catalog import Lane
+from lanectl.recipe.shutdown import drain_seconds
 
 
 class EngineCalls(Protocol):
@@ -32,7 +37,9 @@ class EngineCalls(Protocol):
         (a UNIX time; None: from the start of the container's current run)."""
         ...
 
-    def sleep(self, lane: Lane, role: str) -> None: ...
+    def sleep(self, lane: Lane, role: str) -> str:
+        """Put one engine of the lane to sleep; says what became of the requests it was answering."""
+        ...
 
     def wake(self, lane: Lane) -> None:
         """Wake every container of the lane; raises StandbyError naming each that failed."""
@@ -45,8 +52,6 @@ class EngineCalls(Protocol):
         ...
 
 
-IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
-METRICS_TIMEOUT_SECONDS = 2.0
 
 
 class LaneEngines:
@@ -73,11 +78,15 @@ class LaneEngines:
         finally:
             log.close()
 
-    def sleep(self, lane: Lane, role: str) -> None:
+    def sleep(self, lane: Lane, role: str) -> str:
+        """Put the role's engine to sleep after the requests it answers finished, within its drain (the same time
+        a stop would give them); says what became of them."""
         standby = lane.spec.standby
         if standby is None:
             raise StandbyError(f"{lane.name}'s recipe asks for no standby")
-        SleepEndpoints(role_base_url(lane, role), standby.wake_timeout_seconds).sleep(standby.level)
+        drain = drain_seconds(lane.spec, role)
+        return SleepEndpoints(role_base_url(lane, role), standby.wake_timeout_seconds).sleep(
+            standby.level, DEFAULT_DRAIN_SECONDS if drain is None else drain)
 
     def wake(self, lane: Lane) -> None:
         """Every container at once: they are separate engines on separate GPUs, and waking them one after
@@ -100,11 +109,9 @@ class LaneEngines:
 
     def in_flight(self, lane: Lane, role: str) -> int | None:
         try:
-            answer = EngineHttp(role_base_url(lane, role)).request("GET", "/metrics", timeout=METRICS_TIMEOUT_SECONDS)
-        except (EngineUnanswered, StandbyError):
+            return SleepEndpoints(role_base_url(lane, role), METRICS_TIMEOUT_SECONDS).in_flight()
+        except StandbyError:  # the role publishes no port
             return None
-        values = IN_FLIGHT.findall(answer.text) if answer.status == 200 else []
-        return round(sum(float(value) for value in values)) if values else None
 
     def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str:
         timeout = lane.spec.health.generation_probe.timeout_seconds

@@ -459,15 +459,15 @@ class Executor:
             record = StandbyRecord(lane=lane.name, since=self.standbys.timestamp(), fingerprint=fingerprint)
             self._standbys(lambda s: s.with_standby(record))
         started = time.time()
-        self.calls.sleep(lane, step.role)
+        drained = self.calls.sleep(lane, step.role)
         if step.role == ROLE_PRIMARY:
             run.slept.append(lane.name)
             resident = resident_gib(self.engine.logs(step.container, since=started - 1))
             if resident is not None:
                 self._standbys(lambda s: s.with_standby(s.standby(lane.name).model_copy(  # type: ignore[union-attr]
                     update={"resident_gib": resident})) if s.standby(lane.name) else s)
-                return f"{resident:g} GiB still in use on the GPU"
-        return ""
+                return f"{drained}; {resident:g} GiB still in use on the GPU"
+        return drained
 
     def _check_memory(self, run: _Run, target: Lane) -> str:
         if not run.slept:

@@ -14,6 +14,7 @@ standby. Every failure is a `StandbyError` whose message says what the engine an
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
@@ -31,6 +32,13 @@ EXPECTED_SLEEP_STATE = {
     1: {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0},
     2: {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0},
 }
+
+
+# Requests in flight, on /metrics: `vllm:num_requests_running{engine="0",model_name="m"} 8.0`, and `_waiting`.
+IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+METRICS_TIMEOUT_SECONDS = 2.0
+# How long a sleep lets the requests in flight finish when the role's drain is not known (an engine of its own).
+DEFAULT_DRAIN_SECONDS = 30.0
 
 
 class StandbyError(Exception):
@@ -62,9 +70,9 @@ class SleepEndpoints:
         self.engine = EngineHttp(base_url)
         self.timeout = timeout
 
-    def _request(self, method: str, path: str, json_body: Any = None) -> EngineAnswer:
+    def _request(self, method: str, path: str, json_body: Any = None, *, timeout: float | None = None) -> EngineAnswer:
         try:
-            response = self.engine.request(method, path, timeout=self.timeout, json_body=json_body)
+            response = self.engine.request(method, path, timeout=timeout or self.timeout, json_body=json_body)
         except EngineUnanswered as exc:
             raise StandbyError(f"{method} {path}: {exc}") from None
         if response.status != 200:
@@ -118,9 +126,53 @@ class SleepEndpoints:
             raise StandbyError("GET /metrics has no vllm:engine_sleep_state gauge (vLLM 0.31.0 always serves it)")
         return states
 
-    def sleep(self, level: int) -> None:
-        self.reset_prefix_cache()
-        self._request("POST", f"/sleep?level={level}")
+    def in_flight(self) -> int | None:
+        """Requests the engine runs or has waiting (`vllm:num_requests_running` + `waiting` on /metrics); None when
+        it does not say."""
+        try:
+            response = self.engine.request("GET", "/metrics", timeout=min(self.timeout, METRICS_TIMEOUT_SECONDS))
+        except EngineUnanswered:
+            return None
+        values = IN_FLIGHT.findall(response.text) if response.status == 200 else []
+        return round(sum(float(value) for value in values)) if values else None
+
+    def sleep(self, level: int, drain_seconds: float = DEFAULT_DRAIN_SECONDS) -> str:
+        """Put the engine to sleep once the requests it is answering have finished, waiting for them at most
+        `drain_seconds`; past that, the rest are aborted (POST /abort_requests) and the sleep goes on. Returns what
+        became of them. vLLM's level >= 1 sleep clears the prefix cache itself once they are done, so a wake cannot
+        serve stale prefixes (a separate /reset_prefix_cache would fail while they run)."""
+        in_flight = self.in_flight()
+        answered: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                answered["ok"] = self._request("POST", f"/sleep?level={level}&mode=wait",
+                                               timeout=drain_seconds + self.timeout)
+            except StandbyError as exc:
+                answered["error"] = exc
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(drain_seconds)
+        cut = 0
+        if asking.is_alive() and self.in_flight():
+            answer = self._request("POST", "/abort_requests", {}).json()
+            cut = int(answer.get("aborted") or 0) if isinstance(answer, dict) else 0
+        asking.join(self.timeout + drain_seconds)
+        if asking.is_alive():
+            raise StandbyError(f"POST /sleep?level={level}&mode=wait: no answer within "
+                               f"{drain_seconds + self.timeout:g} s")
+        if "error" in answered:
+            raise answered["error"]
+        self._check_asleep(level)
+        if cut:
+            return (f"{cut} request(s) still in flight after the drain's {drain_seconds:g} s were CUT (aborted, "
+                    f"finish_reason \"abort\") before it slept")
+        if in_flight:
+            return f"{in_flight} request(s) in flight, all finished before it slept"
+        return "no request in flight"
+
+    def _check_asleep(self, level: int) -> None:
         if not self.is_sleeping():
             raise StandbyError(f"POST /sleep?level={level} answered 200 but /is_sleeping still says false")
         states = self.sleep_state()

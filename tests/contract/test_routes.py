@@ -1,7 +1,7 @@
 """routes: lanectl's EndpointProbe, SleepEndpoints and wake check against the vLLM release's own API routers.
 
 vLLM's app (vllm_server.py) answers as vLLM does, failures included: `/health` 503 for a dead engine,
-`{"success": false}` from a prefix-cache reset that could not drop held blocks, 500 with the error for a failed
+a sleep that waits for the requests in flight, the count of an abort, 500 with the error for a failed
 wake, 404 for the sleep routes without development mode. lanectl must read each the way it claims to. Where releases
 differ (0.31.0 answers a sleep and a wake with an empty 200, 0.32.0 with `{"status": …}`), lanectl reads the engine's
 state (`/is_sleeping`), not the answer's body, and these tests hold it to that on each release.
@@ -67,19 +67,20 @@ def test_the_generation_probe_is_a_request_vllm_accepts_and_its_answer_one_lanec
     assert request.model == MODEL and request.max_tokens <= 3 and request.temperature == 0
 
 
-def test_a_sleep_resets_the_prefix_cache_then_sleeps_at_the_level_asked(server: VllmServer) -> None:
+def test_a_sleep_waits_for_the_requests_in_flight_at_the_level_asked(server: VllmServer) -> None:
+    """mode=wait: vLLM's route passes it to the engine, whose level >= 1 sleep drains, then clears the prefix
+    cache itself (v1/engine/core.py sleep -> pause_scheduler(clear_cache=True)): no separate reset is asked."""
     SleepEndpoints(server.url, timeout=5).sleep(1)
-    assert server.engine.calls == [("reset_prefix_cache", False, False), ("sleep", 1, "abort")]
+    assert server.engine.calls == [("sleep", 1, "wait")]
     assert server.engine.sleeping
 
 
-def test_a_prefix_cache_reset_that_vllm_reports_as_failed_fails_the_sleep(server: VllmServer) -> None:
-    """vLLM answers 200 {"success": false} while blocks are held; a standby that kept them can serve stale text."""
-    server.engine.prefix_cache_held = True
-    assert httpx.post(server.url + "/reset_prefix_cache").json() == {"success": False}
-    with pytest.raises(StandbyError, match="reset_prefix_cache"):
-        SleepEndpoints(server.url, timeout=5).sleep(1)
-    assert ("sleep", 1, "abort") not in server.engine.calls, "the lane was put to sleep after a failed reset"
+def test_the_abort_lanectl_sends_past_a_drain_is_a_route_vllm_answers_with_a_count(server: VllmServer) -> None:
+    """POST /abort_requests (the rlhf development router): lanectl reads `aborted` from its answer. With no ids it
+    aborts everything the AsyncLLM tracks; with ids, those (this fake engine client is no AsyncLLM, so ids)."""
+    answer = httpx.post(server.url + "/abort_requests", json={"request_ids": ["a", "b"]})
+    assert (answer.status_code, answer.json()) == (200, {"status": "aborted", "aborted": 2})
+    assert server.engine.calls == [("abort", ["a", "b"], False)]
 
 
 def test_a_sleep_leaves_vllms_sleep_state_gauge_at_the_level_slept(server: VllmServer) -> None:

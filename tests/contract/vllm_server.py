@@ -86,6 +86,9 @@ class FakeEngineClient:
     async def is_sleeping(self) -> bool:
         return self.sleeping
 
+    async def abort(self, request_id: str | list[str], internal: bool = False) -> None:
+        self.calls.append(("abort", request_id, internal))
+
     async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_external: bool = False) -> bool:
         self.calls.append(("reset_prefix_cache", reset_running_requests, reset_external))
         return not self.prefix_cache_held

@@ -35,7 +35,8 @@ Environment (stub knobs; all optional):
     STUB_FLIP_EVERY=0              N > 0: at every Nth position (1-based) where the model is
                                    confident, emit the runner-up token instead (a "confident flip")
     STUB_FAULT=                    crash | crash_on_start | hang | unhealthy | fatal_log | slow_start
-                                   | wake_fail | wake_altered | die_asleep (sleep mode: see sleep.py)
+                                   | wake_fail | wake_altered | die_asleep | sleep_fail (sleep mode:
+                                   see sleep.py)
                                    | prefix_cache_held (POST /reset_prefix_cache answers {"success": false})
                                    | broken_tool_json | leak_reasoning | loop | miss_needle (output
                                    faults, each failing one of lanectl's probes: see faults.py, answers.py)

@@ -18,7 +18,7 @@ USAGE = (
 )
 
 FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start",
-          "wake_fail", "wake_altered", "die_asleep", "prefix_cache_held",
+          "wake_fail", "wake_altered", "die_asleep", "sleep_fail", "prefix_cache_held",
           "broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 
 

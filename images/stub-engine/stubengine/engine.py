@@ -210,6 +210,15 @@ class Engine:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    def abort_all(self) -> int:
+        """vLLM's POST /abort_requests with no ids: every request the API server tracks ends as aborted, queued
+        ones included; the scheduler is not paused. Returns how many."""
+        with self._cond:
+            count = len(self._running) + len(self._waiting)
+            self._abort_all()
+            self._cond.notify_all()
+            return count
+
     def _abort_all(self) -> None:
         for req in itertools.chain(self._running, self._waiting):
             req.aborted = True

@@ -40,7 +40,7 @@ api_log = logs.get("api_server")
 
 OUTPUT_FAULTS = ("broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 RUNTIME_FAULTS = ("crash", "hang", "unhealthy", "fatal_log", *OUTPUT_FAULTS, "clear")
-SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep")
+SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep", "sleep_fail")
 
 FATAL_CUDA_LINE = "CUDA error: an illegal memory access was encountered"
 

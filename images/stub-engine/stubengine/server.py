@@ -26,7 +26,7 @@ from .sleep import Sleeper, SleepError
 
 MAX_BODY = 64 * 1024 * 1024
 # Mounted only with VLLM_SERVER_DEV_MODE=1, as vLLM does; the other method of each answers 405, as FastAPI does.
-DEV_ROUTES = ("/sleep", "/wake_up", "/reset_prefix_cache")
+DEV_ROUTES = ("/sleep", "/wake_up", "/reset_prefix_cache", "/abort_requests")
 DEV_GET_ROUTES = ("/is_sleeping",)
 # FastAPI's reading of a bool query parameter.
 TRUE_WORDS = ("1", "true", "on", "yes")
@@ -224,8 +224,7 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/admin/fault" and self.server.cfg.admin:
                 self._admin_fault()
             elif path in DEV_ROUTES and self.server.cfg.dev_mode:
-                self._body()
-                self._dev_route(path)
+                self._dev_route(path, self._body())
             elif path in DEV_GET_ROUTES and self.server.cfg.dev_mode:
                 self._body()
                 self._method_not_allowed("GET")
@@ -246,12 +245,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _dev_route(self, path: str) -> None:
+    def _dev_route(self, path: str, body: Any) -> None:
         """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): /sleep and /wake_up answer 200 with an empty
         body once done, /reset_prefix_cache 200 with {"success": bool}, as vLLM 0.31.0 answers."""
         query = parse_qs(urlsplit(self.path).query)
         if path == "/reset_prefix_cache":
             self._json(200, {"success": self._reset_prefix_cache(query)})
+            return
+        if path == "/abort_requests":
+            # vLLM's rlhf router: a JSON body ({} or {"request_ids": [...]}); with no ids everything is aborted.
+            if not isinstance(body, dict) or body.get("request_ids"):
+                raise protocol.ApiError(400, "the stub aborts everything only: send {}", "BadRequestError")
+            self._json(200, {"status": "aborted", "aborted": self.server.engine.abort_all()})
             return
         try:
             if path == "/sleep":

@@ -79,6 +79,12 @@ class Sleeper:
             raise SleepError(400, f"level must be 0, 1 or 2, got {level}")
         if level >= 1 and not self.cfg.enable_sleep_mode:
             raise SleepError(400, "Sleep mode is not enabled: start the server with --enable-sleep-mode")
+        if level >= 1 and self.cfg.fault == "sleep_fail":
+            # The engine core's sleep failing (its allocator could not offload): vLLM's utility call fails and the
+            # API server answers 500 with the error, as for an unknown mode.
+            log_core.error("Invocation of %s method failed\n%s", "sleep", "RuntimeError: CuMemAllocator: cannot "
+                           "offload the weights (stub engine: STUB_FAULT=sleep_fail)")
+            raise SleepError(500, "Call to sleep method failed: CuMemAllocator: cannot offload the weights")
         with self._lock:
             if mode == "wait" and self.engine.paused is None and self.engine.gauges().running:
                 log_core.info("Waiting for in-flight requests to complete before sleeping...")

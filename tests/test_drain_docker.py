@@ -1,0 +1,100 @@
+"""No request is lost to a switch (issue 31): 8 streaming completions in flight when a lane is stopped by `up`,
+`rollback`, `down` or a watchdog restart all finish whole when the drain fits the stop timeout (the demo lanes
+drain 15 s of their 30 s); a lane whose drain is 0 (vLLM's default) cuts them, and the journal says how many.
+
+The demo recipe on the real engine (tests/lane_fixtures.py): every lane on the same host port, so a client keeps
+one address across a switch, as it would behind the box's proxy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.lane_fixtures import LaneProject, make_lane_project, remove_containers, remove_everything
+from tests.streams import Streams
+
+pytestmark = pytest.mark.docker
+
+# demo-h1 as it would run without lanectl's drain: vLLM's default, abort on SIGTERM.
+NO_DRAIN = """
+  t-nodrain:
+    description: demo-h1 with --shutdown-timeout 0 (vLLM's default)
+    engine:
+      args: [/model, --served-model-name, demo-model, --max-num-seqs, "32", --host, 0.0.0.0, --port, "8000",
+             --enable-sleep-mode, --shutdown-timeout, "0"]
+"""
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory):
+    project = make_lane_project(tmp_path_factory.mktemp("drain"), extra_lanes=NO_DRAIN)
+    project.cli("build", "demo-h1", "demo-h2", "t-nodrain", state=tmp_path_factory.mktemp("build-state"),
+                check=True, timeout=600)
+    yield project
+    remove_everything(project)
+
+
+@pytest.fixture
+def state(lanes: LaneProject, tmp_path: Path):
+    yield tmp_path / "state"
+    remove_containers(lanes)
+
+
+def url(lanes: LaneProject) -> str:
+    recipe = (lanes.root / "recipes" / "lanes.yaml").read_text()
+    return f"http://127.0.0.1:{int(recipe.split('host: ', 1)[1].split(',', 1)[0])}"
+
+
+def in_flight(lanes: LaneProject) -> Streams:
+    streams = Streams(url(lanes), "demo-model").start()
+    streams.running()
+    return streams
+
+
+def stops(lanes: LaneProject, state: Path, lane: str) -> list[dict]:
+    """The journal's stop steps of `lane`'s primary, with what each measured."""
+    records = json.loads(lanes.cli("history", "-n", "500", "--json", state=state, check=True).stdout)["data"]
+    return [r for r in records["records"] if r["kind"] == "step" and r["step"] == f"stop:{lanes.container(lane)}"]
+
+
+@pytest.mark.parametrize("switch", ["up", "rollback", "down"])
+def test_requests_in_flight_when_a_switch_stops_their_lane_all_finish(lanes, state, switch):
+    lanes.cli("up", "demo-h2", "--no-gpu", state=state, check=True)
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    streams = in_flight(lanes)
+    command = {"up": ["up", "demo-h2", "--no-gpu"], "rollback": ["rollback", "--no-gpu"], "down": ["down"]}[switch]
+    result = lanes.cli(*command, state=state)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
+    assert all(s.tokens == 300 and s.done for s in streams.streams)
+    (stop,) = stops(lanes, state, "demo-h1")
+    assert (stop["in_flight"], stop["cut"]) == (8, 0), stop
+    assert "8 request(s) in flight, all finished (drained within 15 s)" in stop["detail"]
+
+
+def test_requests_in_flight_when_the_watchdog_restarts_their_lane_all_finish(lanes, state, tmp_path):
+    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    streams = in_flight(lanes)
+    httpx.post(url(lanes) + "/admin/fault", json={"fault": "fatal_log"}, timeout=5).raise_for_status()
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    check = lanes.cli("watchdog", "check", "--json", state=state,
+                      extra_env={"LANECTL_KERNEL_LOG": f"file:{kernel_log}"})
+    assert json.loads(check.stdout)["data"]["action"] == "restart", check.stdout + check.stderr
+    assert streams.ends() == ["length"] * 8
+    (stop,) = stops(lanes, state, "demo-h1")
+    assert (stop["in_flight"], stop["cut"]) == (8, 0), stop
+
+
+def test_a_drain_that_does_not_fit_cuts_the_requests_and_the_journal_says_how_many(lanes, state):
+    lanes.cli("up", "t-nodrain", "--no-gpu", state=state, check=True)
+    streams = in_flight(lanes)
+    result = lanes.cli("up", "demo-h1", "--no-gpu", state=state)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert streams.ends() == ["abort"] * 8
+    (stop,) = stops(lanes, state, "t-nodrain")
+    assert (stop["in_flight"], stop["cut"]) == (8, 8), stop
+    assert "8 request(s) in flight CUT: the engine aborted them" in result.stderr
