@@ -162,4 +162,5 @@ def serve(cfg: Config, up: Up) -> None:
         state.schedule(cfg.fault, cfg.fault_after_s)
     # From here a stop runs vLLM's shutdown (shutdown.stop); its httpd.shutdown() waits for this loop to end.
     up.set(Serving(engine, httpd))
-    httpd.serve_forever(poll_interval=0.5)
+    # A short poll: httpd.shutdown() waits up to one poll for the loop to notice, and every stop of a lane pays it.
+    httpd.serve_forever(poll_interval=0.05)
