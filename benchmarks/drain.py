@@ -139,7 +139,7 @@ def measure(project: LaneProject, setup: list[list[str]], switch: list[str], fau
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lanectl-bench-drain-") as tmp:
-        project = make_lane_project(Path(tmp), standby=True,
+        project = make_lane_project(Path(tmp), standby=True, stop_timeout_seconds=30,
                                     extra_lanes=NO_DRAIN.format(primary=free_port(), rtx=free_port()))
         kernel_log = Path(tmp) / "kern.log"
         kernel_log.write_text("")

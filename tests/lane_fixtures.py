@@ -103,7 +103,13 @@ DEMO_GPUS = re.compile(r"^(?:    # As h1-REF/h2-REF: GPU .*\n)?\s+gpus: \{device
 STANDBY_BLOCK = re.compile(r"^  # standby: begin\n.*^  # standby: end\n", re.MULTILINE | re.DOTALL)
 
 
-def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = FAULT_LANES) -> LaneProject:
+# The demo's stop timeout (30 s) drains 15 s: a test lane that never finishes a request (t-hang) would wait that out
+# at every stop. The tests' lanes drain 3 s, which their short requests fit; the drain tests ask for the demo's.
+TEST_STOP_TIMEOUT_SECONDS = 18
+
+
+def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = FAULT_LANES,
+                      stop_timeout_seconds: int = TEST_STOP_TIMEOUT_SECONDS) -> LaneProject:
     """The demo recipe for tests. Without `standby`, its standby block is cut out and every lane publishes the
     same two host ports, so lanes switch stop-first exactly as before standbys existed; with it, each demo
     lane keeps its own ports (a sleeping lane holds its port)."""
@@ -138,6 +144,9 @@ def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = F
             # every pass, and restart without backoff waits, at most twice before a rollback.
             .replace('STUB_DECODE_TOKENS_PER_S: "100"', 'STUB_DECODE_TOKENS_PER_S: "100"\n      STUB_ADMIN: "1"')
             .replace("interval_seconds: 10", "interval_seconds: 0.1")
+            .replace("stop_timeout_seconds: 30\n", f"stop_timeout_seconds: {stop_timeout_seconds}\n")
+            # A hung stub answers a generation never: the tests that wait for its probes to time out wait 2 s each.
+            .replace("      timeout_seconds: 5\n", "      timeout_seconds: 2\n")
             .replace("max_restarts: 3", "max_restarts: 2")
             .replace("backoff_initial_seconds: 1", "backoff_initial_seconds: 0"))
     assert f"host: {primary_port}" in text and f"lt-{unique}" in text

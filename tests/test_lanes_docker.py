@@ -190,11 +190,14 @@ def test_two_ups_at_once_the_second_waits_then_gives_up_naming_the_holder(lanes,
     assert serving(lanes, status(lanes, state), "demo-h1")
 
 
-SWITCH_STEPS = 8  # demo-h1 -> demo-h2: stop rtx, stop primary, create+start primary, create+start rtx, gate, activate
+# Every step of every kind of switch is killed in tests/test_switch_execute.py (the in-memory engine); here, on
+# Docker, the two moments that matter most: after both old containers stopped (nothing serves), and after the new
+# primary started (the reconcile must gate it, and start the companion the killed run had not).
+KILLED_AFTER = (3, 5)
 
 
-@pytest.mark.parametrize("crash_after", range(1, SWITCH_STEPS + 1))
-def test_kill_9_at_any_step_is_reconciled_by_the_next_command(lanes, state, crash_after):
+@pytest.mark.parametrize("crash_after", KILLED_AFTER)
+def test_kill_9_mid_switch_is_reconciled_by_the_next_command(lanes, state, crash_after):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
     killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state,
                        extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": str(crash_after)})
@@ -219,8 +222,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(lanes, state):
     result = lanes.cli("up", "demo-h2", "--dry-run", state=state)
     assert result.returncode == 0
     assert result.stdout.splitlines()[1:4] == [
-        f"would stop {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1), allowing 30 s to exit",
-        f"would stop {lanes.container('demo-h1')} (primary of demo-h1), allowing 30 s to exit",
+        f"would stop {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1), allowing 18 s to exit",
+        f"would stop {lanes.container('demo-h1')} (primary of demo-h1), allowing 18 s to exit",
         f"would create {lanes.container('demo-h2')} (primary of demo-h2)",
     ]
     after = status(lanes, state)

@@ -452,11 +452,9 @@ def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
 
 
 def test_run_mode_overlaps_the_probes_of_a_hung_engine(lanes, state, tmp_path):
-    """Each probe of a hung engine waits out the generation timeout (5 s here): issued one after another,
-    three failed probes would span at least two timeouts. Issued at the probe interval (0.2 s), their
-    answers come within one timeout of each other, and the restart with the third."""
-    from datetime import datetime
-
+    """Each probe of a hung engine waits out the generation timeout: issued one after another, three failed probes
+    would span at least two timeouts. Issued at the probe interval (0.2 s), they are out at the same time (the
+    journal says how many others were out when each failure came), and the restart comes with the third."""
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
     lanes.cli("watchdog", "arm", state=state, check=True)
     run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
@@ -477,8 +475,8 @@ def test_run_mode_overlaps_the_probes_of_a_hung_engine(lanes, state, tmp_path):
     failures = [r for r in observed if "generation probe timed out" in r["reason"]]
     assert [r["action"] for r in failures[:3]] == ["none", "none", "restart"], observed
     assert failures[0]["reason"].startswith("probe failed 1/3") and failures[1]["reason"].startswith("probe failed 2/3")
-    first, third = (datetime.fromisoformat(r["ts"]).timestamp() for r in (failures[0], failures[2]))
-    assert third - first < 5.0, f"the failed probes came {third - first:.1f} s apart: they did not overlap"
+    # Overlap as an outcome, whatever the machine's speed: a failed round was answered while others were still out.
+    assert max(r["rounds_overlapping"] for r in failures[:3]) >= 1, failures
     assert "demo-h1: restart: 3 consecutive failed probes: generation probe timed out" in stderr, stderr
 
 

@@ -73,6 +73,9 @@ class ProbeRound:
     health: ProbeResult
     generation: ProbeResult | None
     finished: float  # UNIX time
+    # `run` mode: how many other rounds were still waiting for their answers when this one came (rounds overlap,
+    # so a hung engine's timeouts are not waited out one after another).
+    overlapping: int = 0
 
 
 def probe_round(endpoints: EndpointProbe, lane: str, started_at: str | None, generate: bool) -> ProbeRound:
@@ -239,7 +242,8 @@ class Watchdog:
         if decision.failing or decision.action != "none" or xids:
             self.journal.append("watchdog", event="observation", lane=lane.name, action=decision.action,
                                 armed=armed, reason="; ".join((decision.reason, *observation.xid_notes)),
-                                xids=[x.line for x in xids])
+                                xids=[x.line for x in xids],
+                                **({"rounds_overlapping": probes.overlapping} if probes is not None else {}))
         if armed and decision.action in ("restart", "rollback", "stop"):
             outcome, record = self._act(lane, decision, record)
         exit_code = EXIT_OK if not decision.failing and decision.action == "none" else EXIT_FAILED
@@ -630,7 +634,7 @@ class _ProbeRounds:
                                                               0.0), None, time.time())
         with self.lock:
             self.in_flight -= 1
-            self.answers.append(answer)
+            self.answers.append(replace(answer, overlapping=self.in_flight))
             if answer.generation is not None or not answer.health.ok:  # /health alone never clears it
                 self.failing = not answer.health.ok or not (answer.generation and answer.generation.ok)
         self.on_answer()
