@@ -1,37 +1,52 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite in three pytest runs (the markers are set in tests/conftest.py):
-#   main  everything that runs lanes on this engine or measures a rate or a timeout, in the foreground;
-#   side  at the same time, in the background: what mostly waits (the two-node Swarm, registry pushes, the
-#         installed wheel, cron) and the pure tests; its output follows the main run's;
-#   solo  last and alone: the test that restarts the Docker engine every other test uses.
-# On a 2-core CI machine this takes the suite from ~19 to ~13 minutes. Exit status: the first failing run's.
-# Extra arguments go to all three runs (e.g. -x, -k EXPR).
+# `make test`: the whole suite as four pytest processes at once, one per group (gate, switches, watchdog, side: see
+# tests/conftest.py), then the test that restarts the Docker engine, alone. Each group's output goes to its own log;
+# at the end one line per group says how it went and how long it took, and every failing group's log follows it
+# whole: the failures and pytest's summary of them. Exit status: the first failing group's.
+# Extra arguments go to every run (e.g. -x, -k EXPR).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=.venv/bin/pytest
-side_log=$(mktemp /tmp/lanectl-side-tests.XXXXXX.log)
+logs=$(mktemp -d /tmp/lanectl-tests.XXXXXX)
+groups=(gate switches watchdog side)
+pids=()
 
-"$pytest" -q -m "side" --durations=10 "$@" >"$side_log" 2>&1 &
-side_pid=$!
-# The side run's pytest and anything it started are stopped with this script (^C, a CI timeout).
-trap 'kill "$side_pid" 2>/dev/null' EXIT
+run_group() {  # NAME MARKER-EXPRESSION ARGS...: run it, then leave "STATUS SECONDS" in NAME.rc
+  local name=$1 marker=$2 started
+  shift 2
+  started=$(date +%s)
+  "$pytest" -q -p no:cacheprovider --durations=5 -m "$marker" "$@" >"$logs/$name.log" 2>&1
+  echo "$? $(( $(date +%s) - started ))" >"$logs/$name.rc"
+}
 
-echo "== main run (the side run's output follows it; it is being written to $side_log)"
-"$pytest" -q -m "not side and not solo" --durations=15 "$@"
-main_status=$?
-
-wait "$side_pid"
-side_status=$?
-trap - EXIT
-echo "== side run (beside the main run)"
-cat "$side_log"
-
-echo "== solo run (restarts the Docker engine)"
-"$pytest" -q -m "solo" "$@"
-solo_status=$?
-
-for status in $main_status $side_status $solo_status; do
-  # 5: no tests collected (e.g. -k matched nothing in that run) is not a failure of the suite.
-  if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then exit "$status"; fi
+echo "== tests: ${groups[*]} at once, then solo (logs in $logs)"
+for name in "${groups[@]}"; do
+  run_group "$name" "$name" "$@" &
+  pids+=($!)
 done
-exit 0
+# The runs and anything they started end with this script (^C, a CI timeout).
+trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+wait "${pids[@]}"
+trap - EXIT
+run_group solo solo "$@"
+
+status=0
+for name in "${groups[@]}" solo; do
+  read -r code seconds <"$logs/$name.rc"
+  summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error|deselected|skipped)|no tests ran" "$logs/$name.log" | tail -n 1)
+  # 5: no tests collected (e.g. -k matched nothing in that group) is not a failure of the suite.
+  if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then
+    echo "FAIL  $name ($seconds s): $summary"
+    [ "$status" -eq 0 ] && status=$code
+  else
+    echo "ok    $name ($seconds s): $summary"
+  fi
+done
+for name in "${groups[@]}" solo; do
+  read -r code _ <"$logs/$name.rc"
+  if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then
+    echo "== $name: its whole log"
+    cat "$logs/$name.log"
+  fi
+done
+exit "$status"

@@ -15,14 +15,20 @@ REPO = Path(__file__).resolve().parent.parent
 # The contract suite runs in its own venv with vLLM installed (`make contract`, scripts/contract.sh).
 collect_ignore = ["contract"]
 
-# `make test` (scripts/run-tests.sh) runs the suite as two pytest processes at once, so that CI stays well
-# inside its 20 minutes on a 2-core machine, then the engine-restart test alone. The "side" run takes what
-# mostly waits and shares no timing with the main run: the two-node Swarm (waits on Swarm), the registry
-# pushes (wait on the engine's retries), the installed wheel, cron (waits for the minute) and the pure tests.
-# Everything that measures a rate or a timeout, or runs lanes on this engine, stays in the main run.
+# `make test` (scripts/run-tests.sh) runs the suite as parallel pytest processes, one per group below, then the
+# engine-restart test alone. The groups share no lanes and no state (each test module builds its own project under
+# a unique recipe id, its own state folder and engine-lock folder), so they can run at once on one engine; most of
+# their time is spent waiting on containers, so two cores carry them. What each holds:
+#   gate      the A/B/A gate on lanes, the stub engine, the load generator, probes: what measures rates and verdicts
+#   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, drains, builds
+#   watchdog  the watchdog and standbys on lanes, and the watchdog's hostile state files
+#   side      what mostly waits (the two-node Swarm, registry pushes, the installed wheel, cron), the downloads of
+#             pinned sources, and every pure test
+#   solo      the test that restarts the Docker engine every other test uses: alone, last
 SIDE_FILES = {"test_fleet_swarm.py", "test_registry_push.py", "test_installed_wheel.py"}
-MAIN_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py",
-              "test_watchdog_hostile_state.py"}
+SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_drain_docker.py", "test_build_docker.py"}
+WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_watchdog_hostile_state.py"}
+GATE_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py"}
 # It stops and starts the one dockerd every other test uses.
 SOLO_FILES = {"test_lanes_engine_restart.py"}
 
@@ -33,9 +39,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(str(item.path))
         if path.name in SOLO_FILES:
             item.add_marker(pytest.mark.solo)
-        elif path.name in SIDE_FILES or (item.get_closest_marker("docker") is None and path.name not in MAIN_FILES
+        elif path.name in SWITCH_FILES:
+            item.add_marker(pytest.mark.switches)
+        elif path.name in WATCHDOG_FILES:
+            item.add_marker(pytest.mark.watchdog)
+        elif path.name in SIDE_FILES or (item.get_closest_marker("docker") is None and path.name not in GATE_FILES
                                          and path.parent.name != "stub_engine"):
             item.add_marker(pytest.mark.side)
+        else:
+            item.add_marker(pytest.mark.gate)
 
 
 @pytest.fixture(autouse=True)
