@@ -19,13 +19,13 @@ collect_ignore = ["contract"]
 # engine-restart test alone. The groups share no lanes and no state (each test module builds its own project under
 # a unique recipe id, its own state folder and engine-lock folder), so they can run at once on one engine; most of
 # their time is spent waiting on containers, so two cores carry them. What each holds:
-#   gate      the A/B/A gate on lanes, the stub engine, the load generator, probes: what measures rates and verdicts
+#   gate      the A/B/A gate on lanes, the load generator and probes against stub processes
 #   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, drains, builds
 #   watchdog  the watchdog and standbys on lanes, and the watchdog's hostile state files
-#   side      what mostly waits (the two-node Swarm, registry pushes, the installed wheel, cron), the downloads of
-#             pinned sources, and every pure test
+#   fleet     what mostly waits: the two-node Swarm, registry pushes, the installed wheel, a real cron
+#   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
 #   solo      the test that restarts the Docker engine every other test uses: alone, last
-SIDE_FILES = {"test_fleet_swarm.py", "test_registry_push.py", "test_installed_wheel.py"}
+FLEET_FILES = {"test_fleet_swarm.py", "test_registry_push.py", "test_installed_wheel.py", "test_watchdog_install.py"}
 SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_drain_docker.py", "test_build_docker.py"}
 WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_watchdog_hostile_state.py"}
 GATE_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py"}
@@ -43,8 +43,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.switches)
         elif path.name in WATCHDOG_FILES:
             item.add_marker(pytest.mark.watchdog)
-        elif path.name in SIDE_FILES or (item.get_closest_marker("docker") is None and path.name not in GATE_FILES
-                                         and path.parent.name != "stub_engine"):
+        elif path.name in FLEET_FILES:
+            item.add_marker(pytest.mark.fleet)
+        elif item.get_closest_marker("docker") is None and path.name not in GATE_FILES:
             item.add_marker(pytest.mark.side)
         else:
             item.add_marker(pytest.mark.gate)

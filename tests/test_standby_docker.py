@@ -261,7 +261,8 @@ def test_a_sleep_that_fails_stops_the_lane_instead(lanes, state):
 
 def test_requests_in_flight_when_a_lane_falls_asleep_finish_before_it_sleeps(lanes, state):
     up(lanes, state, "demo-h1")
-    streams = Streams(f"http://127.0.0.1:{port(lanes, 'demo-h1')}", "demo-model").start()
+    # 1 s of tokens: well inside the test lanes' 3 s drain, and still in flight when the switch begins.
+    streams = Streams(f"http://127.0.0.1:{port(lanes, 'demo-h1')}", "demo-model", max_tokens=100).start()
     streams.running()
     switched = up(lanes, state, "demo-h2")
     assert "demo-h1 waits asleep as a standby" in switched.stdout

@@ -39,7 +39,7 @@ def test_sleep_and_wake_of_a_stub_in_good_order(spawn) -> None:
 def test_a_sleep_lets_the_requests_in_flight_finish_first(spawn) -> None:
     p = spawn()
     endpoints = SleepEndpoints(p.url, 10)
-    streams = Streams(p.url, MODEL_NAME, count=4, max_tokens=60).start()
+    streams = Streams(p.url, MODEL_NAME, count=4, max_tokens=500).start()  # 5 s: in flight when the sleep comes
     streams.running()
     assert endpoints.sleep(1, drain_seconds=30) == "4 request(s) in flight, all finished before it slept"
     assert streams.ends() == ["length"] * 4 and endpoints.is_sleeping()
