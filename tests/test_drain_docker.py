@@ -48,8 +48,8 @@ def url(lanes: LaneProject) -> str:
     return f"http://127.0.0.1:{int(recipe.split('host: ', 1)[1].split(',', 1)[0])}"
 
 
-def in_flight(lanes: LaneProject) -> Streams:
-    streams = Streams(url(lanes), "demo-model").start()
+def in_flight(lanes: LaneProject, max_tokens: int = 300) -> Streams:
+    streams = Streams(url(lanes), "demo-model", max_tokens=max_tokens).start()
     streams.running()
     return streams
 
@@ -64,12 +64,13 @@ def stops(lanes: LaneProject, state: Path, lane: str) -> list[dict]:
 def test_requests_in_flight_when_a_switch_stops_their_lane_all_finish(lanes, state, switch):
     lanes.cli("up", "demo-h2", "--no-gpu", state=state, check=True)
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    streams = in_flight(lanes)
+    # 6 s of tokens: still running when the switch stops the lane, and inside its 15 s drain.
+    streams = in_flight(lanes, max_tokens=600)
     command = {"up": ["up", "demo-h2", "--no-gpu"], "rollback": ["rollback", "--no-gpu"], "down": ["down"]}[switch]
     result = lanes.cli(*command, state=state)
     assert result.returncode == 0, result.stdout + result.stderr
     assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
-    assert all(s.tokens == 300 and s.done for s in streams.streams)
+    assert all(s.tokens == 600 and s.done for s in streams.streams)
     (stop,) = stops(lanes, state, "demo-h1")
     assert (stop["in_flight"], stop["cut"]) == (8, 0), stop
     assert "8 request(s) in flight, all finished (drained within 15 s)" in stop["detail"]
@@ -77,7 +78,9 @@ def test_requests_in_flight_when_a_switch_stops_their_lane_all_finish(lanes, sta
 
 def test_requests_in_flight_when_the_watchdog_restarts_their_lane_all_finish(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    streams = in_flight(lanes)
+    # 8 s of tokens, inside the 15 s drain: the watchdog's check reaches the stop while they run, even on a
+    # loaded machine; those still in flight then (at least one) must all finish.
+    streams = in_flight(lanes, max_tokens=800)
     httpx.post(url(lanes) + "/admin/fault", json={"fault": "fatal_log"}, timeout=5).raise_for_status()
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("")
@@ -86,12 +89,12 @@ def test_requests_in_flight_when_the_watchdog_restarts_their_lane_all_finish(lan
     assert json.loads(check.stdout)["data"]["action"] == "restart", check.stdout + check.stderr
     assert streams.ends() == ["length"] * 8
     (stop,) = stops(lanes, state, "demo-h1")
-    assert (stop["in_flight"], stop["cut"]) == (8, 0), stop
+    assert 1 <= stop["in_flight"] <= 8 and stop["cut"] == 0, stop
 
 
 def test_a_drain_that_does_not_fit_cuts_the_requests_and_the_journal_says_how_many(lanes, state):
     lanes.cli("up", "t-nodrain", "--no-gpu", state=state, check=True)
-    streams = in_flight(lanes)
+    streams = in_flight(lanes, max_tokens=3000)  # 30 s: none finishes before the stop, however slow the switch
     result = lanes.cli("up", "demo-h1", "--no-gpu", state=state)
     assert result.returncode == 0, result.stdout + result.stderr
     assert streams.ends() == ["abort"] * 8
