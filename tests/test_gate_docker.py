@@ -157,22 +157,28 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
 
 def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    # --until-decided: on a loaded machine one control pair may be too far apart to decide even t-fast; the claim
+    # here is which candidate may be promoted, so more rounds may decide t-fast (never spent on t-flip, which failed).
     result = lanes.cli("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
-                       "--concurrency", "1", "--no-gpu", "--json", "--promote", "--out", str(tmp_path / "results"),
-                       state=state, timeout=600, extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
-    assert result.returncode == 0, result.stderr
+                       "--concurrency", "1", "--no-gpu", "--json", "--promote", "--until-decided", "2",
+                       "--out", str(tmp_path / "results"), state=state, timeout=600,
+                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
+    assert result.returncode == 0, result.stderr + result.stdout
     report = json.loads(result.stdout)["data"]
-    assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate:t-flip", "candidate:t-fast", "control-2"]
+    arms = [a["arm"] for a in report["arms"]]
+    assert arms[:4] == ["control-1", "candidate:t-flip", "candidate:t-fast", "control-2"], arms
+    assert [arm for arm in arms if "t-flip" in arm] == ["candidate:t-flip"], arms
     verdicts = {c["candidate"]: c["verdict"] for c in report["candidates"]}
     # Both decode faster (t-fast 1.5x, t-flip 1.25x); t-flip drifts from the controls' outputs, so only t-fast
     # may be promoted.
     assert verdicts == {"t-flip": "fail", "t-fast": "pass"}, [c["reasons"] for c in report["candidates"]]
-    assert (report["best"], report["promoted"], report["order"]) == ("t-fast", "t-fast", "ABCA")
+    order = report["order"]
+    assert (report["best"], report["promoted"], order[:4]) == ("t-fast", "t-fast", "ABCA"), order
     assert active(lanes, state) == "t-fast"
     run_dir = Path(report["run_dir"])
     assert run_dir.name.endswith("gate-t-flip+t-fast") and (run_dir / "ratios.png").stat().st_size > 1000
     shown = lanes.cli("report", str(run_dir), state=state, check=True).stdout.splitlines()
-    assert "bracket: PASS (order ABCA, 2 candidates; best that passed: t-fast); promoted t-fast" in shown
+    assert f"bracket: PASS (order {order}, 2 candidates; best that passed: t-fast); promoted t-fast" in shown, shown
 
 
 def test_a_candidate_that_cannot_come_up_fails_alone_and_the_others_are_still_judged(lanes, state):
@@ -237,7 +243,9 @@ def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passe
     assert fid["confident_flips_bar"] == 0 and fid["confident_flips"] > 4 * 4  # several per prompt, not one
     assert code == 1 and report["verdict"] == "fail"
     assert any(r.startswith(f"fidelity: {fid['confident_flips']} confident flips (bar 0)") for r in report["reasons"])
-    assert all(c["verdict"] == "pass" for c in report["cells"].values())  # fast, yet not promotable
+    # Fast, yet not promotable: no cell held it back (on a loaded machine a cell may stay undecided, never fail).
+    cells = {k: (c["verdict"], c["ratio"]) for k, c in report["cells"].items()}
+    assert all(verdict != "fail" and ratio > 1 for verdict, ratio in cells.values()), cells
 
 
 def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candidate_stays_unpromoted(
