@@ -22,12 +22,12 @@ from tests.streams import Streams
 pytestmark = pytest.mark.docker
 
 
-def _lane(name: str, env: dict[str, str], standby: str = "") -> str:
+def _lane(name: str, env: dict[str, str], standby: str = "", engine: str = "") -> str:
     env_lines = "".join(f"        {key}: \"{value}\"\n" for key, value in env.items())
     return f"""
   {name}:
     engine:
-      ports:
+{engine}      ports:
         - {{container: 8000, host: {free_port()}, host_ip: 127.0.0.1}}
       env:
 {env_lines}    companions:
@@ -49,11 +49,14 @@ def fault_lanes() -> str:
         _lane("t-slowwake", {"STUB_WAKE_SECONDS": "5"}, "    standby: {wake_timeout_seconds: 1}\n"),
         # Asks for more host memory for its weights than any test machine has.
         _lane("t-heavy", {"STUB_TOKEN_SEED": "3"}, "    standby: {weights_gib: 60000}\n"),
+        # demo-h1 with the demo's 15 s drain instead of the test lanes' 3 s: room for streams long enough to be
+        # in flight however slowly a loaded machine brings the switch to the sleep.
+        _lane("t-drain15", {"STUB_DECODE_TOKENS_PER_S": "100"}, engine="      stop_timeout_seconds: 30\n"),
     ])
 
 
 LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slowwake", "t-dies", "t-heavy",
-         "t-sleepfail"]
+         "t-sleepfail", "t-drain15"]
 
 
 @pytest.fixture(scope="module")
@@ -260,16 +263,16 @@ def test_a_sleep_that_fails_stops_the_lane_instead(lanes, state):
 
 
 def test_requests_in_flight_when_a_lane_falls_asleep_finish_before_it_sleeps(lanes, state):
-    up(lanes, state, "demo-h1")
-    # 2 s of tokens: inside the test lanes' 3 s drain. On a loaded machine the switch may reach the sleep after
-    # some have finished, so the claim is that those still in flight (at least one) all finished, none cut.
-    streams = Streams(f"http://127.0.0.1:{port(lanes, 'demo-h1')}", "demo-model", max_tokens=200).start()
+    up(lanes, state, "t-drain15")
+    # 8 s of tokens, inside the lane's 15 s drain. A loaded machine once took over 2 s from the streams' start to
+    # the sleep; the claim is on those still in flight when it came (at least one): all finished, none cut.
+    streams = Streams(f"http://127.0.0.1:{port(lanes, 't-drain15')}", "demo-model", max_tokens=800).start()
     streams.running()
     switched = up(lanes, state, "demo-h2")
-    assert "demo-h1 waits asleep as a standby" in switched.stdout
+    assert "t-drain15 waits asleep as a standby" in switched.stdout
     assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
     sleeps = [r for r in records(lanes, state) if r["kind"] == "step" and r["step"] ==
-              f"sleep:{lanes.container('demo-h1')}"]
+              f"sleep:{lanes.container('t-drain15')}"]
     in_flight = re.search(r"(\d+) request\(s\) in flight, all finished before it slept", sleeps[-1]["detail"])
     assert in_flight and 1 <= int(in_flight.group(1)) <= 8, sleeps
 
