@@ -113,8 +113,10 @@ def kernel_log(state: Path):
 
 def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, tmp_path):
     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-fast", "--promote", "--out", str(tmp_path / "results"), workload="gate-pass")
-    assert code == 0 and report["verdict"] == "pass", report["reasons"]
+    # --until-decided: a loaded machine once left even a 2x lane's one control pair undecided in every cell.
+    code, report = gate(lanes, state, "t-fast", "--promote", "--until-decided", "2", "--out", str(tmp_path / "results"),
+                        workload="gate-pass")
+    assert code == 0 and report["verdict"] == "pass", (report["reasons"], report["rounds"])
     figures = {k: (c["verdict"], c["ratio"], c["low"], c["high"], c["arms"]) for k, c in report["cells"].items()}
     # How close a measured ratio comes to the stub's 2x, and how wide its interval is, depend on how busy this
     # shared machine was. So the test checks what PASS means rather than the figures: no cell fell below the
@@ -128,8 +130,8 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     fid = report["fidelity"]
     assert (fid["method"], fid["confident_flips"], fid["confident_flips_bar"]) == ("teacher-forced", 0, 0)
     assert fid["positions"] == 4 * 32 and fid["unscored"] == 0  # every position of every prompt scored
-    assert {arm: p["ok"] for arm, p in report["probes"]["quick"].items()} == {
-        "control-1": True, "candidate": True, "control-2": True}
+    probed = {arm: p["ok"] for arm, p in report["probes"]["quick"].items()}
+    assert {"control-1", "candidate", "control-2"} <= set(probed) and all(probed.values()), probed
     assert report["promoted"] == "t-fast" and active(lanes, state) == "t-fast"
     run_dir = Path(report["run_dir"])
     assert (run_dir / "ratios.png").stat().st_size > 1000

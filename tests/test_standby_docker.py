@@ -264,9 +264,10 @@ def test_a_sleep_that_fails_stops_the_lane_instead(lanes, state):
 
 def test_requests_in_flight_when_a_lane_falls_asleep_finish_before_it_sleeps(lanes, state):
     up(lanes, state, "t-drain15")
-    # 8 s of tokens, inside the lane's 15 s drain. A loaded machine once took over 2 s from the streams' start to
-    # the sleep; the claim is on those still in flight when it came (at least one): all finished, none cut.
-    streams = Streams(f"http://127.0.0.1:{port(lanes, 't-drain15')}", "demo-model", max_tokens=800).start()
+    # 10 s of tokens, what is left of them inside the lane's 15 s drain. A loaded machine once took over 2 s from
+    # the streams' start to the sleep, and over 6 s to a switch's stop; the claim is on those still in flight when
+    # it came (at least one): all finished, none cut.
+    streams = Streams(f"http://127.0.0.1:{port(lanes, 't-drain15')}", "demo-model", max_tokens=1000).start()
     streams.running()
     switched = up(lanes, state, "demo-h2")
     assert "t-drain15 waits asleep as a standby" in switched.stdout
