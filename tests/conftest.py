@@ -21,17 +21,13 @@ collect_ignore = ["contract"]
 # their time is spent waiting on containers, so two cores carry them. What each holds:
 #   gate      the A/B/A gate on lanes, the load generator and probes against stub processes
 #   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, drains, builds
-#   watchdog  the watchdog on lanes, and its hostile state files
-#   standby   standbys on lanes: sleep, wake, and every way a wake fails
+#   watchdog  the watchdog and standbys on lanes, and the watchdog's hostile state files
 #   fleet     what mostly waits: the two-node Swarm, registry pushes, the installed wheel, a real cron
-#   stub      the stub engine's own tests and the real-GPU record replayed on it: stub processes, mostly waiting
-#   side      every pure test, and the downloads of pinned sources (one group: they share the test cache)
+#   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
 #   solo      the test that restarts the Docker engine every other test uses: alone, last
 FLEET_FILES = {"test_fleet_swarm.py", "test_registry_push.py", "test_installed_wheel.py", "test_watchdog_install.py"}
 SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_drain_docker.py", "test_build_docker.py"}
-WATCHDOG_FILES = {"test_watchdog_docker.py", "test_watchdog_hostile_state.py"}
-STANDBY_FILES = {"test_standby_docker.py"}
-STUB_FILES = {"test_gpu_record_replay.py", "test_standby_endpoints.py"}
+WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_watchdog_hostile_state.py"}
 GATE_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py"}
 # It stops and starts the one dockerd every other test uses.
 SOLO_FILES = {"test_lanes_engine_restart.py"}
@@ -47,12 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.switches)
         elif path.name in WATCHDOG_FILES:
             item.add_marker(pytest.mark.watchdog)
-        elif path.name in STANDBY_FILES:
-            item.add_marker(pytest.mark.standby)
         elif path.name in FLEET_FILES:
             item.add_marker(pytest.mark.fleet)
-        elif path.name in STUB_FILES or path.parent.name == "stub_engine":
-            item.add_marker(pytest.mark.stub)
         elif item.get_closest_marker("docker") is None and path.name not in GATE_FILES:
             item.add_marker(pytest.mark.side)
         else:
