@@ -476,3 +476,36 @@ def test_bytes_that_are_not_utf8_in_a_stream_are_replaced_not_waited_on(recordin
     engine = recording(lambda r: iter([b'{"stream": "bad \xff byte"}\r\n', b'{"stream": "next"}\r\n']))
     stream = EngineAPI(engine.url).stream("GET", "/events")
     assert [item["stream"] for item in stream.json_objects()] == ["bad \ufffd byte", "next"]
+
+
+def test_a_connect_to_a_full_unix_backlog_waits_for_room_instead_of_failing(socket_dir):
+    from lanectl.dockerapi.engine_api import _UnixConnection
+
+    path = str(socket_dir / "busy.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(0)
+    waiting = []
+    try:
+        while True:  # fill the backlog until the kernel answers EAGAIN, as it does to a busy engine's callers
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(1)
+            try:
+                sock.connect(path)
+            except BlockingIOError:
+                sock.close()
+                break
+            waiting.append(sock)
+        accepted = []
+        drain = threading.Timer(0.3, lambda: accepted.extend(server.accept() for _ in waiting))
+        drain.start()
+        connection = _UnixConnection(path, timeout=10)
+        connection.connect()  # before the fix: BlockingIOError at once
+        drain.join()
+        connection.close()
+        for sock, _ in accepted:
+            sock.close()
+    finally:
+        for sock in waiting:
+            sock.close()
+        server.close()

@@ -19,6 +19,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,14 +54,27 @@ class _UnixConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self.socket_path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        # A unix socket whose listen backlog is full answers a connect with EAGAIN at once, where a TCP connect
+        # would wait: wait for room instead, within the connection's timeout (a busy engine, many threads at once).
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pause = 0.01
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(self.socket_path)
+            except BlockingIOError:
+                sock.close()
+                if deadline is not None and time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, 0.2)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 class Stream:
