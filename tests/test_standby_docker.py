@@ -161,7 +161,8 @@ def test_a_request_to_a_sleeping_lane_waits_and_is_served_once_it_is_woken(lanes
     import threading
 
     up(lanes, state, "demo-h1")
-    up(lanes, state, "demo-h2")
+    switched = up(lanes, state, "demo-h2")
+    assert is_sleeping(lanes, "demo-h1"), switched.stderr
     url = f"http://127.0.0.1:{port(lanes, 'demo-h1')}"
     answers: list[httpx.Response] = []
     request = threading.Thread(target=lambda: answers.append(httpx.post(
@@ -186,7 +187,8 @@ def test_a_request_to_a_sleeping_lane_waits_and_is_served_once_it_is_woken(lanes
 def test_a_failed_wake_falls_back_to_the_cold_path(lanes, state, lane, cause):
     up(lanes, state, lane)
     first_start = started_at(lanes, lane)
-    up(lanes, state, "demo-h2")
+    switched = up(lanes, state, "demo-h2")
+    assert f"{lane} is stopped instead of left asleep" not in switched.stderr, switched.stderr
     assert is_sleeping(lanes, lane)
     back = rollback(lanes, state)
     assert f"{lane} is serving (was demo-h2); its wake failed (" in back.stdout and \
