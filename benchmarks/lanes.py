@@ -34,6 +34,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from lanectl.dockerapi.containers import ContainerEngine  # noqa: E402
+from lanectl.lanes.standby import role_base_url  # noqa: E402
 from lanectl.lanes.switcher import LaneSwitcher  # noqa: E402
 from lanectl.project import Project  # noqa: E402
 from lanectl.recipe.catalog import load_catalog  # noqa: E402
@@ -61,18 +62,25 @@ class Quiet:
     def note(self, text: str) -> None: ...
 
 
-def raw_switch(client: docker.DockerClient, stop: list[str], start: list[str], url: str, interval: float) -> float:
+def raw_switch(client: docker.DockerClient, stop: list[str], start: list[str], urls: list[str],
+               interval: float) -> float:
+    """The switch by hand: stop, start, then poll until every started engine (primary and companion, as lanectl's
+    gate waits for) answers /health 200."""
     started = time.perf_counter()
     for name in stop:
         client.api.stop(name, timeout=10)
     for name in start:
         client.api.start(name)
+    waiting = list(urls)
     while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return time.perf_counter() - started
-        except httpx.HTTPError:
-            pass
+        for url in list(waiting):
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    waiting.remove(url)
+            except httpx.HTTPError:
+                pass
+        if not waiting:
+            return time.perf_counter() - started
         time.sleep(interval)
 
 
@@ -163,10 +171,12 @@ def main() -> int:
                       + ("met" if requests <= SWITCH_REQUESTS_TARGET and max(counted.values()) == requests
                          and all(v == 1 for k, v in counted.items() if k != "Docker requests") else "MISSED"))
             interval = b.spec.health.poll_interval_seconds
-            url = f"http://127.0.0.1:{b.spec.engine.ports[0].published}/health"
 
             def names(lane):
                 return [lane.container_name(role) for role in lane.roles]
+
+            def health_urls(lane):
+                return [role_base_url(lane, role) + "/health" for role in lane.roles]
 
             ours, raw = [], []
             cli, rollback_cli = Timed(), Timed()
@@ -175,13 +185,13 @@ def main() -> int:
                 started = time.perf_counter()
                 assert switcher.up(a).result == "ok"
                 ours.append(time.perf_counter() - started)
-                raw.append(raw_switch(client, names(a)[::-1], names(b), url, interval))
+                raw.append(raw_switch(client, names(a)[::-1], names(b), health_urls(b), interval))
                 switcher.states.update(lambda s: s.with_active("demo-h2"))
                 with cli:
                     lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
                 with rollback_cli:
                     lanes.cli("rollback", "--no-gpu", state=state, check=True)
-            raw_back = [raw_switch(client, names(b)[::-1], names(a), url, interval) for _ in range(1)]
+            raw_back = [raw_switch(client, names(b)[::-1], names(a), health_urls(a), interval) for _ in range(1)]
             switcher.states.update(lambda s: s.with_active("demo-h1"))
 
             def line(label: str, ours_s: float, raw_s: float, target: bool = True, cpu: str = "") -> str:

@@ -12,7 +12,11 @@ from collections.abc import Sequence
 import pytest
 
 from lanectl.health.gate import (
+    CONTAINER_EXITED,
+    FATAL_ENGINE_LINE,
     FATAL_ENGINE_LINES,
+    STARTUP_BUDGET,
+    CompanionGate,
     ContainerStatus,
     GateProgress,
     HealthGate,
@@ -588,3 +592,51 @@ def test_an_exit_with_code_0_is_reported_as_the_engine_death_it_is() -> None:
     assert (result.failed_check, result.exit_code) == ("container-exited", 0)
     assert result.detail == ("container exited with code 0 (vLLM exits 0 when its engine core dies) after 5 s, "
                              "before the lane was ready")
+
+
+# -- a companion's readiness, once the primary passed --------------------------------------------------------------
+
+def companion_gate(clock: FakeClock, engine: FakeEngine, budget: float, log: Sequence[tuple[float, str]] = (),
+                   container: FakeContainer | None = None) -> CompanionGate:
+    return CompanionGate("rtx", health(poll=5), engine, FakeLog(clock, log), container or FakeContainer(clock),
+                         clock, budget)
+
+
+def test_a_companion_passes_at_the_first_poll_that_finds_its_health_200() -> None:
+    clock = FakeClock()
+    engine = FakeEngine(clock, listening_at=7)
+    result = companion_gate(clock, engine, budget=60).wait()
+    assert (result.passed, result.seconds, result.missing) == (True, 10, ())
+    assert result.detail == "rtx: ready 10 s after the primary (/health answered 200)"
+    assert engine.health_calls == [0, 5, 10]
+
+
+def test_a_companion_still_loading_when_the_budget_ends_fails_saying_what_it_waited_for() -> None:
+    clock = FakeClock()
+    result = companion_gate(clock, FakeEngine(clock, listening_at=100), budget=12).wait()
+    assert (result.passed, result.failed_check, result.seconds) == (False, STARTUP_BUDGET, 12)
+    assert result.detail == ("rtx: after 12 s more, still waiting for its rtx companion's /health 200. "
+                             "Last answer: /health: connection refused")
+    assert result.missing == ("its rtx companion's /health 200",)
+
+
+def test_a_companion_with_no_budget_left_is_still_checked_once() -> None:
+    clock = FakeClock()
+    assert companion_gate(clock, FakeEngine(clock), budget=-3).wait().passed
+    clock = FakeClock()
+    failed = companion_gate(clock, FakeEngine(clock, listening_at=1), budget=0).wait()
+    assert (failed.failed_check, failed.seconds) == (STARTUP_BUDGET, 0)
+
+
+def test_a_companion_that_exits_or_logs_a_fatal_line_fails_at_once() -> None:
+    clock = FakeClock()
+    exited = companion_gate(clock, FakeEngine(clock, listening_at=100), budget=600,
+                            container=FakeContainer(clock, exits_at=6)).wait()
+    assert (exited.failed_check, exited.exit_code, exited.seconds) == (CONTAINER_EXITED, 1, 10)
+    assert exited.detail == "rtx: container exited with code 1 after 10 s more, before it was ready"
+    clock = FakeClock()
+    fatal = companion_gate(clock, FakeEngine(clock, listening_at=100), budget=600,
+                           log=[(3, "ERROR 10-17 09:00:03 [core.py:708] EngineCore failed to start.")]).wait()
+    assert (fatal.failed_check, fatal.seconds) == (FATAL_ENGINE_LINE, 5)
+    assert fatal.detail == ("rtx: the engine logged a fatal line: ERROR 10-17 09:00:03 [core.py:708] EngineCore "
+                            "failed to start.")

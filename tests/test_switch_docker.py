@@ -193,6 +193,34 @@ def test_a_recreate_of_the_serving_lane_that_fails_its_gate_puts_the_old_contain
     assert row(status(lanes, state), "demo-h1")["health"] == "ok"
 
 
+def test_a_lane_serves_only_once_its_companion_does_and_a_companion_that_dies_starting_fails_the_gate(lanes, state):
+    """The companion is its own engine: `up` said "ok" while it still loaded, and the next switch found it unable
+    to sleep. A companion loading 6 s longer than its primary is waited for; one that dies starting rolls the switch
+    back."""
+    import httpx
+
+    slow = '    companions:\n      rtx:\n        engine:\n          env: {STUB_LOAD_SECONDS: "7"}\n'
+    edit_lane(lanes, "demo-h1", slow)
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    text = recipe.read_text()
+    h2 = text.index("\n  demo-h2:\n")
+    block = "    companions:\n      rtx:\n        engine:\n"
+    at = text.index(block, h2) + len(block)  # demo-h2 has its own companion block, for its port
+    recipe.write_text(text[:at] + "          env: {STUB_FAULT: crash_on_start}\n" + text[at:])
+    up = cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    assert up.stdout.startswith("ok: demo-h1 is serving"), up.stdout
+    rtx = inspect(lanes, "demo-h1", "rtx")["HostConfig"]["PortBindings"]["8001/tcp"][0]
+    assert httpx.get(f"http://127.0.0.1:{rtx['HostPort']}/health", timeout=5).status_code == 200, \
+        "the companion serves as soon as up says the lane does"
+
+    failed = cli(lanes, state, "up", "demo-h2", "--no-gpu", code=1)
+    assert "demo-h2 failed its health gate (fatal-engine-line): rtx: the engine logged a fatal line: " in \
+        failed.stdout + failed.stderr, failed.stdout + failed.stderr
+    assert "Rolled back: demo-h1 is serving again" in failed.stdout, failed.stdout
+    assert lanes.container("demo-h2", "rtx") not in running(lanes)
+    assert row(status(lanes, state), "demo-h1")["health"] == "ok"
+
+
 # -- containers lanectl did not make ----------------------------------------------------------------------------
 
 def test_a_renamed_lane_container_is_reported_and_up_is_refused_before_anything_stops(lanes, state):

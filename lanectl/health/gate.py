@@ -19,6 +19,9 @@ Each poll, in this order:
    waiting out a budget that may be 20 minutes long.
 5. When the budget runs out first, the gate fails and lists what it was still waiting for: the
    readiness conditions not met, or, once the lane looked ready, the generated token.
+6. Once the primary passed, each companion (`CompanionGate`) must answer `/health` 200 within what is left
+   of the budget; its fatal lines and its exit fail it at once. Until then the lane does not serve: a switch
+   away from it would find a companion that cannot sleep.
 
 Checks run every `poll_interval_seconds`, the last one exactly at the end of the budget.
 """
@@ -110,6 +113,7 @@ class GateResult:
     log_tail: tuple[str, ...]
     missing: tuple[str, ...]
     exit_code: int | None = None
+    companions: tuple[str, ...] = ()  # how each companion came ready, once the primary passed
 
 
 class HealthGate:
@@ -332,6 +336,77 @@ class _StallWatch:
         if self.stall.why:
             detail += f": {self.stall.why}"
         return f"{detail}; began with: {self.line}"
+
+
+class HealthEndpoint(Protocol):
+    def health_ok(self) -> ProbeResult: ...
+
+
+class CompanionGate:
+    """A companion's part of its lane's gate, run once the primary passed: the companion is its own `vllm serve`
+    (on the station's second GPU), and the lane serves only when it does too. Ready is vLLM's own word for it,
+    `/health` 200, which it answers only once its engine is up; the generation and model checks stay the
+    primary's, whose served model the recipe's health block names. A fatal engine line or a container that
+    exits fails it at once, as they fail the primary's gate; otherwise it waits at most `budget_seconds` (what
+    the primary left of the lane's startup budget), polling on the recipe's interval, and checks at least once.
+    """
+
+    def __init__(self, role: str, health: Health, endpoint: HealthEndpoint, logs: LogSource,
+                 container: ContainerWatch, clock: Clock, budget_seconds: float,
+                 on_progress: Callable[[GateProgress], None] = lambda progress: None, *,
+                 fatal_lines: Sequence[re.Pattern[str]] = FATAL_ENGINE_LINES,
+                 interrupted: Callable[[], str | None] = lambda: None) -> None:
+        self.role = role
+        self.interval = health.poll_interval_seconds
+        self.endpoint = endpoint
+        self.logs = logs
+        self.container = container
+        self.clock = clock
+        self.budget = max(0.0, budget_seconds)
+        self.on_progress = on_progress
+        self.fatal_lines = tuple(fatal_lines)
+        self.interrupted = interrupted
+        self.requirement = f"its {role} companion's {health.health_path} 200"
+
+    def wait(self) -> GateResult:
+        start = self.clock.monotonic()
+        deadline = start + self.budget
+        tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        missing = (self.requirement,)
+
+        def result(check: str | None, detail: str, exit_code: int | None = None) -> GateResult:
+            return GateResult(passed=check is None, failed_check=check, detail=f"{self.role}: {detail}",
+                              seconds=self.clock.monotonic() - start, log_tail=tuple(tail),
+                              missing=() if check is None else missing, exit_code=exit_code)
+
+        while True:
+            why = self.interrupted()
+            if why is not None:
+                return result(INTERRUPTED, f"interrupted ({why}) after {_seconds(self.clock.monotonic() - start)} s")
+            status = self.container.status()
+            lines = self.logs.new_lines()
+            tail.extend(line for line in lines if not PROBE_ACCESS_LINE.search(line))
+            exit_code = None if status.running else status.exit_code
+            exited = "" if status.running else f"; container {status.detail}"
+            fatal = next((line for line in lines if fatal_engine_line(line, self.fatal_lines)), None)
+            if fatal is not None:
+                return result(FATAL_ENGINE_LINE, f"the engine logged a fatal line: {fatal.strip()}{exited}",
+                              exit_code)
+            if not status.running:
+                elapsed = _seconds(self.clock.monotonic() - start)
+                return result(CONTAINER_EXITED, f"container {status.detail} after {elapsed} s more, before it was "
+                              "ready", exit_code)
+            probe = self.endpoint.health_ok()
+            now = self.clock.monotonic()
+            if probe.ok:
+                return result(None, f"ready {_seconds(now - start)} s after the primary ({probe.detail})")
+            if now >= deadline:
+                return result(STARTUP_BUDGET, f"after {_seconds(self.budget)} s more, still waiting for "
+                              f"{self.requirement}. Last answer: {probe.detail}")
+            self.on_progress(GateProgress(elapsed=now - start, budget=self.budget, satisfied=(), missing=missing,
+                                          generation_failures=0, last_log_line=tail[-1] if tail else None))
+            next_poll = min(start + (math.floor((now - start) / self.interval) + 1) * self.interval, deadline)
+            self.clock.sleep(max(0.0, next_poll - now))
 
 
 def _minutes(seconds: float) -> str:

@@ -13,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Protocol
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.dockerapi.engine_api import NotFound, Stream
 from lanectl.health.engine_exit import exit_detail
-from lanectl.health.gate import ContainerStatus, GateProgress, GateResult, HealthGate
+from lanectl.health.gate import CompanionGate, ContainerStatus, GateProgress, GateResult, HealthGate
 from lanectl.health.probe import EndpointProbe, probe_base_url
 from lanectl.lanes.standby import (
     DEFAULT_DRAIN_SECONDS,
@@ -28,13 +29,15 @@ from lanectl.lanes.standby import (
     role_base_url,
 )
 from lanectl.recipe.catalog import Lane
+from lanectl.recipe.model import Health
 from lanectl.recipe.shutdown import drain_seconds
 
 
 class EngineCalls(Protocol):
     def gate(self, lane: Lane, budget_seconds: float, since: float | None) -> GateResult:
-        """Hold the lane's primary to its health gate within `budget_seconds`, judging its log from `since`
-        (a UNIX time; None: from the start of the container's current run)."""
+        """Hold the lane's primary to its health gate, then each companion to its readiness, within
+        `budget_seconds`, judging their logs from `since` (a UNIX time; None: from the start of the primary's
+        current run)."""
         ...
 
     def sleep(self, lane: Lane, role: str) -> str:
@@ -74,7 +77,32 @@ class LaneEngines:
         try:
             gate = HealthGate(health, EndpointProbe(probe_base_url(lane), health), log, log, _Clock(self.pause),
                               self.on_gate, interrupted=self.interrupted)
-            return gate.wait()
+            primary = gate.wait()
+        finally:
+            log.close()
+        if not primary.passed:
+            return primary
+        # The companions started right after the primary, so they have mostly had its time to load: waiting
+        # for them one after another costs about the slowest one's lag.
+        ready = []
+        for role in lane.roles[1:]:
+            companion = self._companion_gate(lane, role, health, budget_seconds - primary.seconds, since)
+            if not companion.passed:
+                return replace(companion, seconds=primary.seconds + companion.seconds)
+            ready.append(companion)
+        return replace(primary, companions=tuple(c.detail for c in ready),
+                       seconds=primary.seconds + sum(c.seconds for c in ready))
+
+    def _companion_gate(self, lane: Lane, role: str, health: Health, budget_seconds: float,
+                        since: float) -> GateResult:
+        try:
+            url = role_base_url(lane, role)
+        except StandbyError:
+            return GateResult(True, None, f"{role}: not checked (it publishes no port)", 0.0, (), ())
+        log = FollowedLog(self.engine, lane.container_name(role), since)
+        try:
+            return CompanionGate(role, health, EndpointProbe(url, health), log, log, _Clock(self.pause),
+                                 budget_seconds, self.on_gate, interrupted=self.interrupted).wait()
         finally:
             log.close()
 

@@ -433,7 +433,7 @@ class Executor:
             if lane.name in run.wake_started:
                 seconds = time.monotonic() - run.wake_started[lane.name]
                 run.woken[lane.name] = f"woken from its standby in {seconds:.1f} s, gate and wake check included"
-            return "passed"
+            return "; ".join(("passed", *result.companions))
         if action == "activate":
             self._lanes(lambda s: s.with_active(lane.name).with_known_good(lane.name))
             return self._fingerprint(lane)
