@@ -13,7 +13,7 @@
 #     PyTorch's CPU index, the pin's torch ($FALLBACK_TORCH) is used and the run says so (README: vLLM 0.33.0 pins
 #     torch 2.14.0, whose CPU build this workplace cannot download);
 #   - flashinfer-python without its dependencies: its full requirement set adds CUDA kernel packages (tilelang,
-#     cutlass-dsl, quack, humming-kernels, ...) that a CPU cannot use;
+#     cutlass-dsl, quack, humming-kernels, ...) that a CPU cannot use; xgrammar likewise, for triton;
 #   - tests/contract/requirements.txt: what the imported vLLM modules, flashinfer's autotuner, lanectl (imported
 #     from this checkout through PYTHONPATH) and pytest need, constrained to the versions that vLLM release states.
 # A second run only checks: the venv is reused while the requirements and the versions are unchanged.
@@ -33,7 +33,7 @@ VENV=${LANECTL_CONTRACT_VENV:-$default_venv}
 PY=$VENV/bin/python
 REQUIREMENTS=tests/contract/requirements.txt
 # Bump when the way the venv is put together changes, so existing venvs are installed again.
-INSTALL_FORMAT=2
+INSTALL_FORMAT=3
 stamp_value=$( (cat "$REQUIREMENTS"; echo "vllm $VLLM_VERSION format $INSTALL_FORMAT") | sha256sum | cut -d' ' -f1)
 
 # The version of a package vLLM pins with `==` in its metadata (torch, flashinfer-python).
@@ -110,6 +110,10 @@ if ! installed; then
   install_torch "$torch_version"
   "${pip[@]}" --no-deps "flashinfer-python==$flashinfer_version"
   write_constraints
+  # xgrammar without its dependencies too: on Linux x86_64 it requires triton (1 GB installed, a third of the venv),
+  # which only its GPU kernels use; the rest of what it requires is in $REQUIREMENTS. Without triton, vLLM's
+  # code takes its own no-triton path (vllm.triton_utils), as on any machine without it.
+  "${pip[@]}" --no-deps -c "$VENV/constraints.txt" xgrammar
   # pip then lists what vLLM and flashinfer require and this venv leaves out (CUDA kernels, media, telemetry,
   # torchvision/torchaudio): expected, none of it is imported by the suite.
   "${pip[@]}" -r "$REQUIREMENTS" -c "$VENV/constraints.txt"
