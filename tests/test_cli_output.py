@@ -14,6 +14,7 @@ import pytest
 
 from lanectl.cli.views import render_text
 from lanectl.output import Line, Message, Result, aligned, info, line, render_json, text_lines
+from tests.lane_fixtures import free_port
 from tests.test_cli import lanectl
 from tests.test_recipe_validation import GOOD
 
@@ -332,7 +333,8 @@ def test_status_through_the_cli(project: Path, write_recipe, tmp_path: Path):
     from lanectl.state.journal import Journal
 
     recipe_id = f"out-{uuid.uuid4().hex[:8]}"  # no container of any other test carries it
-    write_recipe(GOOD.replace("id: t", f"id: {recipe_id}"))
+    # Nor holds its port: GOOD's 18000 is the demo's, and a demo lane left up on the machine held it.
+    write_recipe(GOOD.replace("id: t", f"id: {recipe_id}").replace("host: 18000", f"host: {free_port()}"))
     tags = {name: plan_image(lane).tag for name, lane in load_catalog(Project.locate()).lanes.items()}
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
