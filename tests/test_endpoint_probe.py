@@ -16,12 +16,18 @@ from lanectl.health.engine_http import MAX_BODY_BYTES, EngineHttp, EngineUnanswe
 from lanectl.health.probe import EndpointProbe
 from lanectl.recipe.model import GenerationProbe, Health
 
+# Timeouts long enough for any answer on a loaded machine (a 0.5 s generation timeout failed a plain 200 under
+# load); the tests of a timeout use SHORT against a server that never answers, and last as long as it.
 SETTINGS = Health(
     startup_budget_minutes=20,
-    request_timeout_seconds=0.4,
+    request_timeout_seconds=10,
     served_model_name="demo-model",
-    generation_probe=GenerationProbe(prompt="Say OK.", max_tokens=2, timeout_seconds=0.5),
+    generation_probe=GenerationProbe(prompt="Say OK.", max_tokens=2, timeout_seconds=10),
 )
+SHORT = SETTINGS.model_copy(update={
+    "request_timeout_seconds": 1.5, "generation_probe": GenerationProbe(prompt="Say OK.", max_tokens=2,
+                                                                      timeout_seconds=2.5)})
+NEVER = 600.0  # a handler's delay that outlasts every test: the request is never answered
 
 
 @dataclass
@@ -81,9 +87,9 @@ class Engine:
 def serve() -> Iterator[Callable[[Handler], EndpointProbe]]:
     engines: list[Engine] = []
 
-    def start(handler: Handler) -> EndpointProbe:
+    def start(handler: Handler, settings: Health = SETTINGS) -> EndpointProbe:
         engines.append(Engine(handler))
-        return EndpointProbe(engines[-1].url + "/", SETTINGS)
+        return EndpointProbe(engines[-1].url + "/", settings)
 
     yield start
     for engine in engines:
@@ -116,10 +122,9 @@ def test_connection_refused_is_a_result() -> None:
 
 
 def test_no_answer_names_the_request_timeout(serve) -> None:
-    endpoints = serve(lambda r: 1.5)
+    endpoints = serve(lambda r: NEVER, SHORT)
     result = endpoints.models_lists_served_model()
-    # Had the probe waited, the server's close at 1.5 s would read as RemoteDisconnected, not as this.
-    assert not result.ok and result.detail == "/v1/models: no answer within 0.4 s"
+    assert not result.ok and result.detail == "/v1/models: no answer within 1.5 s"
 
 
 def test_an_engine_that_closes_without_answering_is_a_result(serve) -> None:
@@ -183,8 +188,8 @@ def test_a_dead_engine_answering_503_shows_its_message(serve) -> None:
 @pytest.mark.parametrize(("health_status", "diagnosis"), [(200, "health 200: engine stuck?"),
                                                            (503, "/health answered 503")])
 def test_a_generation_timeout_says_what_health_answers(serve, health_status: int, diagnosis: str) -> None:
-    result = serve(lambda r: (health_status, b"") if r.path == "/health" else 1.5).generate()
-    assert not result.ok and result.detail == f"generation probe timed out after 0.5 s ({diagnosis})"
+    result = serve(lambda r: (health_status, b"") if r.path == "/health" else NEVER, SHORT).generate()
+    assert not result.ok and result.detail == f"generation probe timed out after 2.5 s ({diagnosis})"
 
 
 def test_a_body_beyond_the_cap_is_cut_and_fails_to_parse(serve) -> None:
