@@ -70,6 +70,7 @@ class Config:
     prefill_flip_from: int = 0
     fault: str | None = None
     fault_after_s: float = 0.0
+    core_death_seconds: float = 1.0  # the record's (faults.CORE_DEATH_SECONDS)
     admin: bool = False
     oob_log_every: int = 100
     stats_interval_s: float = 10.0
@@ -250,6 +251,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.flip_every = _int(env, "STUB_FLIP_EVERY", 0)
     cfg.prefill_flip_from = _int(env, "STUB_PREFILL_FLIP_FROM", 0)
     cfg.fault_after_s = _num(env, "STUB_FAULT_AFTER_S", 0.0)
+    cfg.core_death_seconds = _num(env, "STUB_CORE_DEATH_SECONDS", 1.0)
     cfg.admin = _flag(env, "STUB_ADMIN")
     cfg.oob_log_every = _int(env, "STUB_OOB_LOG_EVERY", 100, minimum=1)
     cfg.stats_interval_s = _num(env, "STUB_STATS_INTERVAL_S", 10.0)

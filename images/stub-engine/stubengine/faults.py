@@ -91,8 +91,10 @@ def _exit_after_core_death() -> None:
 class FaultState:
     """The engine's health as the HTTP server and the engine loop see it."""
 
-    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_change: Callable[[], None] = lambda: None, *,
+                 core_death_seconds: float = CORE_DEATH_SECONDS) -> None:
         self._lock = threading.Lock()
+        self.core_death_seconds = core_death_seconds
         self.mode = "ok"  # ok | hang | unhealthy | core_dead
         self.output: str | None = None  # one of OUTPUT_FAULTS while injected
         self.on_change = on_change
@@ -118,7 +120,7 @@ class FaultState:
         return 503, message, "EngineDeadError"
 
     def crash(self, reason: str) -> None:
-        """The engine core dies, and the API server follows it CORE_DEATH_SECONDS later with exit code 0."""
+        """The engine core dies, and the API server follows it `core_death_seconds` later with exit code 0."""
         with self._lock:
             if self.mode == "core_dead":
                 return
@@ -128,7 +130,7 @@ class FaultState:
         self.on_change()
         api_log.warning("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
         api_log.error("AsyncLLM output_handler failed.\n%s", _DEAD_TRACEBACK)
-        timer = threading.Timer(CORE_DEATH_SECONDS, _exit_after_core_death)
+        timer = threading.Timer(self.core_death_seconds, _exit_after_core_death)
         timer.daemon = True
         timer.start()
 

@@ -130,7 +130,7 @@ def serve(cfg: Config, up: Up) -> None:
     announce(cfg, attention)
     load(cfg)
     metrics = Metrics(cfg.served_model_name)
-    state = FaultState()
+    state = FaultState(core_death_seconds=cfg.core_death_seconds)
     engine = Engine(
         step_seconds=cfg.step_seconds,
         max_num_seqs=cfg.max_num_seqs,
