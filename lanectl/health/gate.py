@@ -237,13 +237,9 @@ class HealthGate:
                     last_log_line=seen.tail[-1] if seen.tail else None,
                 )
             )
-            # Polls keep a fixed cadence from the start, so slow answers do not stretch the interval, and
-            # a poll that overran skips the ticks it missed rather than firing them back to back. The last
-            # poll lands on the deadline itself, so a lane gets all of its budget. A stall can fall due
-            # while the probes answer; then the next poll is now, and it reports the stall.
-            interval = self.health.poll_interval_seconds
-            next_poll = min(start + (math.floor((now - start) / interval) + 1) * interval, deadline,
-                            *(w.deadline for w in self.stalls if w.deadline is not None))
+            # A stall can fall due while the probes answer; then the next poll is now, and it reports the stall.
+            next_poll = _next_poll(start, now, self.health.poll_interval_seconds, deadline,
+                                   *(w.deadline for w in self.stalls if w.deadline is not None))
             self.clock.sleep(max(0.0, next_poll - now))
 
     def _readiness_requirements(self) -> list[str]:
@@ -405,8 +401,15 @@ class CompanionGate:
                               f"{self.requirement}. Last answer: {probe.detail}")
             self.on_progress(GateProgress(elapsed=now - start, budget=self.budget, satisfied=(), missing=missing,
                                           generation_failures=0, last_log_line=tail[-1] if tail else None))
-            next_poll = min(start + (math.floor((now - start) / self.interval) + 1) * self.interval, deadline)
-            self.clock.sleep(max(0.0, next_poll - now))
+            self.clock.sleep(max(0.0, _next_poll(start, now, self.interval, deadline) - now))
+
+
+def _next_poll(start: float, now: float, interval: float, *limits: float) -> float:
+    """When the next poll is due. Polls keep a fixed cadence from the start, so slow answers do not stretch the
+    interval, and a poll that overran skips the ticks it missed rather than firing them back to back; a limit
+    (the deadline, a stall's) that comes first is the next poll, so the last one lands on the deadline itself
+    and a lane gets all of its budget."""
+    return min(start + (math.floor((now - start) / interval) + 1) * interval, *limits)
 
 
 def _minutes(seconds: float) -> str:
