@@ -96,6 +96,14 @@ class LaneProject:
     def container(self, lane: str, role: str = "primary") -> str:
         return f"{self.prefix}-{lane}" + ("" if role == "primary" else f"-{role}")
 
+    def edit_lane(self, lane: str, block: str) -> None:
+        """Add fields to one lane of the test recipe (maps merge into the defaults, lists replace)."""
+        recipe = self.root / "recipes" / "lanes.yaml"
+        text = recipe.read_text()
+        head = re.search(rf"^  {re.escape(lane)}:\n(    description: .*\n)?", text, re.MULTILINE)
+        assert head, lane
+        recipe.write_text(text[:head.end()] + block + text[head.end():])
+
 
 DEMO_PORTS = {"demo-h1": (18000, 18001), "demo-h2": (18010, 18011), "demo-h2-8": (18040, 18041),
               "demo-broken": (18020, 18021)}

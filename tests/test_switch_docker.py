@@ -71,15 +71,6 @@ def running(lanes: LaneProject) -> set[str]:
     return {c.name for c in client.containers.list(filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"})}
 
 
-def edit_lane(lanes: LaneProject, lane: str, block: str) -> None:
-    """Add fields to one lane of the test recipe (maps merge into the defaults, lists replace)."""
-    recipe = lanes.root / "recipes" / "lanes.yaml"
-    text = recipe.read_text()
-    head = re.search(rf"^  {re.escape(lane)}:\n(    description: .*\n)?", text, re.MULTILINE)
-    assert head, lane
-    recipe.write_text(text[:head.end()] + block + text[head.end():])
-
-
 def serve_flags_as_they_run(lanes: LaneProject, lane: str) -> str:
     """The lane's serve flags with the --shutdown-timeout they run with, as a recipe value: given explicitly beside a
     changed stop timeout, they keep the image's CMD as it is (lanectl renders the flag from the stop timeout
@@ -108,7 +99,7 @@ def test_every_container_field_of_a_changed_recipe_reaches_the_containers_and_st
     cli(lanes, state, "up", "demo-h1", "--no-gpu", **secret)
     before = inspect(lanes, "demo-h1")
     flags = serve_flags_as_they_run(lanes, "demo-h1")
-    edit_lane(lanes, "demo-h1", f"""    engine:
+    lanes.edit_lane("demo-h1", f"""    engine:
       args: {flags}
       ports: [{{container: 8000, host: {port}, host_ip: 127.0.0.2}}]
       volumes: [{{volume: {volume}, target: /cache}}]
@@ -163,7 +154,7 @@ def test_a_kept_stopped_lane_whose_recipe_changed_is_recreated_when_it_comes_bac
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     cli(lanes, state, "up", "demo-h2", "--no-gpu")
     flags = serve_flags_as_they_run(lanes, "demo-h1")
-    edit_lane(lanes, "demo-h1", f"    engine:\n      args: {flags}\n      stop_timeout_seconds: 40\n")
+    lanes.edit_lane("demo-h1", f"    engine:\n      args: {flags}\n      stop_timeout_seconds: 40\n")
     assert row(status(lanes, state), "demo-h1")["containers"][0]["drift"] == ["stop_timeout_seconds 18 → 40"]
     back = cli(lanes, state, "rollback", "--no-gpu")
     assert f"create {lanes.container('demo-h1')} (primary of demo-h1) (recreated: stop_timeout_seconds 18 → 40)" \
@@ -184,7 +175,7 @@ def test_a_rebuild_under_the_same_tag_reaches_the_containers(lanes, state):
 def test_a_recreate_of_the_serving_lane_that_fails_its_gate_puts_the_old_containers_back(lanes, state):
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     before = inspect(lanes, "demo-h1")["Id"]
-    edit_lane(lanes, "demo-h1", '    engine:\n      env: {STUB_FAULT: crash_on_start}\n      user: "0:0"\n')
+    lanes.edit_lane("demo-h1", '    engine:\n      env: {STUB_FAULT: crash_on_start}\n      user: "0:0"\n')
     # A container-level change (user) beside one that breaks the engine (env is baked into a new build).
     cli(lanes, state, "build", "demo-h1")
     failed = cli(lanes, state, "up", "demo-h1", "--no-gpu", code=1)
@@ -200,7 +191,7 @@ def test_a_lane_serves_only_once_its_companion_does_and_a_companion_that_dies_st
     import httpx
 
     slow = '    companions:\n      rtx:\n        engine:\n          env: {STUB_LOAD_SECONDS: "7"}\n'
-    edit_lane(lanes, "demo-h1", slow)
+    lanes.edit_lane("demo-h1", slow)
     recipe = lanes.root / "recipes" / "lanes.yaml"
     text = recipe.read_text()
     h2 = text.index("\n  demo-h2:\n")
