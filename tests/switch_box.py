@@ -59,6 +59,7 @@ class Box:
     active_healthy: bool | None = True
     secret_digests: dict[str, str] = field(default_factory=dict)
     with_gpus: bool = True
+    sleeping: set[str] = field(default_factory=set)  # containers whose engine is asleep (vLLM sleep mode)
 
     def build(self, *lanes: str, catalog: Catalog | None = None, build_id: str = "") -> Box:
         for name in lanes:
@@ -89,8 +90,11 @@ class Box:
         return self
 
     def asleep(self, lane: str) -> Box:
+        """The lane waits asleep as a standby: recorded, and each of its running containers' engines asleep."""
         self.standby = self.standby.with_standby(StandbyRecord(lane=lane, since="2026-12-01T00:00:00.000Z",
                                                                fingerprint=fingerprint()))
+        named = {self.catalog.lanes[lane].container_name(role) for role in self.catalog.lanes[lane].roles}
+        self.sleeping |= {name for name in named if name in self.containers and self.containers[name].running}
         return self.fingerprinted(lane)
 
     def fingerprinted(self, *lanes: str) -> Box:
@@ -143,6 +147,7 @@ class Held:
     spec: ContainerSpec
     state: str = "created"
     starts: int = 0
+    asleep: bool = False  # its engine sleeps (vLLM sleep mode); a stop ends that, a docker start of it does not
 
 
 class MemoryEngine:
@@ -181,6 +186,7 @@ class MemoryEngine:
         self._call(f"stop:{name}")
         if name in self.held:
             self.held[name].state = "exited"
+            self.held[name].asleep = False
 
     def remove(self, name: str) -> None:
         self._call(f"remove:{name}")
@@ -220,6 +226,11 @@ class MemoryEngine:
     def running(self) -> set[str]:
         return {name for name, held in self.held.items() if held.state == "running"}
 
+    def asleep(self, lane: Lane) -> list[str]:
+        """The lane's containers whose engine is asleep."""
+        names = [lane.container_name(role) for role in lane.roles]
+        return [name for name in names if name in self.held and self.held[name].asleep]
+
 
 class FakeEngines:
     """The engines' side of the steps (gate, sleep, wake, greedy output), answering as a test tells it."""
@@ -231,6 +242,7 @@ class FakeEngines:
         self.failing_wakes: set[str] = set()
         self.greedy_text = fingerprint().text
         self.gates: list[str] = []
+        self.gated_asleep: list[str] = []  # containers asleep when their lane was held to its gate
         self.on_gate: Any = None
 
     def gate(self, lane: Lane, budget_seconds: float, since: float | None) -> GateResult:
@@ -238,19 +250,32 @@ class FakeEngines:
         if self.on_gate is not None:
             self.on_gate(lane)
         running = lane.container_name() in self.engine.running()
+        asleep = self.engine.asleep(lane)
+        self.gated_asleep += asleep
         if lane.name in self.failing_gates or not running:
             check = "generation" if running else "container-exited"
             return GateResult(False, check, f"{lane.name} is broken", 0.1, ("a log line",), ())
+        if lane.container_name() in asleep:
+            # A sleeping vLLM answers /health 200 and queues the generation probe unanswered.
+            return GateResult(False, "generation", "generation probe timed out (health 200: engine stuck?)", 0.1,
+                              ("a log line",), ())
         return GateResult(True, None, "ready", 0.1, (), ())
 
     def sleep(self, lane: Lane, role: str) -> str:
         if lane.name in self.failing_sleeps:
             raise StandbyError("POST /sleep?level=1&mode=wait answered 500: Call to sleep method failed")
+        self.engine.held[lane.container_name(role)].asleep = True
         return "no request in flight"
 
     def wake(self, lane: Lane) -> None:
         if lane.name in self.failing_wakes:
             raise StandbyError("POST /wake_up answered 500: CUDA error")
+        names = [lane.container_name(role) for role in lane.roles]
+        unanswered = [name for name in names if name not in self.engine.running()]
+        if unanswered:
+            raise StandbyError(f"{unanswered[0]}: POST /wake_up: connection refused")
+        for name in names:
+            self.engine.held[name].asleep = False
 
     def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str:
         return self.greedy_text
@@ -282,6 +307,6 @@ def engine_from(box: Box) -> MemoryEngine:
                              image=container.image, command=None, entrypoint=None, env={}, secret_env=[], ports=[],
                              volumes=[], gpus=None, shm_size=None, ipc=None, init=True, user=None,
                              stop_timeout_seconds=10, labels=dict(container.labels))
-        engine.held[container.name] = Held(spec, container.state)
+        engine.held[container.name] = Held(spec, container.state, asleep=container.name in box.sleeping)
         engine.images.setdefault(container.image, container.image_id)
     return engine
