@@ -72,7 +72,10 @@ def lanes(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def state(lanes: LaneProject, tmp_path: Path):
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    original = recipe.read_text()
     yield tmp_path / "state"
+    recipe.write_text(original)
     remove_containers(lanes)
 
 
@@ -319,3 +322,45 @@ def test_a_switch_killed_after_the_sleep_is_undone_by_waking_the_standby(lanes, 
     assert "wake demo-h1 (every container at once)" in again.stderr
     assert started_at(lanes, "demo-h1") == h1_started
     assert serving(status(lanes, state), "demo-h1")
+
+
+def last_switch_steps(lanes: LaneProject, state: Path) -> list[str]:
+    entries = records(lanes, state)
+    switch = [r for r in entries if r["kind"] == "intent"][-1]["switch"]
+    return [r["step"] for r in entries if r["kind"] == "step" and r["switch"] == switch]
+
+
+def published(lanes: LaneProject, lane: str, role: str) -> list[str]:
+    ports = docker.from_env().api.inspect_container(lanes.container(lane, role))["NetworkSettings"]["Ports"]
+    return sorted(binding["HostPort"] for bindings in ports.values() if bindings for binding in bindings)
+
+
+@pytest.mark.parametrize("changed", ["rtx", "primary"])
+def test_a_rollback_to_a_sleeping_standby_whose_container_changed_starts_it_cold_and_it_serves(lanes, state,
+                                                                                            changed):
+    up(lanes, state, "demo-h1")
+    h1_started = started_at(lanes, "demo-h1")
+    up(lanes, state, "demo-h2")
+    assert is_sleeping(lanes, "demo-h1")
+    new_port = free_port()
+    if changed == "rtx":
+        lanes.edit_lane("demo-h1", "    companions:\n      rtx:\n        engine:\n          ports:\n"
+                        f"            - {{container: 8001, host: {new_port}, host_ip: 127.0.0.1}}\n")
+    else:
+        lanes.edit_lane("demo-h1", "    engine:\n      shm_size: 1g\n")
+    dry_run = json.loads(lanes.cli("rollback", "--dry-run", "--no-gpu", "--json", state=state, check=True).stdout)
+    planned = dry_run["data"]["keys"]
+
+    back = rollback(lanes, state)
+    assert "demo-h1 is serving (was demo-h2)" in back.stdout, back.stdout + back.stderr
+    assert "CUT" not in back.stdout + back.stderr, back.stderr
+    assert last_switch_steps(lanes, state) == planned, "--dry-run printed the plan that ran"
+    assert not is_sleeping(lanes, "demo-h1")
+    assert started_at(lanes, "demo-h1") != h1_started, "a cold start: the sleeping engine was not kept"
+    data = status(lanes, state)
+    assert serving(data, "demo-h1") and row(data, "demo-h1")["standby"] is None
+    if changed == "rtx":
+        assert published(lanes, "demo-h1", "rtx") == [str(new_port)]
+        assert httpx.get(f"http://127.0.0.1:{new_port}/health", timeout=5).status_code == 200
+    cut = [r for r in records(lanes, state) if r["kind"] == "step" and r.get("cut")]
+    assert not cut, cut

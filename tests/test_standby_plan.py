@@ -4,12 +4,13 @@ done when a sleep or a wake fails."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
-from lanectl.lanes.plan import gpu_memory_shortfall, plan_rollback, plan_up, standby_refusal
+from lanectl.lanes.plan import gpu_memory_shortfall, plan_reconcile, plan_rollback, plan_up, standby_refusal
 from lanectl.recipe.catalog import Catalog
-from tests.switch_box import Box, keys, repo_catalog, with_engine
+from tests.switch_box import Box, keys, repo_catalog, way_back, with_engine, with_lane
 
 H1, H2, BROKEN = "lanectl-demo-demo-h1", "lanectl-demo-demo-h2", "lanectl-demo-demo-broken"
 
@@ -112,6 +113,39 @@ def test_a_standby_whose_container_no_longer_matches_the_recipe_is_dropped_and_s
                           "demo-h1 has no standby to wake; starting it cold")
     assert "wake:demo-h1" not in keys(plan) and f"create:{H1}" in keys(plan)
     assert keys(plan)[1] == "forget-standby:demo-h1"
+
+
+def test_a_standby_lost_to_its_companions_change_is_stopped_before_its_cold_start(catalog):
+    """Its primary is unchanged but asleep: `docker start` of it would do nothing, and the gate would hold a
+    sleeping engine to a generation probe it never answers."""
+    box = Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+    rtx = catalog.lane("demo-h1").spec.companions["rtx"]
+    edited = with_lane(catalog, "demo-h1", companions={"rtx": rtx.model_copy(update={"engine": rtx.engine.model_copy(
+        update={"ports": [rtx.engine.ports[0].model_copy(update={"host": 30077})]})})})
+    plan = plan_rollback(edited, box.snapshot(catalog=edited), None)
+    assert keys(plan)[:11] == ["disarm:demo-h1", "forget-standby:demo-h1", f"stop:{H2}-rtx", f"stop:{H2}",
+                               f"stop:{H1}-rtx", f"stop:{H1}", f"start:{H1}", f"set-aside:{H1}-rtx",
+                               f"create:{H1}-rtx", f"start:{H1}-rtx", "gate:demo-h1"]
+    assert {s.why for s in plan.steps[4:6]} == {
+        "its standby is dropped and it may still sleep: a cold start begins stopped"}
+
+
+def test_a_standby_the_watchdog_dropped_has_its_sleeping_primary_stopped_before_it_starts(catalog):
+    box = Box(catalog).run("demo-h1", roles=("primary",)).run("demo-h1", "exited", roles=("rtx",)).run("demo-h2")
+    box.active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+    box.standby = box.standby.without("demo-h1", "its rtx container exited while asleep", datetime.now(UTC))
+    plan = plan_rollback(catalog, box.snapshot(), None)
+    assert keys(plan)[3:7] == [f"stop:{H1}", f"start:{H1}", f"start:{H1}-rtx", "gate:demo-h1"]
+    assert way_back(plan)[-5:-2] == [f"start:{H2}", f"start:{H2}-rtx", "gate:demo-h2"]
+
+
+def test_an_unfinished_wake_is_finished_by_waking_not_by_gating_a_sleeping_lane(catalog):
+    box = Box(catalog).run("demo-h1").run("demo-h2", "exited").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1").unfinished = {"switch": "s1", "action": "up", "from": "demo-h2", "to": "demo-h1",
+                                        "done_steps": ["disarm:demo-h1", f"stop:{H2}-rtx", f"stop:{H2}"]}
+    plan = plan_reconcile(catalog, box.snapshot())
+    assert plan is not None and plan.kind == "finish"
+    assert keys(plan)[:3] == ["wake:demo-h1", "gate:demo-h1", "wake-check:demo-h1"]
 
 
 def test_a_standby_that_died_asleep_is_lost(catalog):

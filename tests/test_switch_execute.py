@@ -4,18 +4,32 @@ files. What only Docker shows is in tests/test_lanes_docker.py and tests/test_sw
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from lanectl.lanes.execute import Executor, SwitchOutcome
 from lanectl.lanes.interrupt import Interrupt
 from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_restart, plan_rollback, plan_up
+from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import Catalog
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.standby import StandbyStore
-from tests.switch_box import Box, FakeEngines, QuietReporter, engine_from, keys, repo_catalog
+from tests.switch_box import (
+    Box,
+    FakeEngines,
+    QuietReporter,
+    engine_from,
+    keys,
+    repo_catalog,
+    with_engine,
+    with_lane,
+)
 
 H1, H2 = "lanectl-demo-demo-h1", "lanectl-demo-demo-h2"
 
@@ -63,32 +77,121 @@ def standby_h1(catalog: Catalog) -> Box:
     return Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
 
 
+def as_it_is(catalog: Catalog) -> Catalog:
+    return catalog
+
+
+class Kind(NamedTuple):
+    """A kind of plan: the box it starts from (made from the recipes as they were), the planner, and the recipes
+    as they are when it is planned (edited since the box's containers were made, or not)."""
+
+    box: Callable[[Catalog], Box]
+    plan: Callable[[Catalog, Snapshot], Plan]
+    recipe: Callable[[Catalog], Catalog] = as_it_is
+
+
+def h1_rtx_port_changed(catalog: Catalog) -> Catalog:
+    rtx = catalog.lanes["demo-h1"].spec.companions["rtx"]
+    ports = [rtx.engine.ports[0].model_copy(update={"host": 30077})]
+    return with_lane(catalog, "demo-h1", companions={"rtx": rtx.model_copy(
+        update={"engine": rtx.engine.model_copy(update={"ports": ports})})})
+
+
+def h1_shm_changed(catalog: Catalog) -> Catalog:
+    return with_engine(catalog, "demo-h1", shm_size="2g")
+
+
+def standby_h1_whose_rtx_died(catalog: Catalog) -> Box:
+    """The watchdog dropped demo-h1's standby when its companion died asleep; its primary sleeps on."""
+    box = standby_h1(catalog)
+    rtx = f"{H1}-rtx"
+    box.containers[rtx] = replace(box.containers[rtx], state="exited", host_ports=())
+    box.sleeping.discard(rtx)
+    box.standby = box.standby.without("demo-h1", "its rtx container exited while asleep", datetime.now(UTC))
+    return box
+
+
+def standby_h1_active_dead(catalog: Catalog) -> Box:
+    """demo-h2, the active lane, exited; demo-h1 still waits asleep: the lane a failed switch goes back to."""
+    return Box(catalog).run("demo-h1").run("demo-h2", "exited").build("demo-broken").active(
+        "demo-h2", "demo-h1", "demo-h2").asleep("demo-h1").fingerprinted("demo-h2")
+
+
+def up_to(lane: str) -> Callable[[Catalog, Snapshot], Plan]:
+    return lambda c, s: plan_up(c, s, c.lane(lane))
+
+
+def rollback(c: Catalog, s: Snapshot) -> Plan:
+    return plan_rollback(c, s, None)
+
+
 KINDS = {
-    "up, the old lane left asleep": (h1_serving, lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
-    "up, the old lane stopped": (lambda c: h1_serving(c).active(None, "demo-h1"),
-                                 lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
-    "rollback that wakes": (standby_h1, lambda c, s: plan_rollback(c, s, None)),
-    "rollback to kept containers": (lambda c: Box(c).run("demo-h1", "exited").run("demo-h2").active(
-        "demo-h2", "demo-h1", "demo-h2"), lambda c, s: plan_rollback(c, s, None)),
-    "recreate": (lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
-                 lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
-    "down with a standby": (standby_h1, lambda c, s: plan_down(c, s, c.lane("demo-h2"), with_standbys=True)),
-    "restart": (lambda c: Box(c).run("demo-h2", "exited").active("demo-h2", "demo-h2"),
-                lambda c, s: plan_restart(c, s, c.lane("demo-h2"), with_gpus=True)),
+    "up, the old lane left asleep": Kind(h1_serving, up_to("demo-h2")),
+    "up, the old lane stopped": Kind(lambda c: h1_serving(c).active(None, "demo-h1"), up_to("demo-h2")),
+    "rollback that wakes": Kind(standby_h1, rollback),
+    "rollback to kept containers": Kind(lambda c: Box(c).run("demo-h1", "exited").run("demo-h2").active(
+        "demo-h2", "demo-h1", "demo-h2"), rollback),
+    "recreate": Kind(lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
+                     up_to("demo-h2")),
+    "down with a standby": Kind(standby_h1, lambda c, s: plan_down(c, s, c.lane("demo-h2"), with_standbys=True)),
+    "restart": Kind(lambda c: Box(c).run("demo-h2", "exited").active("demo-h2", "demo-h2"),
+                    lambda c, s: plan_restart(c, s, c.lane("demo-h2"), with_gpus=True)),
+    # The watchdog never restarts a lane recorded asleep; a killed switch can leave the active lane so.
+    "restart of a lane left asleep": Kind(
+        lambda c: Box(c).run("demo-h1").run("demo-h2", "exited").active("demo-h1", "demo-h1").asleep("demo-h1"),
+        lambda c, s: plan_restart(c, s, c.lane("demo-h1"), with_gpus=True)),
+    # A gate's bracket switches with `up`: its third arm wakes the control it left asleep.
+    "up that wakes a standby (a bracket's arm)": Kind(lambda c: standby_h1(c).fingerprinted("demo-h2"),
+                                                      up_to("demo-h1")),
+    "rollback to a standby whose companion changed": Kind(standby_h1, rollback, h1_rtx_port_changed),
+    "rollback to a standby whose primary changed": Kind(standby_h1, rollback, h1_shm_changed),
+    "up to a standby whose companion changed (a bracket's arm)": Kind(
+        lambda c: standby_h1(c).fingerprinted("demo-h2"), up_to("demo-h1"), h1_rtx_port_changed),
+    "rollback to a standby the watchdog dropped": Kind(standby_h1_whose_rtx_died, rollback),
+    "up whose way back is a standby": Kind(standby_h1_active_dead, up_to("demo-broken")),
 }
+
+
+def planned(kind: Kind, catalog: Catalog, state_dir: Path) -> tuple[Catalog, Plan, Run]:
+    """The recipes as planned, the plan, and a run of the kind's box, not started."""
+    box = kind.box(catalog)
+    recipes = kind.recipe(catalog)
+    return recipes, kind.plan(recipes, box.snapshot(catalog=recipes)), Run(recipes, box, state_dir)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_what_runs_and_is_journaled_is_the_plan_step_for_step(catalog, tmp_path, kind):
-    make_box, planner = KINDS[kind]
-    box = make_box(catalog)
-    plan = planner(catalog, box.snapshot())
-    run = Run(catalog, box, tmp_path)
+    _, plan, run = planned(KINDS[kind], catalog, tmp_path)
     outcome = run.run(plan)
     assert outcome.exit_code == 0, outcome.message
     assert run.journaled_steps() == keys(plan) == list(outcome.steps)
     intent = next(r for r in run.journal.read().records if r["kind"] == "intent")
     assert intent["steps"] == keys(plan)
+
+
+def awake(run: Run, catalog: Catalog) -> None:
+    """What every plan holds to: no lane is held to its gate with a container asleep, and the lane that serves
+    after it has none asleep (a docker start of a sleeping container leaves it asleep: a lane starts from
+    stopped, or is woken)."""
+    assert run.engines.gated_asleep == [], "held to its gate while asleep"
+    serving = run.states.load().active
+    if serving is not None:
+        assert run.engine.asleep(catalog.lane(serving)) == [], f"{serving} serves half asleep"
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("failure", [None, "its gate", "its wake"])
+def test_no_plan_leaves_a_container_of_the_lane_it_starts_asleep(catalog, tmp_path, kind, failure):
+    recipes, plan, run = planned(KINDS[kind], catalog, tmp_path)
+    if failure == "its gate":
+        run.engines.failing_gates.add(plan.lane)  # the way back brings the previous lane back
+    elif failure == "its wake":
+        run.engines.failing_wakes.add(plan.lane)  # the cold path
+    outcome = run.run(plan)
+    awake(run, recipes)
+    assert run.engine.asleep(recipes.lane(plan.lane)) == [], f"{plan.lane} is left half asleep"
+    if failure is None or plan.kind == "down":
+        assert outcome.exit_code == 0, outcome.message
 
 
 def test_the_switch_leaves_the_new_lane_serving_the_old_one_asleep_and_the_watchdog_armed(catalog, tmp_path):
@@ -265,34 +368,34 @@ def snapshot_of(run: Run, catalog: Catalog):
 
 
 SWITCHES = {
-    "stop-first": (lambda c: h1_serving(c).active("demo-h1", "demo-h1").fingerprinted(),
-                   lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
-    "sleep": (h1_serving, lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
-    "wake": (standby_h1, lambda c, s: plan_rollback(c, s, None)),
-    "recreate": (lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
-                 lambda c, s: plan_up(c, s, c.lane("demo-h2"))),
+    "stop-first": Kind(lambda c: h1_serving(c).active("demo-h1", "demo-h1").fingerprinted(), up_to("demo-h2")),
+    "sleep": Kind(h1_serving, up_to("demo-h2")),
+    "wake": Kind(standby_h1, rollback),
+    "recreate": Kind(lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
+                     up_to("demo-h2")),
+    "cold start of a changed standby": KINDS["rollback to a standby whose companion changed"],
+    "way back to a standby": KINDS["up whose way back is a standby"],
 }
 
 
 def _cases():
-    for kind, (make_box, planner) in SWITCHES.items():
-        steps = len(planner(repo_catalog(), make_box(repo_catalog()).snapshot()).steps)
+    for name, kind in SWITCHES.items():
+        recipes = kind.recipe(repo_catalog())
+        steps = len(kind.plan(recipes, kind.box(repo_catalog()).snapshot(catalog=recipes)).steps)
         for after in range(1, steps + 1):
-            yield kind, after
+            yield name, after
 
 
 @pytest.mark.parametrize(("kind", "after"), list(_cases()))
 def test_a_switch_killed_after_any_step_is_finished_or_undone_and_a_lane_serves(catalog, tmp_path, kind, after):
-    make_box, planner = SWITCHES[kind]
-    box = make_box(catalog)
-    run = Run(catalog, box, tmp_path)
+    catalog, killed, run = planned(SWITCHES[kind], catalog, tmp_path)
 
     def kill() -> None:
         raise Killed
 
     run.reporter = Interrupting(after, kill)
     with pytest.raises(Killed):
-        run.run(planner(catalog, box.snapshot()))
+        run.run(killed)
     snapshot = snapshot_of(run, catalog)
     assert snapshot.unfinished is not None and len(snapshot.unfinished["done_steps"]) == after
     plan = plan_reconcile(catalog, snapshot)
@@ -302,20 +405,18 @@ def test_a_switch_killed_after_any_step_is_finished_or_undone_and_a_lane_serves(
                                  state=snapshot.state, standby=snapshot.standby)
     assert outcome.result in ("finished", "undone"), outcome.message
     state = run.states.load()
-    assert state.active in ("demo-h1", "demo-h2") and state.watchdog_armed and state.watchdog_lease is None
+    assert state.active in (killed.lane, killed.previous) and state.watchdog_armed and state.watchdog_lease is None
     active = catalog.lane(state.active)
     assert {active.container_name(role) for role in active.roles} <= run.engine.running()
     others = run.engine.running() - {active.container_name(role) for role in active.roles}
     assert all(run.standbys.load().standby(name.split("-demo-")[0]) is None or True for name in others)
     assert run.journal.unfinished_intent() is None
+    awake(run, catalog)
 
 
 @pytest.mark.parametrize(("kind", "after"), list(_cases()))
 def test_a_signal_after_any_step_goes_back_or_finishes_and_always_re_arms(catalog, tmp_path, kind, after):
-    make_box, planner = SWITCHES[kind]
-    box = make_box(catalog)
-    run = Run(catalog, box, tmp_path)
-    plan = planner(catalog, box.snapshot())
+    catalog, plan, run = planned(SWITCHES[kind], catalog, tmp_path)
     run.reporter = Interrupting(after, lambda: run.interrupt.arrived(signal.SIGINT))
     outcome = run.run(plan)
     state = run.states.load()
@@ -329,3 +430,4 @@ def test_a_signal_after_any_step_goes_back_or_finishes_and_always_re_arms(catalo
         assert outcome.result == "ok" and state.active == plan.lane, "past the gate only bookkeeping is left"
     serving = catalog.lane(state.active)
     assert {serving.container_name(role) for role in serving.roles} <= run.engine.running()
+    awake(run, catalog)

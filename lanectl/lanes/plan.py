@@ -240,7 +240,11 @@ def stop_steps(inventory: Inventory, lane: Lane, why: str = "", *, every: bool =
 def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -> tuple[Step, ...]:
     """Primary first, then companions: each created when missing, recreated when its spec differs from the
     recipe (`recreate`; a watchdog restart repairs, it does not upgrade), started when stopped. A companion
-    starts after its primary: a running one is stopped while its primary is (re)started."""
+    starts after its primary: a running one is stopped while its primary is (re)started. A lane whose containers
+    may be asleep is stopped first, so that every container starts from stopped or is recreated."""
+    asleep = stop_asleep_steps(inventory, lane)
+    if asleep:
+        inventory = inventory.with_stopped(lane)
     first: list[Step] = []
     steps: list[Step] = []
     primary = inventory.container(lane, ROLE_PRIMARY)
@@ -265,7 +269,18 @@ def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -
                       Step("start", lane.name, name, role)]
         elif not (container.listed.running and live):
             steps.append(Step("start", lane.name, name, role))
-    return (*first, *steps)
+    return (*asleep, *first, *steps)
+
+
+def stop_asleep_steps(inventory: Inventory, lane: Lane) -> tuple[Step, ...]:
+    """Stop the running containers of a lane that is not woken but may be asleep: its standby is recorded (a
+    lost one is not woken), or was dropped since it last served (one whose companion died asleep leaves its
+    primary asleep). `docker start` of a sleeping container does nothing, and a sleeping vLLM answers /health
+    200 but no request: a start must begin from stopped."""
+    standby = inventory.snapshot.standby
+    if standby.standby(lane.name) is None and lane.name not in standby.dropped:
+        return ()
+    return stop_steps(inventory, lane, "its standby is dropped and it may still sleep: a cold start begins stopped")
 
 
 def aside_name(container: LaneContainer) -> str:
@@ -521,7 +536,10 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
     if primary is None or not primary.listed.running or not _whole(inventory, target):
         return Plan("undo", target.name, previous.name if previous else None, way_back, abandon=abandon, alone=alone)
     # The companions the killed run had not started yet start now; nothing is recreated here (a later `up` does).
-    phases = (Phase((*bring_up_steps(inventory, target, recreate=False), _gate(target))),
+    # A target still recorded asleep was being woken: the wake finishes it (a wake of an awake vLLM does nothing).
+    bring = _wake_phase(inventory, target) if target.name in standbys(inventory)[0] else Phase(
+        (*bring_up_steps(inventory, target, recreate=False), _gate(target)))
+    phases = (bring,
               Phase((Step("activate", target.name),), optional=True),
               Phase((*_drop_asides(asides, "replaced by a container that passed its gate"),
                      Step("arm", target.name)), optional=True))
@@ -567,7 +585,8 @@ def _restore(inventory: Inventory, lane: Lane | None, *,
     if slept is not None and slept.name == lane.name:
         bring = _wake_phase(inventory, lane)
     else:
-        bring = Phase((*bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane)))
+        bring = Phase((*stop_asleep_steps(inventory, lane),
+                       *bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane)))
     abandon = (Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
     return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)))), abandon
 
