@@ -30,6 +30,7 @@ EXAMPLE_RECIPES = [
     "docs/examples/every-field.yaml",
 ]
 LANE_MODEL = "LanePartial"
+LANE_PATH = "LANE"  # where a lane's own fields start: `defaults`, and each entry of `lanes`
 ROOT = "RecipeFile"
 
 Schema = dict[str, Any]
@@ -78,7 +79,7 @@ def sections(schema: Schema) -> list[tuple[str, str]]:
             for child in models_of(node):
                 if child not in seen:
                     seen.add(child)
-                    child_path = "a lane" if child == LANE_MODEL else f"{path}.{field}".lstrip(".")
+                    child_path = LANE_PATH if child == LANE_MODEL else f"{path}.{field}".lstrip(".")
                     if child != LANE_MODEL and (node.get("additionalProperties") or {}).get("$ref"):
                         child_path += ".NAME"
                     order.append((child, child_path))
@@ -87,7 +88,7 @@ def sections(schema: Schema) -> list[tuple[str, str]]:
 
 def type_text(node: Schema) -> str:
     if name := ref_name(node):
-        return f"[{name}](#{anchor(name)})"
+        return f"[{'Lane' if name == LANE_MODEL else name}](#{anchor(name)})"
     options = node.get("anyOf") or node.get("oneOf")
     if options:
         texts = [type_text(option) for option in options if option.get("type") != "null"]
@@ -247,6 +248,8 @@ def recipe_reference(schema: Schema | None = None) -> str:
             title, where = "The recipe file", "the top level of a recipe file"
         elif model == LANE_MODEL:
             title, where = "Lane fields", "`defaults`, and each entry of `lanes`"
+        elif path.startswith(f"{LANE_PATH}."):
+            title, where = model, f"`{path.removeprefix(f'{LANE_PATH}.')}` of a lane (in `defaults` or `lanes.NAME`)"
         else:
             title, where = model, f"`{path}`"
         lines += [f"## {title} {{#{anchor(model)}}}", "", f"Where: {where}.", ""]
