@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both do all set-up on a fresh machine.
-.PHONY: setup demo test test-unit contract lint bench base-image clean-images
+.PHONY: setup demo test test-unit contract lint bench docs base-image clean-images
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -29,15 +29,13 @@ lint:
 	$(BIN)/ruff check lanectl tests benchmarks images/stub-engine
 	$(BIN)/mypy
 
+# Every benchmark, or ONLY=name[,name]: each writes its section of benchmarks/RESULTS.md (benchmarks/run_all.py).
 bench: setup
-	$(BIN)/python benchmarks/run.py
-	$(BIN)/python benchmarks/registry.py
-	$(BIN)/python benchmarks/lanes.py
-	$(BIN)/python benchmarks/watchdog.py
-	$(BIN)/python benchmarks/bench_client.py
-	$(BIN)/python benchmarks/fleet.py
-	$(BIN)/python benchmarks/standby.py
-	$(BIN)/python benchmarks/drain.py
+	$(BIN)/python benchmarks/run_all.py --only "$(ONLY)"
+
+# The docs site (docs/, mkdocs.yml) into site/, strict: a broken link or a page missing from the nav fails it.
+docs:
+	@bash scripts/docs.sh
 
 # Removes every image lanectl built (not the base images).
 clean-images:

@@ -102,8 +102,12 @@ def main() -> int:
         try:
             bench_builds(root, engine)
         finally:
-            for image in engine.client.images.list(filters={"label": f"io.lanectl.recipe={recipe_id}"}):
-                engine.client.images.remove(image.id, force=True)
+            # lanectl's engine adapter has no image removal (it never prunes): the SDK cleans up, as registry.py does.
+            import docker
+
+            client = docker.from_env()
+            for image in client.images.list(filters={"label": f"io.lanectl.recipe={recipe_id}"}):
+                client.images.remove(image.id, force=True)
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a fresh clone's .ci/run spends the machine's CPU (README, "Where the machine's time goes"): the whole
+# Where a fresh clone's .ci/run spends the machine's CPU (docs/development.md): the whole
 # machine and the Docker containers from the cgroup v1 cpuacct counters, read before and after; .ci/run's own
 # process tree and, within it, the contract suite from /usr/bin/time. The rest is dockerd, containerd, the shims
 # and the kernel. Needs cgroup v1 with Docker's cgroupfs driver (/sys/fs/cgroup/cpuacct/docker), as here.

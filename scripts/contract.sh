@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make contract [VLLM=X.Y.Z]`: lanectl and the stub engine held to a vLLM release's own code (README: "Held to vLLM
+# `make contract [VLLM=X.Y.Z]`: lanectl and the stub engine held to a vLLM release's own code (docs/stub-engine.md: "Held to vLLM
 # 0.31.0"). Without VLLM it checks the pin (0.31.0), which is what CI runs; VLLM=0.32.0 checks what would break if
 # the pin moved there.
 #
@@ -10,7 +10,7 @@
 #     metadata (its Requires-Dist), so each release gets what it pins;
 #   - torch as the CPU build: PyPI's Linux torch pulls ~3 GB of nvidia-* CUDA libraries that nothing here can load.
 #     When the pinned version's CPU build can be reached neither from the machine's wheels and index nor from
-#     PyTorch's CPU index, the pin's torch ($FALLBACK_TORCH) is used and the run says so (README: vLLM 0.33.0 pins
+#     PyTorch's CPU index, the pin's torch ($FALLBACK_TORCH) is used and the run says so (docs/stub-engine.md: vLLM 0.33.0 pins
 #     torch 2.14.0, whose CPU build this workplace cannot download);
 #   - flashinfer-python without its dependencies: its full requirement set adds CUDA kernel packages (tilelang,
 #     cutlass-dsl, quack, humming-kernels, ...) that a CPU cannot use; xgrammar likewise, for triton;

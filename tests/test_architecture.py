@@ -86,9 +86,8 @@ def test_no_module_is_left_flat_beside_the_packages():
     assert set(flat) <= {"__init__", "__main__", "errors", "output", "project"}, flat
 
 
-def test_the_readme_architecture_section_names_every_package():
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+def test_the_architecture_page_names_every_package():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
-    missing = [name for name in packages if f"`{name}/`" not in section]
-    assert not missing, f"README's Architecture section does not say where {missing} live"
+    missing = [name for name in packages if f"`{name}/`" not in page]
+    assert not missing, f"docs/architecture.md does not say where {missing} live"

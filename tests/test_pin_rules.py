@@ -106,12 +106,12 @@ def test_a_release_whose_source_moved_on_is_said_to_be_unreadable_never_read_as_
         dev_routes(source)
 
 
-def test_the_readme_names_every_development_route_lanectl_warns_about() -> None:
-    """`pin check` and the contract suite hold a release's development routes to DEV_MODE_ROUTES, and the README's
-    exposed-routes warning is where an operator reads them: each route must be in both."""
+def test_the_docs_name_every_development_route_lanectl_warns_about() -> None:
+    """`pin check` and the contract suite hold a release's development routes to DEV_MODE_ROUTES, and the standby
+    page's exposed-routes warning is where an operator reads them: each route must be in both."""
     from lanectl.recipe.model import DEV_MODE_ROUTES
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
-    missing = [path for paths in DEV_MODE_ROUTES.values() for path in paths if f"`{path}`" not in readme]
-    assert not missing, f"the README's exposed-routes warning does not name {missing}"
+    page = (REPO / "docs" / "standby.md").read_text()
+    missing = [path for paths in DEV_MODE_ROUTES.values() for path in paths if f"`{path}`" not in page]
+    assert not missing, f"docs/standby.md's exposed-routes warning does not name {missing}"

@@ -155,8 +155,8 @@ def test_a_wake_that_leaves_the_engine_asleep_fails_whatever_the_release_answers
 
 def test_every_development_route_is_one_lanectl_warns_about() -> None:
     """A route development mode mounts for anyone who reaches the port must be named where lanectl refuses to publish
-    a dev-mode lane off the box (lanectl/recipe/model.py DEV_MODE_ROUTES, and the README's warning)."""
+    a dev-mode lane off the box (lanectl/recipe/model.py DEV_MODE_ROUTES, and the warning in docs/standby.md)."""
     named = {path for paths in DEV_MODE_ROUTES.values() for path in paths}
     unnamed = sorted(dev_mode_routes() - named)
     assert not unnamed, (f"{oracle.RELEASE} mounts {unnamed} in development mode, which lanectl/recipe/model.py "
-                         "DEV_MODE_ROUTES (and the README's exposed-routes warning) do not name")
+                         "DEV_MODE_ROUTES (and the exposed-routes warning in docs/standby.md) do not name")

@@ -1,0 +1,375 @@
+"""The docs site's two generated pages: the recipe field reference and the command reference.
+
+Both are written from the code each time the site is built (an MkDocs hook: mkdocs.yml `hooks:`), never kept as
+files, so neither can drift: the recipe reference from the JSON Schema `lanectl schema` prints (the pydantic model),
+with an example of each field taken from the shipped recipes where they set it, else its default; the command
+reference from the typer app. `python scripts/docs_reference.py recipe|commands` prints one of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE_PAGE = "reference/recipe-fields.md"
+COMMANDS_PAGE = "reference/commands.md"
+MEASUREMENTS_PAGE = "measurements.md"
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+# Where the examples come from, first match wins: the production recipe, the demo's, then the docs' own example of
+# the fields both leave to their defaults (tests/test_docs.py validates it).
+EXAMPLE_RECIPES = [
+    "recipes/dgx-station-gb300/deepseek-v4.1-flash-vllm-uva-dspark-sidecar.yaml",
+    "recipes/demo/stub.yaml",
+    "docs/examples/every-field.yaml",
+]
+LANE_MODEL = "LanePartial"
+LANE_PATH = "LANE"  # where a lane's own fields start: `defaults`, and each entry of `lanes`
+ROOT = "RecipeFile"
+
+Schema = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------------- recipe fields
+
+def recipe_schema() -> Schema:
+    from lanectl.recipe.schema import recipe_json_schema
+
+    return recipe_json_schema()
+
+
+def ref_name(node: Schema) -> str | None:
+    ref = node.get("$ref")
+    return ref.rsplit("/", 1)[-1] if isinstance(ref, str) else None
+
+
+def models_of(node: Schema) -> Iterator[str]:
+    """The models a field holds, directly or in a list, map or union."""
+    if name := ref_name(node):
+        yield name
+    for key in ("anyOf", "oneOf", "allOf"):
+        for option in node.get(key, []):
+            yield from models_of(option)
+    if isinstance(node.get("items"), dict):
+        yield from models_of(node["items"])
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from models_of(node["additionalProperties"])
+
+
+def model_properties(schema: Schema, model: str) -> Schema:
+    node = schema if model == ROOT else schema["$defs"][model]
+    return dict(node.get("properties", {}))
+
+
+def sections(schema: Schema) -> list[tuple[str, str]]:
+    """(model, path where it first appears), the recipe file first, then each model in the order a reader meets it."""
+    order: list[tuple[str, str]] = [(ROOT, "")]
+    seen = {ROOT}
+    index = 0
+    while index < len(order):
+        model, path = order[index]
+        index += 1
+        for field, node in model_properties(schema, model).items():
+            for child in models_of(node):
+                if child not in seen:
+                    seen.add(child)
+                    child_path = LANE_PATH if child == LANE_MODEL else f"{path}.{field}".lstrip(".")
+                    if child != LANE_MODEL and (node.get("additionalProperties") or {}).get("$ref"):
+                        child_path += ".NAME"
+                    order.append((child, child_path))
+    return order
+
+
+def type_text(node: Schema) -> str:
+    if name := ref_name(node):
+        return f"[{'Lane' if name == LANE_MODEL else name}](#{anchor(name)})"
+    options = node.get("anyOf") or node.get("oneOf")
+    if options:
+        texts = [type_text(option) for option in options if option.get("type") != "null"]
+        nullable = any(option.get("type") == "null" for option in options)
+        return " or ".join(texts) + (" or null" if nullable else "")
+    if "const" in node:
+        return f"the constant `{json.dumps(node['const'])}`"
+    if "enum" in node:
+        return "one of " + ", ".join(f"`{json.dumps(value)}`" for value in node["enum"])
+    kind = node.get("type")
+    if kind == "array":
+        return f"list of {type_text(node.get('items', {}))}"
+    if kind == "object":
+        values = node.get("additionalProperties")
+        return f"map of name to {type_text(values)}" if isinstance(values, dict) else "object"
+    text = {"string": "string", "integer": "integer", "number": "number", "boolean": "true or false"}.get(kind, "any")
+    limits = constraints(node)
+    return f"{text} ({limits})" if limits else text
+
+
+def constraints(node: Schema) -> str:
+    parts = []
+    for key, words in (("minimum", "at least"), ("exclusiveMinimum", "more than"), ("maximum", "at most"),
+                       ("exclusiveMaximum", "less than"), ("minLength", "at least {} characters"),
+                       ("maxLength", "at most {} characters"), ("minItems", "at least {} items"),
+                       ("maxItems", "at most {} items"), ("minProperties", "at least {} entries")):
+        if key in node:
+            parts.append(words.format(node[key]) if "{}" in words else f"{words} {node[key]}")
+    if "pattern" in node:
+        parts.append(f"matching `{node['pattern']}`")
+    return ", ".join(parts)
+
+
+def anchor(model: str) -> str:
+    return f"model-{model.lower()}"
+
+
+def collect_examples(schema: Schema) -> dict[tuple[str, str], tuple[Any, str]]:
+    """(model, field) -> (the value an example recipe gives that field, the first one found; that recipe)."""
+    found: dict[tuple[str, str], tuple[Any, str]] = {}
+
+    def walk(model: str, data: Any, source: str) -> None:
+        if not isinstance(data, dict):
+            return
+        properties = model_properties(schema, model)
+        for field, value in data.items():
+            node = properties.get(field)
+            if node is None:
+                continue
+            found.setdefault((model, field), (value, source))
+            for child in models_of(node):
+                for item in _values_for(node, value):
+                    walk(child, item, source)
+
+    for source in EXAMPLE_RECIPES:
+        walk(ROOT, yaml.safe_load((REPO / source).read_text()), source)
+    return found
+
+
+def _values_for(node: Schema, value: Any) -> Iterator[Any]:
+    """The values a nested model is filled from: the value itself, a list's items, or a map's values."""
+    if isinstance(value, list):
+        yield from value
+    elif isinstance(value, dict) and isinstance(node.get("additionalProperties"), dict):
+        yield from value.values()
+        yield value  # a union of a model and a map: the value may be the model itself
+    else:
+        yield value
+
+
+def shortened(value: Any, depth: int = 0) -> Any:
+    """An example small enough to read: lists and maps cut to their first entries, the more the deeper."""
+    items, keys = (4, 8) if depth == 0 else (2, 4)
+    if isinstance(value, list):
+        return [shortened(item, depth + 1) for item in value[:items]]
+    if isinstance(value, dict):
+        return {key: shortened(item, depth + 1) for key, item in list(value.items())[:keys]}
+    return value
+
+
+def _flat(value: Any) -> bool:
+    return not isinstance(value, dict | list) or all(not isinstance(item, dict | list)
+                                                     for item in (value.values() if isinstance(value, dict) else value))
+
+
+def example_text(field: str, value: Any) -> str:
+    value = shortened(value)
+    dump = {"sort_keys": False, "width": 10_000, "allow_unicode": True}
+    if _flat(value):
+        return yaml.safe_dump({field: value}, default_flow_style=None, **dump).rstrip("\n") if isinstance(
+            value, dict | list) and value else yaml.safe_dump({field: value}, default_flow_style=False, **dump).rstrip(
+            "\n").removesuffix("\n...")
+    body = yaml.safe_dump(value, default_flow_style=None, **dump).rstrip("\n")
+    return f"{field}:\n" + "\n".join(f"  {line}" for line in body.splitlines())
+
+
+def placeholder(node: Schema) -> Any:
+    """A value of the field's type, where neither a shipped recipe nor a default gives one."""
+    if "const" in node:
+        return node["const"]
+    if "enum" in node:
+        return node["enum"][0]
+    for option in node.get("anyOf", []):
+        if option.get("type") != "null":
+            return placeholder(option)
+    kind = node.get("type")
+    return {"string": "TEXT", "integer": node.get("minimum", 1), "number": node.get("minimum", 1.0),
+            "boolean": True, "array": [], "object": {}}.get(kind, "VALUE")
+
+
+def field_entry(schema: Schema, model: str, field: str, node: Schema, examples: dict[tuple[str, str], tuple[Any, str]],
+                required: set[str]) -> list[str]:
+    lines = [f"#### `{field}`", ""]
+    facts = [type_text(node)]
+    if field in required:
+        facts.append("required")
+    if "default" in node:
+        default = node["default"]
+        if isinstance(default, dict | list) and len(json.dumps(default)) > 60:
+            facts.append("default: see the fields below" if ref_name(node) else "default: as in the example")
+        else:
+            facts.append(f"default `{json.dumps(default)}`")
+    summary = "; ".join(facts) + "."
+    lines += [summary[:1].upper() + summary[1:], ""]
+    if node.get("description"):
+        lines += [node["description"], ""]
+    if (model, field) in examples:
+        value, recipe = examples[(model, field)]
+        source = f"from `{recipe}`"
+    elif "default" in node and node["default"] not in (None, [], {}):
+        value, source = node["default"], "its default"
+    else:
+        value, source = placeholder(node), "a value of its type"
+    lines += [f"Example ({source}):", "", "```yaml", example_text(field, value), "```", ""]
+    return lines
+
+
+def recipe_reference(schema: Schema | None = None) -> str:
+    schema = schema or recipe_schema()
+    examples = collect_examples(schema)
+    lines = [
+        "# Recipe field reference",
+        "",
+        "Every field of a `lanectl/v1` recipe, generated from lanectl's recipe model (the JSON Schema that "
+        "`lanectl schema` prints) each time this site is built, so it always says what the code accepts. "
+        "Examples come from the shipped recipes (`recipes/`) where they set the field, else from its default. "
+        "How recipes are written, merged and validated: [Recipes](../recipes.md).",
+        "",
+        "Unknown keys are errors. In `defaults` and in each lane every field is optional: a lane inherits what it "
+        "does not set (maps merge key by key, lists and scalars replace), and `lanectl validate` checks the merged "
+        "lane.",
+        "",
+    ]
+    for model, path in sections(schema):
+        node = schema if model == ROOT else schema["$defs"][model]
+        if model == ROOT:
+            title, where = "The recipe file", "the top level of a recipe file"
+        elif model == LANE_MODEL:
+            title, where = "Lane fields", "`defaults`, and each entry of `lanes`"
+        elif path.startswith(f"{LANE_PATH}."):
+            title, where = model, f"`{path.removeprefix(f'{LANE_PATH}.')}` of a lane (in `defaults` or `lanes.NAME`)"
+        else:
+            title, where = model, f"`{path}`"
+        lines += [f"## {title} {{#{anchor(model)}}}", "", f"Where: {where}.", ""]
+        if node.get("description") and model != ROOT:
+            lines += [node["description"], ""]
+        required = set(node.get("required", []))
+        for field, field_node in model_properties(schema, model).items():
+            lines += field_entry(schema, model, field, field_node, examples, required)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- commands
+
+def command_reference() -> str:
+    import typer
+
+    from lanectl.cli.app import app
+
+    # Recent typer releases carry their own copy of click: its objects are used through typer and their interface.
+    root = typer.main.get_command(app)
+    lines = [
+        "# Command reference",
+        "",
+        "Every `lanectl` command with its arguments and options, generated from the command-line app "
+        "(`lanectl/cli/app.py`) each time this site is built; `lanectl COMMAND --help` prints the same. "
+        "Exit codes everywhere: **0** success, **1** the operation failed, **2** bad input or usage. "
+        "`--json` output is an envelope `{\"lanectl\": 1, \"command\": …, \"data\": …}`.",
+        "",
+    ]
+
+    def walk(command: Any, names: list[str]) -> None:
+        context = typer.Context(command, info_name=" ".join(names))
+        if names[1:]:
+            lines.extend(command_section(command, context, names))
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(context):
+                child = command.get_command(context, name)
+                if child is not None and not child.hidden:
+                    walk(child, [*names, name])
+
+    root_context = typer.Context(root, info_name="lanectl")
+    lines += ["## lanectl", "", root.help or "", "", "```text", usage(root, root_context, ["lanectl"]), "```", ""]
+    lines += options_list(root, root_context)
+    walk(root, ["lanectl"])
+    return "\n".join(lines)
+
+
+def command_section(command: Any, context: Any, names: list[str]) -> list[str]:
+    import inspect
+
+    lines = [f"## {' '.join(names[1:])}", ""]
+    lines += ["```text", usage(command, context, names), "```", ""]
+    if command.help:
+        lines += [inspect.cleandoc(command.help), ""]
+    lines += options_list(command, context)
+    return lines
+
+
+def usage(command: Any, context: Any, names: list[str]) -> str:
+    pieces = [*names, "[OPTIONS]"]
+    for param in command.get_params(context):
+        if param.param_type_name == "argument":
+            metavar = param.metavar or param.name.upper() + ("..." if param.nargs == -1 else "")
+            pieces.append(metavar if param.required else f"[{metavar}]")
+    if hasattr(command, "list_commands"):
+        pieces.append("COMMAND [ARGS]...")
+    return " ".join(pieces)
+
+
+def options_list(command: Any, context: Any) -> list[str]:
+    arguments, options = [], []
+    for param in command.get_params(context):
+        help_text = " ".join((getattr(param, "help", None) or "").split())
+        if param.param_type_name == "argument":
+            metavar = param.metavar or param.name.upper() + ("..." if param.nargs == -1 else "")
+            arguments.append(f"- `{metavar}`" + (f": {help_text}" if help_text else ""))
+        elif param.param_type_name == "option" and not param.hidden and param.name != "help":
+            names = ", ".join(param.opts + param.secondary_opts)
+            if not param.is_flag:
+                names += f" {param.metavar or param.name.upper()}"
+            default = param.default
+            if not param.is_flag and default not in (None, (), []) and param.show_default is not False:
+                shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
+                help_text += f" (default: {shown})"
+            options.append(f"- `{names}`" + (f": {help_text.strip()}" if help_text.strip() else ""))
+    lines: list[str] = []
+    if arguments:
+        lines += ["Arguments:", "", *arguments, ""]
+    if options:
+        lines += ["Options:", "", *options, ""]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------- MkDocs hook
+
+def measurements() -> str:
+    """benchmarks/RESULTS.md as a page of the site, as `make bench` last wrote it; a benchmark it has no section
+    for yet (a script just added to the list) is shown as not measured, so every link to a section holds."""
+    spec = importlib.util.spec_from_file_location("run_all", REPO / "benchmarks" / "run_all.py")
+    assert spec and spec.loader
+    runner = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(runner)
+    text = runner.rewrite({}, RESULTS.read_text() if RESULTS.exists() else "")
+    intro = ("The figures below are `benchmarks/RESULTS.md`, written by `make bench` from the benchmark scripts' own "
+             "output (see [Development](development.md#benchmarks)); nothing here is copied by hand.\n\n")
+    title, _, rest = text.partition("\n")
+    return f"{title}\n\n{intro}{rest.lstrip()}"
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for page, render in ((RECIPE_PAGE, recipe_reference), (COMMANDS_PAGE, command_reference),
+                         (MEASUREMENTS_PAGE, measurements)):
+        files.append(File.generated(config, page, content=render()))
+    return files
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else ""
+    if which not in ("recipe", "commands"):
+        sys.exit("usage: docs_reference.py recipe|commands")
+    print(recipe_reference() if which == "recipe" else command_reference())

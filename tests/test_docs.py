@@ -1,0 +1,172 @@
+"""The README and the docs site: the generated references cover what the code has, and every page speaks of the
+project and its users (no per-commit CI tables, no first-person narrative)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import typer
+
+from lanectl.cli.app import app
+from lanectl.commands.validate import validate_recipes
+from lanectl.project import Project
+from lanectl.recipe.schema import recipe_json_schema
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+
+
+def docs_reference() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_reference", REPO / "scripts" / "docs_reference.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def schema_fields(schema: dict[str, Any]) -> dict[str, set[str]]:
+    """Every field of the schema by the model that holds it: the recipe file's own, then each definition's."""
+    fields = {"RecipeFile": set(schema["properties"])}
+    for name, definition in schema["$defs"].items():
+        fields[name] = set(definition.get("properties", {}))
+    return fields
+
+
+def documented_fields(markdown: str) -> dict[str, set[str]]:
+    """The fields each section of the reference documents: `## Title {#model-name}` then `#### \\`field\\``."""
+    documented: dict[str, set[str]] = {}
+    current = None
+    for line in markdown.splitlines():
+        if section := re.match(r"^## .*\{#model-([a-z0-9_]+)\}$", line):
+            current = section.group(1)
+            documented[current] = set()
+        elif (field := re.match(r"^#### `([^`]+)`$", line)) and current is not None:
+            documented[current].add(field.group(1))
+    return documented
+
+
+def test_the_recipe_reference_covers_every_field_of_the_schema() -> None:
+    schema = recipe_json_schema()
+    documented = documented_fields(docs_reference().recipe_reference(schema))
+    expected = {model.lower(): fields for model, fields in schema_fields(schema).items()}
+    assert sum(len(fields) for fields in expected.values()) > 50  # the walk found the model, not an empty schema
+    assert set(documented) == set(expected), "a model of the schema has no section of its own, or one too many"
+    for model, fields in expected.items():
+        assert documented[model] == fields, f"{model}: missing {fields - documented[model]}, " \
+                                            f"extra {documented[model] - fields}"
+
+
+def test_a_field_left_out_of_the_reference_is_found() -> None:
+    schema = recipe_json_schema()
+    reference = docs_reference().recipe_reference(schema)
+    cut = reference.replace("#### `stop_timeout_seconds`\n", "", 1)
+    assert documented_fields(cut)["engine"] != schema_fields(schema)["Engine"]
+
+
+def test_every_field_example_validates_as_a_recipe() -> None:
+    example = DOCS / "examples" / "every-field.yaml"
+    result = validate_recipes(Project.locate(REPO / "recipes"), [example])
+    assert result.exit_code == 0
+
+
+def test_the_command_reference_has_every_command_and_option() -> None:
+    reference = docs_reference().command_reference()
+    root = typer.main.get_command(app)
+
+    def walk(command: Any, names: list[str]) -> None:
+        context = typer.Context(command, info_name=" ".join(names))
+        if names:
+            assert f"\n## {' '.join(names)}\n" in reference, f"no section for `lanectl {' '.join(names)}`"
+            section = reference.split(f"\n## {' '.join(names)}\n", 1)[1].split("\n## ", 1)[0]
+            for param in command.get_params(context):
+                if param.param_type_name == "option" and not param.hidden and param.name != "help":
+                    assert f"`{param.opts[0]}" in section, f"lanectl {' '.join(names)}: {param.opts[0]} missing"
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(context):
+                child = command.get_command(context, name)
+                if child is not None and not child.hidden:
+                    walk(child, [*names, name])
+
+    walk(root, [])
+
+
+def test_the_readme_is_a_front_page() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200
+    text = "\n".join(lines)
+    assert "make demo   #" in text and "make test   #" in text
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert (REPO / target).exists(), f"README links to {target}, which does not exist"
+
+
+def test_troubleshooting_names_every_error_class() -> None:
+    """Each exception class lanectl raises to the user (a LanectlError, directly or not) has its row."""
+    bases: dict[str, set[str]] = {}
+    for path in (REPO / "lanectl").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+    errors = {"LanectlError"}
+    while grown := {name for name, parents in bases.items() if parents & errors} - errors:
+        errors |= grown
+    assert {"BadInput", "OperationFailed", "RecipeInvalid", "LockBusy"} <= errors
+    page = (DOCS / "troubleshooting.md").read_text()
+    missing = sorted(name for name in errors - {"LanectlError"} if f"`{name}`" not in page)
+    assert not missing, f"docs/troubleshooting.md has no row for {missing}"
+
+
+# ------------------------------------------------------------------------------------------------ the pages' voice
+
+# A table row that starts with a commit hash, or a table whose first column is the commit: a per-commit CI log.
+CI_TABLE = re.compile(r"^\|\s*(`?[0-9a-f]{7,40}`?|commit)\s*\|", re.MULTILINE | re.IGNORECASE)
+# First person, and the development log's own phrases, outside code.
+FIRST_PERSON = re.compile(r"\b(I|I'm|I've|I'd|I'll|me|my|myself|we|We|we've|our|Our|us)\b"
+                          r"|(?i:\bthis round\b|\b(?:on|of) this (?:two|2)-core (?:machine|VM)\b|\bmeasured once\b)",
+                          re.MULTILINE)
+
+
+def prose(markdown: str) -> str:
+    """The text a reader reads as the project's voice: fenced blocks and inline code left out."""
+    markdown = re.sub(r"^( *)(```|~~~).*?^\1\2[^\n]*$", "", markdown, flags=re.MULTILINE | re.DOTALL)
+    return re.sub(r"`[^`\n]*`", "", markdown)
+
+
+def pages() -> list[tuple[str, str]]:
+    found = [(str(path.relative_to(REPO)), path.read_text()) for path in [README, *sorted(DOCS.rglob("*.md"))]]
+    reference = docs_reference()
+    found += [(reference.RECIPE_PAGE, reference.recipe_reference()),
+              (reference.COMMANDS_PAGE, reference.command_reference())]
+    return found
+
+
+@pytest.mark.parametrize(("name", "text"), pages(), ids=[name for name, _ in pages()])
+def test_no_page_holds_a_per_commit_ci_table_or_first_person_narrative(name: str, text: str) -> None:
+    assert not CI_TABLE.search(text), f"{name}: a per-commit CI table: {CI_TABLE.search(text)}"
+    found = FIRST_PERSON.search(prose(text))
+    assert not found, f"{name}: narrative, not the project's voice: {found.group(0)!r} in " \
+                      f"{prose(text)[max(found.start() - 60, 0):found.end() + 60]!r}"
+
+
+@pytest.mark.parametrize("sample", [
+    "| `c7e0f19` | **549 s** | 19 | 525 |",
+    "| commit | total | setup |",
+    "That run failed one status test on a demo lane I had left running.",
+    "This round, three tests failed under load.",
+    "Fresh clones on this two-core machine, each measured once.",
+])
+def test_the_voice_check_finds_a_development_log(sample: str) -> None:
+    text = f"# Page\n\nSome prose.\n\n{sample}\n"
+    assert CI_TABLE.search(text) or FIRST_PERSON.search(prose(text))
+
+
+def test_the_voice_check_leaves_code_alone() -> None:
+    text = "# Page\n\n```\nls -I foo  # we list\n```\n\nRun `grep -i me`.\n"
+    assert not FIRST_PERSON.search(prose(text))
