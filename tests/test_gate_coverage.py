@@ -30,7 +30,9 @@ from typing import Any
 import pytest
 
 from lanectl.bench.stats import POINT_PRIOR_MODEL, ArmNoise, Verdict, calibrate_cell
-from lanectl.bench.verdict import judge_candidate, judge_cell
+from lanectl.bench.verdict import judge_arm_noise, judge_candidate, judge_cell
+from lanectl.cli.views import render_text
+from lanectl.output import Result
 from tests.conftest import REPO
 
 RECORDS = REPO / "gpu" / "record"
@@ -200,3 +202,19 @@ def test_a_candidate_3_6_percent_faster_at_one_stream_is_decided_by_until_decide
                 verdicts.append(until_decided(controls, candidates, priors)[0])
     assert Verdict.FAIL not in verdicts
     assert verdicts.count(Verdict.PASS) / len(verdicts) >= 2 / 3, verdicts
+
+
+def test_gate_calibrate_shows_each_cells_coverage_on_the_recorded_arms():
+    """`gate --calibrate`'s text view, on the aa64-8b arms as a calibration of this host would write them."""
+    cells = recorded_cells(AA_SETS["aa64-8b"])
+    arms = [written(f"arm-{i + 1}", arm) for i, arm in enumerate(arms_of(cells))]
+    judged = judge_arm_noise(arms, BAR, 0.05)
+    report = {"candidate": "aa", "control": "aa", "bar": BAR, "verdict": judged.verdict.value, "order": "A" * 12,
+              "reasons": judged.reasons, "cells": {}, "fidelity": {}, "arms": arms, "calibration": judged.calibration}
+    text = [x.text for x in render_text(Result("gate", report))]
+    header = next(i for i, t in enumerate(text) if t.startswith("cell "))
+    assert text[header].split()[5:7] == ["1.0", "coverage"]
+    rows = {t.split()[0]: t.split() for t in text[header + 1:header + 1 + len(cells)]}
+    assert set(rows) == set(cells)
+    assert all(row[3:5] == ["10/10", "100%"] for row in rows.values()), rows
+    assert judged.calibration["cells"]["code@64"]["coverage"] == 1.0
