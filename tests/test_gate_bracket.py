@@ -10,7 +10,7 @@ import pytest
 
 from lanectl.bench.gate import BracketReport, LaneBench, bracket_arms, judge, judge_bracket, judge_calibration
 from lanectl.bench.loadgen import ArmResult, RequestResult, summarize
-from lanectl.bench.stats import ArmNoise, ForcedPosition, TokenChoice, Verdict
+from lanectl.bench.stats import INTERVAL_MODEL, ArmNoise, ForcedPosition, TokenChoice, Verdict, pessimistic
 from lanectl.cli.views import render_text
 from lanectl.output import Result
 from tests.test_probes import timed_cell
@@ -19,6 +19,9 @@ REFERENCE = (TokenChoice(" the", math.log(0.95), {" the": math.log(0.95)}, token
 AGREED = (ForcedPosition(" the", math.log(0.95), " the", math.log(0.95), token_id=0, top_token_id=0),)
 
 
+# This host's calibration of the cells these tests judge: 0.2 % between arms on 7 df. Without one, a cell's interval
+# rests on the bracket's own arms with at least 1 % between them (t = 12.7 on A/B/A's one df: +-15 %).
+PRIORS = {"prose@1": ArmNoise(variance=0.002**2, df=7), "prose@8": ArmNoise(variance=0.002**2, df=7)}
 PROBED = {"gauntlet": {"kind": "gauntlet", "passed": 12, "total": 12, "ok": True, "failures": [], "seconds": {}}}
 
 
@@ -51,7 +54,7 @@ def bracket() -> BracketReport:
     arms = [measured("control-1", "a", 100), measured("candidate:fast", "fast", 110),
             measured("candidate:faster", "faster", 120), measured("candidate:slow", "slow", 90),
             measured("control-2", "a", 100)]
-    return judge_bracket(arms, 1.025)
+    return judge_bracket(arms, 1.025, priors=PRIORS)
 
 
 def test_each_candidate_is_judged_against_the_same_controls_and_the_best_that_passed_is_chosen():
@@ -63,13 +66,13 @@ def test_each_candidate_is_judged_against_the_same_controls_and_the_best_that_pa
     # Each candidate's own arms and the two controls, nothing of the others.
     assert [a["arm"] for a in report.candidates[2].arms] == ["control-1", "candidate:slow", "control-2"]
     assert report.candidates[2].reasons == ["prose@1: fail: 0.900x against a bar of 1.025x (95% interval "
-                                            "0.900-0.900)"]
+                                            "0.893-0.908)"]
 
 
 def test_no_candidate_is_chosen_when_none_passed():
     arms = [measured("control-1", "a", 100), measured("candidate:slow", "slow", 90),
             measured("candidate:crashy", "crashy", 130, xid=True), measured("control-2", "a", 100)]
-    report = judge_bracket(arms, 1.025)
+    report = judge_bracket(arms, 1.025, priors=PRIORS)
     assert [r.verdict for r in report.candidates] == [Verdict.FAIL, Verdict.FAIL]
     assert report.best is None and report.verdict == Verdict.FAIL
 
@@ -115,7 +118,7 @@ def test_a_failed_candidate_never_ranks_above_one_that_passed_however_fast():
     for arm in arms:
         if arm is not broken:
             arm.cells["prose@8"], arm.cell_axes["prose@8"] = timed_cell(100), ("prose", 8, 0)
-    report = judge_bracket(arms, 1.025)
+    report = judge_bracket(arms, 1.025, priors=PRIORS)
     assert report.reasons == ["ok: PASS (overall 1.020x)", "broken: FAIL (overall 0.000x)"]
     assert report.best is not None and report.best.candidate == "ok"
 
@@ -137,23 +140,24 @@ def test_a_cell_with_a_failed_request_cannot_pass():
     # 1 of 3 requests failed, in the candidate arm: the cell fails, however fast the other two were.
     fast = measured("candidate", "fast", 120)
     fast.cells["prose@1"] = with_one_failed_request(fast.cells["prose@1"])
-    report = judge([measured("control-1", "a", 100), fast, measured("control-2", "a", 100)], 1.025)
+    report = judge([measured("control-1", "a", 100), fast, measured("control-2", "a", 100)], 1.025, priors=PRIORS)
     cell = report.cells["prose@1"]
     assert (cell["verdict"], cell["failed"], round(cell["ratio"], 3)) == ("fail", 1, 1.2)
     assert report.verdict == Verdict.FAIL
-    assert "prose@1: fail: 1 failed request(s) in it; 1.200x against a bar of 1.025x (95% interval 1.200-1.200)" \
+    assert "prose@1: fail: 1 failed request(s) in it; 1.200x against a bar of 1.025x (95% interval 1.190-1.210)" \
         in report.reasons
     # In a control arm: the controls cannot vouch for the comparison, so the cell is at best inconclusive.
     control = measured("control-2", "a", 100)
     control.cells["prose@1"] = with_one_failed_request(control.cells["prose@1"])
-    report = judge([measured("control-1", "a", 100), measured("candidate", "fast", 120), control], 1.025)
+    report = judge([measured("control-1", "a", 100), measured("candidate", "fast", 120), control], 1.025,
+                   priors=PRIORS)
     assert report.cells["prose@1"]["verdict"] == "inconclusive" and report.verdict == Verdict.FAIL
 
 
 def test_pass_needs_the_probes_to_have_run():
     arms = [measured("control-1", "a", 100, probes=False), measured("candidate", "fast", 120, probes=False),
             measured("control-2", "a", 100, probes=False)]
-    report = judge(arms, 1.025)
+    report = judge(arms, 1.025, priors=PRIORS)
     assert report.cells["prose@1"]["verdict"] == "pass"
     assert report.verdict == Verdict.INCONCLUSIVE and not report.more_arms_may_decide
     assert report.reasons == ["no correctness probe ran in control-1, candidate, control-2: PASS needs the "
@@ -181,9 +185,15 @@ def test_a_calibrated_prior_decides_a_bracket_its_own_control_pair_cannot():
     calibrated = judge(arms, 1.025, priors={"prose@1": ArmNoise(variance=0.002**2, df=7)})
     assert (alone.cells["prose@1"]["verdict"], calibrated.cells["prose@1"]["verdict"]) == ("inconclusive", "pass")
     assert calibrated.cells["prose@1"]["interval"] == {
-        "model": "t on log arm means", "confidence": 0.95, "df": 8,
-        "arm_sd": pytest.approx(math.sqrt((math.log(1.002) ** 2 / 2 + 7 * 0.002**2) / 8), rel=1e-12),
+        "model": INTERVAL_MODEL, "confidence": 0.95, "df": 8,
+        "arm_sd": pytest.approx(math.sqrt((math.log(1.002) ** 2 / 2 + 7 * pessimistic(PRIORS["prose@1"]).variance) / 8),
+                                rel=1e-12),
         "prior": {"variance": 0.002**2, "df": 7}}
+    # Without the calibration the verdict says so, and the interval is the wider one.
+    assert alone.reasons[-1].startswith("prior missing: this host has no calibration of prose@1")
+    assert calibrated.reasons[-1].startswith("no cell failed")
+    wide, narrow = alone.cells["prose@1"], calibrated.cells["prose@1"]
+    assert wide["low"] < narrow["low"] and wide["high"] > narrow["high"]
 
 
 # -- calibration (`gate LANE --calibrate`: N arms of one lane, back to back) ---------------------------------
@@ -205,9 +215,10 @@ def test_a_quiet_calibration_passes_with_its_figures():
 
 
 def test_a_calibration_in_which_noise_alone_promoted_the_lane_fails():
-    # One arm 10 % off nineteen quiet ones: judged as an A/B/A bracket, the unchanged lane cleared the bar.
+    # One arm 25 % off nineteen quiet ones: judged as an A/B/A bracket, the unchanged lane cleared the bar (a 10 %
+    # spike no longer does: it widens the calibrated noise, and the prior enters at its pessimistic end).
     rates = [100 + 0.1 * (k % 2) for k in range(20)]
-    rates[10] = 110
+    rates[10] = 125
     report = judge_calibration(calibration_arms(*rates), 1.025, 0.05)
     assert report.verdict == Verdict.FAIL
     assert report.calibration is not None and report.calibration["cells"]["prose@1"]["passed"] == 1

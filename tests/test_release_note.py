@@ -83,7 +83,7 @@ def test_a_format_2_brackets_note_is_written_from_its_recomputed_figures_and_mat
 def promoted_bracket() -> dict:
     """An in-memory bracket of the demo lanes where demo-h2 passed and was promoted and demo-h2-8 failed."""
     from lanectl.bench.gate import judge_bracket
-    from tests.test_gate_bracket import measured
+    from tests.test_gate_bracket import PRIORS, measured
 
     def arm(name: str, lane: str, at_1: float, at_8: float) -> LaneBench:
         made = measured(name, lane, at_1)
@@ -97,7 +97,7 @@ def promoted_bracket() -> dict:
 
     report = judge_bracket([arm("control-1", "demo-h1", 100, 700), arm("candidate:demo-h2", "demo-h2", 104, 700),
                             arm("candidate:demo-h2-8", "demo-h2-8", 102.5, 660),
-                            arm("control-2", "demo-h1", 100, 700)], 1.025)
+                            arm("control-2", "demo-h1", 100, 700)], 1.025, priors=PRIORS)
     report.promoted = "demo-h2"
     return json.loads(json.dumps({"version": 2, "gate": report.as_dict(), "workload": "demo", "concurrency": [1, 8]}))
 

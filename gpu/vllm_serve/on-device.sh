@@ -40,7 +40,7 @@ case "${1:-}" in
     tools=(--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=hermes)
     # RUN_MODELS="8b tiny" by default; one of them to repeat a run (a call brings back a limited number of files);
     # RUN_MODELS=guard: the exit guard's two cases on the tiny model; aa: the A/A arms (issue 32); drain: SIGTERM and
-    # sleep with requests in flight (issue 31).
+    # sleep with requests in flight (issue 31); aa64 and ab: the A/A and A/B sets of issue 42.
     for model in ${RUN_MODELS:-8b tiny}; do
       case $model in
         8b) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
@@ -57,6 +57,16 @@ case "${1:-}" in
         # Issue 32: identical arms of the unchanged 8B-shaped engine (aa_arms.json: every request of every arm).
         aa) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape \
               --out "$OUT/aa-8b" --only startup,aa_arms --aa-arms "${AA_ARMS:-14}" "$@" 2>&1 | tee "$OUT/aa-8b.log" ;;
+        # Issue 42: the A/A arms at 1, 8, 32 and 64 streams, kept inside one call's 10 minutes by --aa-seconds.
+        aa64) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape \
+                --out "$OUT/aa64-8b" --only startup,aa_arms --aa-arms "${AA_ARMS:-14}" --aa-streams 1,8,32,64 \
+                --aa-seconds "${AA_SECONDS:-390}" "$@" 2>&1 | tee "$OUT/aa64-8b.log" ;;
+        # Issue 42: a real A/B set. A is the engine of aa64 at --max-num-seqs 32 (run.py's), B the same with 30:
+        # both up on the one GPU at once (0.45 of its memory each), arms alternating A, B, ..., A.
+        ab) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape \
+              --vllm-arg=--gpu-memory-utilization --vllm-arg=0.45 --b-arg=--max-num-seqs --b-arg=30 \
+              --out "$OUT/ab-8b" --only startup,ab_arms --aa-arms "${AA_ARMS:-14}" --aa-streams 1,8,32,64 \
+              --aa-seconds "${AA_SECONDS:-330}" "$@" 2>&1 | tee "$OUT/ab-8b.log" ;;
         # Issue 31: SIGTERM with 8 streams in flight, under the exit guard as a lane runs, at --shutdown-timeout
         # 30 (after the sleep modes with streams in flight), 0 (vLLM's default) and 5 (a drain that cannot fit).
         # Three launches make more files than one call brings back: they come back as one archive.

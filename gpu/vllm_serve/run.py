@@ -92,7 +92,8 @@ def trimmed(value: Any) -> Any:
 class Engine:
     """One engine process: its command, its log (read line by line, each line recorded), its exit."""
 
-    def __init__(self, record: Record, argv: list[str], env: dict[str, str], port: int) -> None:
+    def __init__(self, record: Record, argv: list[str], env: dict[str, str], port: int,
+                 log_name: str = "engine.log") -> None:
         self.record = record
         self.base_url = f"http://127.0.0.1:{port}"
         self.lines: list[str] = []
@@ -100,7 +101,7 @@ class Engine:
         record.event("launch", argv=argv, env={k: v for k, v in env.items() if k.startswith(("VLLM", "STUB"))})
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      errors="replace", bufsize=1, start_new_session=True)
-        self.log_file = (record.out / "engine.log").open("w")
+        self.log_file = (record.out / log_name).open("w")
         threading.Thread(target=self._follow, daemon=True).start()
 
     def _follow(self) -> None:
@@ -424,50 +425,117 @@ def scenario_stop(rec: Record, engine: Engine, args: argparse.Namespace) -> None
 # ---- A/A arms (issue 32) and drains (issue 31) -------------------------------------------------------
 
 AA_CLASSES = ("prose", "code")
-AA_CONCURRENCY = (1, 8, 32)
 
 
-def scenario_aa_arms(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
-    """Identical arms of the unchanged engine, interleaved (arm k at 1, 8 and 32 streams for each class, then
-    arm k + 1), exactly as the gate's bench_lane sends them: the coding workload's prompts of the class with a
-    prefix of the arm's own (so no arm is served from another's prefix cache), max(prompts, 3 x streams)
-    requests, warm-up min(streams, 2), 128 tokens at temperature 0. Every request's start, finish, tokens and
-    rate is kept, in completion order, in aa_arms.json: the A/A data that the gate's intervals are judged on."""
+def _measure_arm(base_url: str, index: int, streams_list: list[int], t0: float, tag: str) -> list[dict[str, Any]]:
+    """One arm of one engine, exactly as the gate's bench_lane sends it: for each class of AA_CLASSES and each
+    concurrency, the coding workload's prompts of the class with a prefix of the arm's own (so no arm is served
+    from another's prefix cache), max(prompts, 3 x streams) requests, warm-up min(streams, 2), 128 tokens at
+    temperature 0; every request's start, finish, tokens and rate, in completion order."""
     from lanectl.bench.workload import load_workload, prefixed
 
     workload = load_workload(REPO / "recipes" / "workloads" / "coding.yaml")
-    arms: list[dict[str, Any]] = []
-    t0 = time.monotonic()
-    for index in range(args.aa_arms):
-        for klass in AA_CLASSES:
-            prompts = [prefixed(p, f"aa{index:02d}-{klass[:4]}") for p in workload.prompts(klass)]
-            for streams in AA_CONCURRENCY:
-                started = time.monotonic() - t0
-                arm = loadgen.run_arm(engine.base_url, MODEL_NAME, prompts, concurrency=streams,
-                                      requests=max(len(prompts), 3 * streams), max_tokens=workload.max_tokens,
-                                      warmup=min(streams, 2), temperature=workload.temperature, prompt_class=klass)
-                done = sorted(arm.results, key=lambda r: r.finished_s)
-                arms.append({"arm": index, "class": klass, "streams": streams, "started_s": round(started, 3),
-                             "wall_time_s": round(arm.wall_time_s, 4), "failed": arm.failed, "cut": arm.cut,
-                             "output_tok_per_s": round(arm.output_tok_per_s, 3),
-                             "requests": [{"prompt": r.prompt_index, "ok": r.ok, "started_s": round(r.started_s, 4),
-                                           "finished_s": round(r.finished_s, 4), "tokens": r.output_tokens,
-                                           "chunks": len(r.chunk_times_s),
-                                           "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 4),
-                                           "tok_per_s": round(r.tok_per_s, 4)} for r in done]})
-        print(f"  aa arm {index} done at {time.monotonic() - t0:.1f} s", flush=True)
-    (rec.out / "aa_arms.json").write_text(json.dumps({
-        "engine": args.engine, "model": args.model, "workload": "recipes/workloads/coding.yaml",
-        "max_tokens": workload.max_tokens, "order": "arm-major: for arm, for class, for streams", "arms": arms},
-        indent=1) + "\n")
+    cells = []
     for klass in AA_CLASSES:
-        for streams in AA_CONCURRENCY:
+        prompts = [prefixed(p, f"{tag}{index:02d}-{klass[:4]}") for p in workload.prompts(klass)]
+        for streams in streams_list:
+            started = time.monotonic() - t0
+            arm = loadgen.run_arm(base_url, MODEL_NAME, prompts, concurrency=streams,
+                                  requests=max(len(prompts), 3 * streams), max_tokens=workload.max_tokens,
+                                  warmup=min(streams, 2), temperature=workload.temperature, prompt_class=klass)
+            done = sorted(arm.results, key=lambda r: r.finished_s)
+            cells.append({"arm": index, "class": klass, "streams": streams, "started_s": round(started, 3),
+                          "wall_time_s": round(arm.wall_time_s, 4), "failed": arm.failed, "cut": arm.cut,
+                          "output_tok_per_s": round(arm.output_tok_per_s, 3),
+                          "requests": [{"prompt": r.prompt_index, "ok": r.ok, "started_s": round(r.started_s, 4),
+                                        "finished_s": round(r.finished_s, 4), "tokens": r.output_tokens,
+                                        "chunks": len(r.chunk_times_s),
+                                        "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 4),
+                                        "tok_per_s": round(r.tok_per_s, 4)} for r in done]})
+    return cells
+
+
+def _arm_figures(rec: Record, arms: list[dict[str, Any]], streams_list: list[int], lane: str | None = None) -> None:
+    for klass in AA_CLASSES:
+        for streams in streams_list:
             means = [sum(r["tok_per_s"] for r in a["requests"]) / len(a["requests"]) for a in arms
-                     if a["class"] == klass and a["streams"] == streams]
+                     if a["class"] == klass and a["streams"] == streams and a.get("lane") == lane]
+            if not means:
+                continue
             mean = sum(means) / len(means)
             spread = (sum((m - mean) ** 2 for m in means) / (len(means) - 1)) ** 0.5 if len(means) > 1 else 0.0
-            rec.figure(f"{klass}@{streams}", {"arms": len(means), "mean_tok_per_s": round(mean, 3),
-                                              "arm_sd_percent": round(100 * spread / mean, 3)})
+            rec.figure(f"{lane + ' ' if lane else ''}{klass}@{streams}",
+                       {"arms": len(means), "mean_tok_per_s": round(mean, 3),
+                        "arm_sd_percent": round(100 * spread / mean, 3)})
+
+
+def scenario_aa_arms(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """Identical arms of the unchanged engine, interleaved (arm k at every concurrency of --aa-streams for each
+    class, then arm k + 1), each sent as `_measure_arm` says, into aa_arms.json (rewritten after every arm, so a
+    run stopped at its limit keeps the arms it finished): the A/A data that the gate's intervals are judged on.
+    No arm starts once --aa-seconds would be passed by an arm as long as the longest so far."""
+    streams_list = [int(s) for s in args.aa_streams.split(",")]
+    arms: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    longest = 0.0
+    for index in range(args.aa_arms):
+        if time.monotonic() - t0 + longest > args.aa_seconds:
+            print(f"  aa: stopped before arm {index}: the --aa-seconds budget", flush=True)
+            break
+        began = time.monotonic()
+        arms += _measure_arm(engine.base_url, index, streams_list, t0, "aa")
+        longest = max(longest, time.monotonic() - began)
+        print(f"  aa arm {index} done at {time.monotonic() - t0:.1f} s", flush=True)
+        (rec.out / "aa_arms.json").write_text(json.dumps({
+            "engine": args.engine, "model": args.model, "workload": "recipes/workloads/coding.yaml",
+            "vllm_args": args.vllm_arg, "streams": streams_list,
+            "order": "arm-major: for arm, for class, for streams", "arms": arms}, indent=1) + "\n")
+    _arm_figures(rec, arms, streams_list)
+
+
+def scenario_ab_arms(rec: Record, engine: Engine, args: argparse.Namespace) -> None:
+    """A real A/B set: lane A is the engine already up, lane B a second `vllm serve` on the same GPU with A's
+    arguments plus --b-arg (e.g. a lower --max-num-seqs), started once A is ready (each with its own share of
+    the GPU memory, --gpu-memory-utilization in --vllm-arg). Arms alternate A, B, A, B, ..., A (the order
+    --until-decided extends a gate's A/B/A in), each sent as `_measure_arm` says, into ab_arms.json (rewritten
+    after every arm); the set always ends on an A arm. Only one engine is sent requests at a time."""
+    streams_list = [int(s) for s in args.aa_streams.split(",")]
+    b_args = argparse.Namespace(**{**vars(args), "vllm_arg": [*args.vllm_arg, *args.b_arg], "port": args.port + 1})
+    argv, env = engine_command(b_args)
+    b_engine = Engine(rec, argv, env, b_args.port, log_name="engine-b.log")
+    try:
+        health = health_for(args.engine, args.budget_minutes)
+        gate = HealthGate(health, EndpointProbe(b_engine.base_url, health), b_engine, b_engine, MonotonicClock())
+        result = gate.wait()
+        rec.figure("b_ready_seconds", round(result.seconds, 1))
+        rec.figure("b_gate_detail", result.detail)
+        if not result.passed:
+            raise RuntimeError(f"lane B's gate failed: {result.detail}")
+        rec.figure("gpu_memory_mib_both_ready", gpu_memory_mib())
+        arms: list[dict[str, Any]] = []
+        t0 = time.monotonic()
+        longest = 0.0
+        index = 0
+        while True:
+            for lane, target in (("A", engine), ("B", b_engine)):
+                began = time.monotonic()
+                for cell in _measure_arm(target.base_url, index, streams_list, t0, f"ab{lane}"):
+                    arms.append({"lane": lane, **cell})
+                longest = max(longest, time.monotonic() - began)
+                print(f"  ab arm {lane}{index} done at {time.monotonic() - t0:.1f} s", flush=True)
+                (rec.out / "ab_arms.json").write_text(json.dumps({
+                    "engine": args.engine, "model": args.model, "workload": "recipes/workloads/coding.yaml",
+                    "a_args": args.vllm_arg, "b_args": b_args.vllm_arg, "streams": streams_list,
+                    "order": "A0, B0, A1, B1, ..., A(n): for arm, for class, for streams", "arms": arms},
+                    indent=1) + "\n")
+                # B only when the A after it fits too: the set ends on A.
+                if lane == "A" and (index + 1 >= args.aa_arms or time.monotonic() - t0 + 2 * longest > args.aa_seconds):
+                    _arm_figures(rec, arms, streams_list, "A")
+                    _arm_figures(rec, arms, streams_list, "B")
+                    return
+            index += 1
+    finally:
+        b_engine.stop()
 
 
 class StreamWatch:
@@ -617,6 +685,7 @@ SCENARIOS: dict[str, Callable[[Record, Engine, argparse.Namespace], None]] = {
     "engine_kill": scenario_engine_kill,
     "stop": scenario_stop,
     "aa_arms": scenario_aa_arms,
+    "ab_arms": scenario_ab_arms,
     "drain_stop": scenario_drain_stop,
     "sleep_modes": scenario_sleep_modes,
 }
@@ -662,7 +731,11 @@ def main() -> int:
     parser.add_argument("--asleep-wait", type=float, default=6)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, in this order")
     parser.add_argument("--exit-guard", action="store_true", help="run the engine under lanectl's exit guard")
-    parser.add_argument("--aa-arms", type=int, default=16, help="aa_arms: identical arms per cell")
+    parser.add_argument("--aa-arms", type=int, default=16, help="aa_arms: identical arms per cell; ab_arms: A arms")
+    parser.add_argument("--aa-streams", default="1,8,32", help="aa_arms, ab_arms: the concurrencies of each arm")
+    parser.add_argument("--aa-seconds", type=float, default=1e9,
+                        help="aa_arms, ab_arms: start no arm that would end past this many seconds")
+    parser.add_argument("--b-arg", action="append", default=[], help="ab_arms: one more vllm serve argument for B")
     parser.add_argument("--drain-tokens", type=int, default=2048, help="drain_stop: tokens each stream asks for")
     parser.add_argument("--sleep-tokens", type=int, default=768, help="sleep_modes: tokens each stream asks for")
     parser.add_argument("--exit-wait", type=float, default=45, help="drain_stop: seconds to wait for the exit")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lanectl.bench.stats import INTERVAL_MODELS
 from lanectl.errors import BadInput
 
 # A gate over every class, concurrency and context of a large workload writes well under 1 MiB.
@@ -51,6 +52,13 @@ class _Interval(_Shape):
     df: Annotated[int, Field(ge=1)] | None
     arm_sd: Rate | None
     prior: _Prior | None
+
+    @field_validator("model")
+    @classmethod
+    def _known(cls, model: str) -> str:
+        if model not in INTERVAL_MODELS:
+            raise ValueError(f"unknown interval model {model!r}; this lanectl recomputes {', '.join(INTERVAL_MODELS)}")
+        return model
 
 
 class _Cell(_Shape):

@@ -20,6 +20,8 @@ from lanectl.bench.stats import (
     ARM_NOISE_ESTIMATOR,
     CONFIDENCE,
     INTERVAL_MODEL,
+    POINT_PRIOR_MODEL,
+    UNCALIBRATED_ARM_SD,
     ArmNoise,
     Verdict,
     arm_mean,
@@ -45,7 +47,7 @@ def is_candidate(arm: Mapping[str, Any]) -> bool:
 
 
 def judge_cell(key: str, arms: Sequence[Mapping[str, Any]], bar: float, prior: ArmNoise | None, *,
-               confidence: float = CONFIDENCE) -> dict[str, Any]:
+               confidence: float = CONFIDENCE, model: str = INTERVAL_MODEL) -> dict[str, Any]:
     """One cell's ratio, interval and verdict from the arms' per-request `rates` in it.
 
     A cell with failed requests cannot pass: in a candidate arm it FAILs (the candidate dropped requests),
@@ -58,13 +60,13 @@ def judge_cell(key: str, arms: Sequence[Mapping[str, Any]], bar: float, prior: A
     failed = failed_candidate + sum(cell["failed"] for cell in controls)
     control_rates = [cell["rates"] for cell in controls if _measured(cell["rates"])]
     candidate_rates = [cell["rates"] for cell in candidates if _measured(cell["rates"])]
-    noise: dict[str, Any] = {"model": INTERVAL_MODEL, "confidence": confidence, "df": None, "arm_sd": None,
+    noise: dict[str, Any] = {"model": model, "confidence": confidence, "df": None, "arm_sd": None,
                              "prior": None if prior is None else {"variance": prior.variance, "df": prior.df}}
     if not control_rates or not candidate_rates or (len(control_rates) < 2 and prior is None):
         verdict = Verdict.FAIL if not candidate_rates else Verdict.INCONCLUSIVE
         return {"ratio": 0.0, "low": 0.0, "high": 0.0, "verdict": verdict.value, "failed": failed,
                 "interval": noise}
-    interval = ratio_interval(control_rates, candidate_rates, prior=prior, confidence=confidence)
+    interval = ratio_interval(control_rates, candidate_rates, prior=prior, confidence=confidence, model=model)
     verdict = cell_verdict(interval.ratio, interval.low, interval.high, bar).verdict
     if failed_candidate:
         verdict = Verdict.FAIL
@@ -106,6 +108,24 @@ def judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mappi
     merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote."""
     if not any(is_candidate(arm) for arm in arms):
         return Judged(Verdict.FAIL, ["no arm of this candidate was measured"])
+    judged = _judge_candidate(cells, arms, fidelity, bar)
+    missing = prior_missing(cells)
+    if missing:
+        judged.reasons.append(
+            f"prior missing: this host has no calibration of {', '.join(missing)}, so those intervals rest on the "
+            f"bracket's own arms, believed at no less than {UNCALIBRATED_ARM_SD:.0%} between arms: wider than "
+            "calibrated ones (`lanectl gate CONTROL --workload W --calibrate` measures it)")
+    return judged
+
+
+def prior_missing(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The cells whose interval was built, under INTERVAL_MODEL, without a calibration of this host."""
+    return [key for key, cell in cells.items() if (interval := cell.get("interval")) and interval["df"] is not None
+            and interval["prior"] is None and interval["model"] == INTERVAL_MODEL]
+
+
+def _judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mapping[str, Any]],
+                     fidelity: Mapping[str, Any], bar: float) -> Judged:
     reasons = fault_reasons(arms)
     for key, cell in cells.items():
         if cell["verdict"] == Verdict.FAIL.value:
@@ -195,7 +215,7 @@ class CalibrationJudged:
 
 
 def judge_arm_noise(arms: Sequence[Mapping[str, Any]], bar: float, max_false_promotion: float, *,
-                    confidence: float = CONFIDENCE) -> CalibrationJudged:
+                    confidence: float = CONFIDENCE, model: str = INTERVAL_MODEL) -> CalibrationJudged:
     """`gate --calibrate`: N arms of one lane, each cell's noise, coverage and false promotions (`calibrate_cell`).
 
     PASS when the modelled false-promotion rate of an A/B/A bracket is at most `max_false_promotion`, no
@@ -211,14 +231,14 @@ def judge_arm_noise(arms: Sequence[Mapping[str, Any]], bar: float, max_false_pro
         if len(rates) < 3:
             reasons.append(f"{key}: only {len(rates)} arm(s) finished a request; a calibration needs 3")
             continue
-        cell = calibrate_cell(rates, bar, confidence=confidence)
+        cell = calibrate_cell(rates, bar, confidence=confidence, model=model)
         found.append(cell)
         cells[key] = {"arms": len(rates), "variance": cell.noise.variance, "df": cell.noise.df,
                       "arm_sd": math.sqrt(cell.noise.variance), "brackets": cell.brackets,
-                      "covered": cell.covered, "passed": cell.passed, "failed": cell.failed,
+                      "covered": cell.covered, "coverage": cell.coverage, "passed": cell.passed, "failed": cell.failed,
                       "false_promotion": cell.false_promotion, "detectable_ratio": cell.detectable_ratio}
     calibration: dict[str, Any] = {"max_false_promotion": max_false_promotion, "confidence": confidence,
-                                   "noise": ARM_NOISE_ESTIMATOR, "cells": cells}
+                                   "noise": ARM_NOISE_ESTIMATOR, "model": model, "cells": cells}
     if not found:
         return CalibrationJudged(Verdict.FAIL, reasons, calibration)
     total = calibrate(found, bar)
@@ -230,6 +250,11 @@ def judge_arm_noise(arms: Sequence[Mapping[str, Any]], bar: float, max_false_pro
             f"bracket over {total.cells} cells; {total.covered} of {total.brackets} A/A intervals held 1.0, "
             f"{total.brackets_passed} passed the bar, {total.brackets_failed} fell below it; smallest detectable: "
             f"{total.detectable_ratio:.3f}x to pass the bar, +{total.detectable_gain:.1%} to tell from no change")
+    short = [f"{key} {figures['covered']}/{figures['brackets']}" for key, figures in cells.items()
+             if figures["coverage"] is not None and figures["coverage"] < confidence]
+    if short:
+        line += (f"; the {confidence:.0%} intervals held 1.0 less often than that in {', '.join(short)}: on this "
+                 "host the gate's intervals there are narrower than they claim, and a verdict on them needs more arms")
     for key, figures in cells.items():
         if figures["passed"] or figures["failed"]:
             reasons.append(f"{key}: {figures['passed']} A/A bracket(s) passed the bar and {figures['failed']} fell "
@@ -267,7 +292,8 @@ def recompute_candidate(report: Mapping[str, Any], bar: float) -> dict[str, Any]
     arms = report["arms"]
     cells = {}
     for key, recorded in report["cells"].items():
-        judged_cell = judge_cell(key, arms, bar, _prior(recorded), confidence=recorded["interval"]["confidence"])
+        judged_cell = judge_cell(key, arms, bar, _prior(recorded), confidence=recorded["interval"]["confidence"],
+                                 model=recorded["interval"]["model"])
         cells[key] = {**recorded, **judged_cell}
     judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar)
     measured = any(is_candidate(arm) for arm in arms)
@@ -278,8 +304,10 @@ def recompute_candidate(report: Mapping[str, Any], bar: float) -> dict[str, Any]
 
 def recompute_calibration(report: Mapping[str, Any]) -> dict[str, Any]:
     calibration = report["calibration"]
+    # A calibration written before the model was recorded was judged under issue 32's.
     judged = judge_arm_noise(report["arms"], report["bar"], calibration["max_false_promotion"],
-                             confidence=calibration.get("confidence", CONFIDENCE))
+                             confidence=calibration.get("confidence", CONFIDENCE),
+                             model=calibration.get("model", POINT_PRIOR_MODEL))
     return {**report, "calibration": judged.calibration, "verdict": judged.verdict.value, "reasons": judged.reasons}
 
 

@@ -394,12 +394,16 @@ def _calibration_lines(report: Mapping[str, Any], calibration: Mapping[str, Any]
     """Per cell: the spread of arm means, how many A/A brackets' intervals held 1.0, and what an A/B/A bracket
     could detect with this noise."""
     lines = [f"calibration ({len(report.get('arms', []))} arms of {report['control']}, back to back): per cell, "
-             "the spread of arm means and the A/A brackets of consecutive arms",
-             f"{'cell':<22} {'arms':>4} {'arm sd':>7} {'held 1.0':>9} {'passed':>6} {'failed':>6} "
+             "the spread of arm means and the A/A brackets of consecutive arms; coverage: the share of their "
+             f"{calibration.get('confidence', 0.95):.0%} intervals that held 1.0 (below that share, the gate's "
+             "intervals in that cell cannot be trusted on this host)",
+             f"{'cell':<22} {'arms':>4} {'arm sd':>7} {'held 1.0':>9} {'coverage':>8} {'passed':>6} {'failed':>6} "
              f"{'false promotion':>15} {'detectable':>10}"]
     for key, cell in calibration["cells"].items():
+        coverage = cell["covered"] / cell["brackets"] if cell["brackets"] else None
         lines.append(f"{key:<22} {cell['arms']:>4} {cell['arm_sd']:>7.2%} "
-                     f"{str(cell['covered']) + '/' + str(cell['brackets']):>9} {cell['passed']:>6} "
+                     f"{str(cell['covered']) + '/' + str(cell['brackets']):>9} "
+                     f"{'-' if coverage is None else f'{coverage:.0%}':>8} {cell['passed']:>6} "
                      f"{cell['failed']:>6} {cell['false_promotion']:>15.4f} {cell['detectable_ratio']:>9.3f}x")
     return lines
 
