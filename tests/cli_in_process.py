@@ -21,18 +21,25 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
-def run_cli(*args: str, cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: Path, env: Mapping[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """`lanectl ARGS` in folder `cwd` with environment `env` (the whole of it), as subprocess.run would
     report it. An exception that escapes the CLI fails the test with its traceback, as the real command
-    would print one."""
+    would print one; a run that hangs past `timeout` ends the test run with every thread's traceback, as a
+    subprocess's timeout would end the test."""
+    import faulthandler
+
     from typer.testing import CliRunner
 
     from lanectl.cli.app import app
 
     overrides: dict[str, str | None] = {key: None for key in os.environ if key not in env}
     overrides.update(env)
-    with contextlib.chdir(cwd):
-        result = CliRunner().invoke(app, list(args), env=overrides, prog_name="lanectl")
+    faulthandler.dump_traceback_later(timeout, exit=True)
+    try:
+        with contextlib.chdir(cwd):
+            result = CliRunner().invoke(app, list(args), env=overrides, prog_name="lanectl")
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"lanectl {' '.join(args)} raised:\n"
                              + "".join(traceback.format_exception(result.exception))

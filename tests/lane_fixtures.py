@@ -102,14 +102,7 @@ class LaneProject:
                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """As `cli`, in this process (tests/cli_in_process.py): for what the command does, where `cli` holds what
         the installed command's process does (a kill mid-switch, signals, its exit status, a timed run)."""
-        import faulthandler
-
-        # A run that hangs ends the test run with every thread's traceback, as `cli`'s timeout would end it.
-        faulthandler.dump_traceback_later(timeout, exit=True)
-        try:
-            result = run_cli(*args, cwd=self.root, env={**self.env(state), **(extra_env or {})})
-        finally:
-            faulthandler.cancel_dump_traceback_later()
+        result = run_cli(*args, cwd=self.root, env={**self.env(state), **(extra_env or {})}, timeout=timeout)
         return checked(args, result, check)
 
     def container(self, lane: str, role: str = "primary") -> str:
