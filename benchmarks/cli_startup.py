@@ -12,24 +12,18 @@ Medians of interleaved runs: a noisy moment slows the command and its baseline a
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-# The CLI runs in subprocesses: they must import this checkout's lanectl, not an installed one.
-os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# benchmarks/lanes.py puts this checkout first, for this process and the CLI it starts, and lets the CLI write
+# its bytecode as an installed package has it.
 import docker  # noqa: E402
-from lanes import raw_switch  # noqa: E402
+from lanes import Timed, raw_switch  # noqa: E402
 
 from lanectl.lanes.standby import role_base_url  # noqa: E402
 from lanectl.project import Project  # noqa: E402
@@ -46,20 +40,16 @@ CHECK_CPU_TARGET_S = 0.15
 SWITCH_OVERHEAD_TARGET_MS = 250
 
 
-class Runs:
-    """Wall time and CPU time (of the child processes) of each run of one command."""
+class Runs(Timed):
+    """The wall and CPU time of each run of one command."""
 
     def __init__(self, label: str, run: Callable[[], object]) -> None:
+        super().__init__()
         self.label, self.run = label, run
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
 
     def once(self) -> None:
-        before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        self.run()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self.wall.append(time.perf_counter() - started)
-        self.cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        with self:
+            self.run()
 
     def wall_ms(self) -> float:
         return statistics.median(self.wall) * 1000
@@ -85,7 +75,8 @@ def verdict(met: bool) -> str:
 def overhead_line(run: Runs, baseline: Runs, target_ms: int) -> str:
     overhead = run.wall_ms() - baseline.wall_ms()
     return (f"{run.label:<30} {run.wall_ms():6.0f} ms   baseline `python -c pass` {baseline.wall_ms():5.0f} ms   "
-            f"overhead {overhead:+5.0f} ms   target +{target_ms} ms: {verdict(overhead <= target_ms)}")
+            f"overhead {overhead:+5.0f} ms   target +{target_ms} ms: {verdict(overhead <= target_ms)}   "
+            f"(CPU {run.cpu_s() * 1000:.0f} ms, baseline {baseline.cpu_s() * 1000:.0f} ms)")
 
 
 def main() -> int:
