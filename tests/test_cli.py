@@ -142,11 +142,17 @@ def test_an_in_process_run_leaves_the_environment_folder_and_signal_handlers_as_
     before = (dict(os.environ), os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run_env = {"LANECTL_RECIPES": str(project / "recipes"), "FORCE_COLOR": "1", "PATH": os.environ["PATH"]}
+    run_env = {"LANECTL_RECIPES": str(project / "recipes"), "FORCE_COLOR": "1", "TERM": "xterm-256color",
+               "PATH": os.environ["PATH"]}
     assert run_cli("validate", cwd=elsewhere, env=run_env).returncode == 0
     assert run_cli("render", "nope", cwd=elsewhere, env=run_env).returncode == 2
     after = (dict(os.environ), os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
     assert after == before
+    # Nor the consoles made for a run: text printed after it is coloured (or not) as this process's own would be.
+    from lanectl.cli.app import err, out
+    from lanectl.cli.terminal import TerminalConsole
+
+    assert out().color_system == err().color_system == TerminalConsole().color_system
     # The next run sees its own environment, not the last run's: no recipes folder here without the variable.
     missing = lanectl("validate", cwd=elsewhere)
     assert missing.returncode == 2 and "no recipes folder at" in missing.stderr

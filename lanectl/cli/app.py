@@ -28,6 +28,10 @@ class _LanectlGroup(TyperGroup):
     command, so that an in-process run (typer's CliRunner) prints and exits exactly as the installed CLI does."""
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]  # typer.Context is its click's, narrower
+        # The consoles are this run's: made for it (they read the environment, FORCE_COLOR and COLUMNS, and the
+        # terminal when made) and dropped after it.
+        out.cache_clear()
+        err.cache_clear()
         try:
             return super().invoke(ctx)
         except RecipeInvalid as exc:
@@ -38,6 +42,9 @@ class _LanectlGroup(TyperGroup):
         except LanectlError as exc:
             err().print(f"lanectl: {exc}", markup=False)
             raise typer.Exit(exc.exit_code) from exc
+        finally:
+            out.cache_clear()
+            err.cache_clear()
 
 
 def _typer(help: str, group: type[TyperGroup] = TyperGroup) -> typer.Typer:
@@ -60,7 +67,8 @@ app.add_typer(fleet_app, name="fleet")
 # it is printed as `Text` or with markup=False, never parsed as rich markup. No emoji codes either:
 # "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7", and `:fire:` in a log line stays `:fire:`.
 # Its control characters are printed escaped (lanectl.cli.terminal). Made on first use, so that `--help`,
-# `--version` and completion never import rich; each prints to the sys.stdout or sys.stderr of the moment.
+# `--version` and completion never import rich, and one per run (_LanectlGroup.invoke); each prints to the
+# sys.stdout or sys.stderr of the moment.
 @cache
 def out() -> "TerminalConsole":
     from lanectl.cli.terminal import TerminalConsole
@@ -120,9 +128,6 @@ def _root(recipes: RecipesOption = None,
           version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
                                                 callback=_print_version)] = False) -> None:
     state.recipes = recipes
-    # Consoles for this run: they read the environment (FORCE_COLOR, COLUMNS) and the terminal when made.
-    out.cache_clear()
-    err.cache_clear()
 
 
 def show(result: "Result", as_json: bool = False) -> None:
