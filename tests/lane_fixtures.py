@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 
 if TYPE_CHECKING:
@@ -70,6 +71,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def checked(args: tuple[str, ...], result: subprocess.CompletedProcess[str],
+            check: bool) -> subprocess.CompletedProcess[str]:
+    if check and result.returncode != 0:
+        raise AssertionError(f"lanectl {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
 @dataclass
 class LaneProject:
     root: Path
@@ -88,10 +96,14 @@ class LaneProject:
             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([sys.executable, "-m", "lanectl", *args], cwd=self.root, capture_output=True,
                                 text=True, timeout=timeout, env={**self.env(state), **(extra_env or {})})
-        if check and result.returncode != 0:
-            raise AssertionError(
-                f"lanectl {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
-        return result
+        return checked(args, result, check)
+
+    def invoke(self, *args: str, state: Path, check: bool = False, timeout: float = 180,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """As `cli`, in this process (tests/cli_in_process.py): for what the command does, where `cli` holds what
+        the installed command's process does (a kill mid-switch, signals, its exit status, a timed run)."""
+        result = run_cli(*args, cwd=self.root, env={**self.env(state), **(extra_env or {})}, timeout=timeout)
+        return checked(args, result, check)
 
     def container(self, lane: str, role: str = "primary") -> str:
         return f"{self.prefix}-{lane}" + ("" if role == "primary" else f"-{role}")

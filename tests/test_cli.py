@@ -1,4 +1,5 @@
-"""The CLI as a user runs it: a real subprocess, exact messages and exit codes."""
+"""The CLI as a user runs it: exact messages and exit codes, in this process (tests/cli_in_process.py); the
+installed entry point's own contract is held by `lanectl_process` below and tests/test_installed_wheel.py."""
 
 from __future__ import annotations
 
@@ -9,17 +10,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 from tests.test_recipe_validation import GOOD
 
 
-def lanectl(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def environment(env: dict[str, str] | None) -> dict[str, str]:
     import os
 
-    environment = {key: value for key, value in os.environ.items() if key != "LANECTL_RECIPES"}
-    environment.update({"COLUMNS": "200", **(env or {})})
+    return {**{key: value for key, value in os.environ.items() if key != "LANECTL_RECIPES"}, "COLUMNS": "200",
+            **(env or {})}
+
+
+def lanectl(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, cwd=cwd, env=environment(env))
+
+
+def lanectl_process(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed command's way in: `python -m lanectl`, its own process and exit status."""
     return subprocess.run([sys.executable, "-m", "lanectl", *args], cwd=cwd, capture_output=True, text=True,
-                          env=environment, timeout=60)
+                          env=environment(env), timeout=60)
 
 
 def test_validate_ok(project, write_recipe):
@@ -30,7 +40,7 @@ def test_validate_ok(project, write_recipe):
 
 def test_validate_lists_every_problem_and_exits_2(project, write_recipe):
     write_recipe(GOOD.replace("template: stub-engine", "template: nope").replace("host: 18000", "host: 0"))
-    result = lanectl("validate", cwd=project)
+    result = lanectl_process("validate", cwd=project)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "recipes/r.yaml:5:15: defaults.image.template: no template images/nope/Dockerfile.j2; known templates: "
@@ -58,7 +68,7 @@ def test_recipes_folder_from_option_and_environment(project, write_recipe, tmp_p
 
 
 def test_usage_error_exits_2(project):
-    assert lanectl("build", cwd=project).returncode == 2
+    assert lanectl_process("build", cwd=project).returncode == 2
     assert lanectl("lanes", "--bogus", cwd=project).returncode == 2
 
 
@@ -121,3 +131,28 @@ def test_patches_check_reports_each_patch_and_exit_codes(project, write_recipe):
     conflict = lanectl("patches", "check", cwd=project, env={"LANECTL_CACHE_DIR": cache})
     assert conflict.returncode == 1
     assert "conflicts" in conflict.stdout and "@@" in conflict.stdout
+
+
+def test_an_in_process_run_leaves_the_environment_folder_and_signal_handlers_as_they_were(project, write_recipe,
+                                                                                         tmp_path):
+    import os
+    import signal
+
+    write_recipe(GOOD)
+    before = (dict(os.environ), os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run_env = {"LANECTL_RECIPES": str(project / "recipes"), "FORCE_COLOR": "1", "TERM": "xterm-256color",
+               "PATH": os.environ["PATH"]}
+    assert run_cli("validate", cwd=elsewhere, env=run_env).returncode == 0
+    assert run_cli("render", "nope", cwd=elsewhere, env=run_env).returncode == 2
+    after = (dict(os.environ), os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
+    assert after == before
+    # Nor the consoles made for a run: text printed after it is coloured (or not) as this process's own would be.
+    from lanectl.cli.app import err, out
+    from lanectl.cli.terminal import TerminalConsole
+
+    assert out().color_system == err().color_system == TerminalConsole().color_system
+    # The next run sees its own environment, not the last run's: no recipes folder here without the variable.
+    missing = lanectl("validate", cwd=elsewhere)
+    assert missing.returncode == 2 and "no recipes folder at" in missing.stderr

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 
 HOSTILE = "[/] [/bold] [core.py:700] [bold red]boom[/bold red] :fire: \\[x] [link=file:///etc/passwd]y[/link]"
@@ -21,8 +21,7 @@ def lanectl(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LANECTL_")}
     env.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(REPO / "recipes"), "COLUMNS": "400",
                 "TERM": "xterm-256color", "FORCE_COLOR": "1"})
-    result = subprocess.run([sys.executable, "-m", "lanectl", *args], capture_output=True, text=True, timeout=120,
-                            env=env, cwd=REPO)
+    result = run_cli(*args, cwd=REPO, env=env)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

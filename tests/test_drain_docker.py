@@ -31,7 +31,7 @@ NO_DRAIN = """
 @pytest.fixture(scope="module")
 def lanes(tmp_path_factory: pytest.TempPathFactory):
     project = make_lane_project(tmp_path_factory.mktemp("drain"), extra_lanes=NO_DRAIN, stop_timeout_seconds=30)
-    project.cli("build", "demo-h1", "demo-h2", "t-nodrain", state=tmp_path_factory.mktemp("build-state"),
+    project.invoke("build", "demo-h1", "demo-h2", "t-nodrain", state=tmp_path_factory.mktemp("build-state"),
                 check=True, timeout=600)
     yield project
     remove_everything(project)
@@ -56,19 +56,19 @@ def in_flight(lanes: LaneProject, max_tokens: int = 300) -> Streams:
 
 def stops(lanes: LaneProject, state: Path, lane: str) -> list[dict]:
     """The journal's stop steps of `lane`'s primary, with what each measured."""
-    records = json.loads(lanes.cli("history", "-n", "500", "--json", state=state, check=True).stdout)["data"]
+    records = json.loads(lanes.invoke("history", "-n", "500", "--json", state=state, check=True).stdout)["data"]
     return [r for r in records["records"] if r["kind"] == "step" and r["step"] == f"stop:{lanes.container(lane)}"]
 
 
 @pytest.mark.parametrize("switch", ["up", "rollback", "down"])
 def test_requests_in_flight_when_a_switch_stops_their_lane_all_finish(lanes, state, switch):
-    lanes.cli("up", "demo-h2", "--no-gpu", state=state, check=True)
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h2", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     # 10 s of tokens: still running when the switch stops the lane (a loaded machine once took over 6 s from the
     # streams' start to the stop), and what is left of them inside its 15 s drain.
     streams = in_flight(lanes, max_tokens=1000)
     command = {"up": ["up", "demo-h2", "--no-gpu"], "rollback": ["rollback", "--no-gpu"], "down": ["down"]}[switch]
-    result = lanes.cli(*command, state=state)
+    result = lanes.invoke(*command, state=state)
     assert result.returncode == 0, result.stdout + result.stderr
     assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
     assert all(s.tokens == 1000 and s.done for s in streams.streams)
@@ -78,14 +78,14 @@ def test_requests_in_flight_when_a_switch_stops_their_lane_all_finish(lanes, sta
 
 
 def test_requests_in_flight_when_the_watchdog_restarts_their_lane_all_finish(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     # 12 s of tokens, what is left of them inside the 15 s drain: the watchdog's check reaches the stop while they
     # run, even on a loaded machine; those still in flight then (at least one) must all finish.
     streams = in_flight(lanes, max_tokens=1200)
     httpx.post(url(lanes) + "/admin/fault", json={"fault": "fatal_log"}, timeout=5).raise_for_status()
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("")
-    check = lanes.cli("watchdog", "check", "--json", state=state,
+    check = lanes.invoke("watchdog", "check", "--json", state=state,
                       extra_env={"LANECTL_KERNEL_LOG": f"file:{kernel_log}"})
     assert json.loads(check.stdout)["data"]["action"] == "restart", check.stdout + check.stderr
     assert streams.ends() == ["length"] * 8
@@ -94,9 +94,9 @@ def test_requests_in_flight_when_the_watchdog_restarts_their_lane_all_finish(lan
 
 
 def test_a_drain_that_does_not_fit_cuts_the_requests_and_the_journal_says_how_many(lanes, state):
-    lanes.cli("up", "t-nodrain", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "t-nodrain", "--no-gpu", state=state, check=True)
     streams = in_flight(lanes, max_tokens=3000)  # 30 s: none finishes before the stop, however slow the switch
-    result = lanes.cli("up", "demo-h1", "--no-gpu", state=state)
+    result = lanes.invoke("up", "demo-h1", "--no-gpu", state=state)
     assert result.returncode == 0, result.stdout + result.stderr
     assert streams.ends() == ["abort"] * 8
     (stop,) = stops(lanes, state, "t-nodrain")

@@ -27,7 +27,7 @@ LANES = ["demo-h1", "demo-h2", "t-spare", "t-crash", "t-unhealthy", "t-autotune"
 def lanes(tmp_path_factory: pytest.TempPathFactory):
     project = make_lane_project(tmp_path_factory.mktemp("lanes"))
     state = tmp_path_factory.mktemp("build-state")
-    project.cli("build", *LANES, state=state, check=True, timeout=600)
+    project.invoke("build", *LANES, state=state, check=True, timeout=600)
     yield project
     remove_everything(project)
 
@@ -39,7 +39,7 @@ def state(lanes: LaneProject, tmp_path: Path):
 
 
 def status(lanes: LaneProject, state: Path) -> dict:
-    result = lanes.cli("status", "--json", state=state, check=True)
+    result = lanes.invoke("status", "--json", state=state, check=True)
     return json.loads(result.stdout)["data"]
 
 
@@ -63,10 +63,10 @@ def generate(lanes: LaneProject) -> str:
 
 
 def test_up_switch_noop_and_rollback(lanes, state):
-    first = lanes.cli("up", "demo-h1", "--no-gpu", state=state)
+    first = lanes.invoke("up", "demo-h1", "--no-gpu", state=state)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("ok: demo-h1 is serving")
-    second = lanes.cli("up", "demo-h2", "--no-gpu", state=state)
+    second = lanes.invoke("up", "demo-h2", "--no-gpu", state=state)
     assert second.returncode == 0, second.stderr
     stderr_steps = [line for line in second.stderr.splitlines()
                     if line.startswith(("✓ stop", "✓ create", "✓ start"))]
@@ -79,10 +79,10 @@ def test_up_switch_noop_and_rollback(lanes, state):
     assert data["watchdog"]["armed"] and data["watchdog"]["lease"] is None
     assert generate(lanes)
 
-    again = lanes.cli("up", "demo-h2", "--no-gpu", state=state)
+    again = lanes.invoke("up", "demo-h2", "--no-gpu", state=state)
     assert (again.returncode, again.stdout) == (0, "noop: demo-h2 is already active and healthy; nothing to do\n")
 
-    back = lanes.cli("rollback", "--no-gpu", state=state)
+    back = lanes.invoke("rollback", "--no-gpu", state=state)
     assert back.returncode == 0, back.stderr
     assert "start " + lanes.container("demo-h1") in back.stderr and "create " + lanes.container("demo-h1") \
         not in back.stderr, "a rollback to kept containers is a start, not a create"
@@ -90,7 +90,7 @@ def test_up_switch_noop_and_rollback(lanes, state):
     assert serving(lanes, data, "demo-h1")
     assert data["known_good"] == ["demo-h2", "demo-h1"]
 
-    history = json.loads(lanes.cli("history", "--json", state=state, check=True).stdout)["data"]["records"]
+    history = json.loads(lanes.invoke("history", "--json", state=state, check=True).stdout)["data"]["records"]
     outcomes = [r["result"] for r in history if r["kind"] == "outcome"]
     assert outcomes == ["ok", "ok", "ok"]
     assert all(r["who"] and r["ts"] for r in history)
@@ -105,8 +105,8 @@ def test_up_switch_noop_and_rollback(lanes, state):
 def test_a_failing_gate_brings_the_previous_lane_back(lanes, state, bad_lane, check):
     import re
 
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("up", bad_lane, "--no-gpu", state=state)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.invoke("up", bad_lane, "--no-gpu", state=state)
     assert result.returncode == 1
     assert re.search(rf"failed its health gate \(({check})\)", result.stdout), result.stdout
     assert "Rolled back: demo-h1 is serving again" in result.stdout
@@ -118,15 +118,15 @@ def test_a_failing_gate_brings_the_previous_lane_back(lanes, state, bad_lane, ch
     assert all(c["status"] != "running" for c in lane_row(data, bad_lane)["containers"])
     assert bad_lane not in data["known_good"]
     assert generate(lanes)
-    records = json.loads(lanes.cli("history", "--json", state=state, check=True).stdout)["data"]["records"]
+    records = json.loads(lanes.invoke("history", "--json", state=state, check=True).stdout)["data"]["records"]
     diagnostics = [r for r in records if r["kind"] == "diagnostics"]
     assert diagnostics and diagnostics[-1]["lane"] == bad_lane and diagnostics[-1]["log_tail"]
     assert [r["result"] for r in records if r["kind"] == "outcome"][-1] == "rolled-back"
 
 
 def test_no_rollback_leaves_the_failed_lane_stopped_and_says_so(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("up", "t-crash", "--no-gpu", "--no-rollback", state=state)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.invoke("up", "t-crash", "--no-gpu", "--no-rollback", state=state)
     assert result.returncode == 1
     assert "is stopped for debugging; nothing else was started (--no-rollback)" in result.stdout
     data = status(lanes, state)
@@ -139,7 +139,7 @@ def test_up_of_an_unbuilt_lane_says_to_build_it_and_changes_nothing(lanes, state
     original = recipe.read_text()
     try:
         recipe.write_text(original.replace('STUB_DECODE_TOKENS_PER_S: "100"', 'STUB_DECODE_TOKENS_PER_S: "101"'))
-        result = lanes.cli("up", "demo-h1", "--no-gpu", state=state)
+        result = lanes.invoke("up", "demo-h1", "--no-gpu", state=state)
         assert result.returncode == 1
         assert "is not built; run `lanectl build demo-h1` first" in result.stderr
         ours = {"label": f"io.lanectl.recipe={lanes.recipe_id}"}
@@ -149,28 +149,28 @@ def test_up_of_an_unbuilt_lane_says_to_build_it_and_changes_nothing(lanes, state
 
 
 def test_rollback_recreates_containers_removed_behind_lanectls_back(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    lanes.cli("up", "demo-h2", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h2", "--no-gpu", state=state, check=True)
     client = docker.from_env()
     for role in ("primary", "rtx"):
         client.containers.get(lanes.container("demo-h1", role)).remove(force=True)
-    result = lanes.cli("rollback", "--no-gpu", state=state)
+    result = lanes.invoke("rollback", "--no-gpu", state=state)
     assert result.returncode == 0, result.stderr
     assert "create " + lanes.container("demo-h1") in result.stderr
     assert serving(lanes, status(lanes, state), "demo-h1")
 
 
 def test_the_active_lane_removed_behind_lanectls_back_is_recreated_by_up(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     docker.from_env().containers.get(lanes.container("demo-h1")).remove(force=True)
     assert not lane_row(status(lanes, state), "demo-h1")["health"]
-    result = lanes.cli("up", "demo-h1", "--no-gpu", state=state)
+    result = lanes.invoke("up", "demo-h1", "--no-gpu", state=state)
     assert result.returncode == 0, result.stderr
     assert serving(lanes, status(lanes, state), "demo-h1")
 
 
 def test_two_ups_at_once_the_second_waits_then_gives_up_naming_the_holder(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     slow = subprocess.Popen([sys.executable, "-m", "lanectl", "up", "t-unhealthy", "--no-gpu"], cwd=lanes.root,
                             env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -178,7 +178,7 @@ def test_two_ups_at_once_the_second_waits_then_gives_up_naming_the_holder(lanes,
         locks = lanes.root / "engine-lock"
         while not list(locks.glob("engine-*.lock.json")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        second = lanes.cli("up", "demo-h2", "--no-gpu", "--lock-wait", "1s", state=state)
+        second = lanes.invoke("up", "demo-h2", "--no-gpu", "--lock-wait", "1s", state=state)
         assert second.returncode == 1
         import re
 
@@ -198,7 +198,7 @@ KILLED_AFTER = (3, 5)
 
 @pytest.mark.parametrize("crash_after", KILLED_AFTER)
 def test_kill_9_mid_switch_is_reconciled_by_the_next_command(lanes, state, crash_after):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state,
                        extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": str(crash_after)})
     assert killed.returncode == -signal.SIGKILL
@@ -206,20 +206,20 @@ def test_kill_9_mid_switch_is_reconciled_by_the_next_command(lanes, state, crash
     assert data["unfinished_switch"] is not None and data["unfinished_switch"]["to"] == "demo-h2"
     assert len(data["unfinished_switch"]["done_steps"]) == crash_after
 
-    after = lanes.cli("up", "demo-h2", "--no-gpu", state=state)
+    after = lanes.invoke("up", "demo-h2", "--no-gpu", state=state)
     assert after.returncode == 0, after.stderr
     assert "found an unfinished up (demo-h1 -> demo-h2)" in after.stderr
     data = status(lanes, state)
     assert data["unfinished_switch"] is None
     assert serving(lanes, data, "demo-h2")
-    assert lanes.cli("rollback", "--no-gpu", state=state).returncode == 0, "the way back must still be there"
+    assert lanes.invoke("rollback", "--no-gpu", state=state).returncode == 0, "the way back must still be there"
     assert serving(lanes, status(lanes, state), "demo-h1")
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     before = status(lanes, state)
-    result = lanes.cli("up", "demo-h2", "--dry-run", state=state)
+    result = lanes.invoke("up", "demo-h2", "--dry-run", state=state)
     assert result.returncode == 0
     assert result.stdout.splitlines()[1:4] == [
         f"would stop {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1), allowing 18 s to exit",
@@ -242,9 +242,9 @@ def test_gpu_lane_on_a_host_without_nvidia_runtime_leaves_nothing_behind(lanes, 
     try:
         recipe.write_text(original.replace("  t-hang:\n", "  t-gpu:\n    engine:\n      gpus: {device_ids: [\"0\"]}\n"
                                                           "  t-hang:\n"))
-        lanes.cli("build", "t-gpu", state=state, check=True)
-        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-        result = lanes.cli("up", "t-gpu", state=state)
+        lanes.invoke("build", "t-gpu", state=state, check=True)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+        result = lanes.invoke("up", "t-gpu", state=state)
         assert result.returncode == 1
         assert "no NVIDIA container runtime" in result.stdout and "--no-gpu" in result.stdout
         assert "Rolled back: demo-h1 is serving again" in result.stdout
@@ -278,17 +278,17 @@ def test_gpu_request_is_on_the_created_container(lanes, state):
 
 
 def test_logs_down_and_doctor(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    logs = lanes.cli("logs", "demo-h1", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    logs = lanes.invoke("logs", "demo-h1", state=state, check=True)
     assert "Application startup complete" in logs.stdout
-    rtx = lanes.cli("logs", "demo-h1", "--role", "rtx", "--since", "10m", state=state, check=True)
+    rtx = lanes.invoke("logs", "demo-h1", "--role", "rtx", "--since", "10m", state=state, check=True)
     assert "demo-model-rtx" in rtx.stdout
-    bad_role = lanes.cli("logs", "demo-h1", "--role", "gpu9", state=state)
+    bad_role = lanes.invoke("logs", "demo-h1", "--role", "gpu9", state=state)
     assert bad_role.returncode == 2 and "has no role 'gpu9'" in bad_role.stderr
-    down = lanes.cli("down", state=state)
+    down = lanes.invoke("down", state=state)
     assert down.returncode == 0 and "demo-h1 stopped" in down.stdout
     assert status(lanes, state)["active"] is None
-    doctor = json.loads(lanes.cli("doctor", "--json", state=state).stdout)["data"]["findings"]
+    doctor = json.loads(lanes.invoke("doctor", "--json", state=state).stdout)["data"]["findings"]
     assert {f["check"] for f in doctor} >= {"docker engine", "nvidia runtime", "gpus", "state dir", "cron"}
     assert next(f for f in doctor if f["check"] == "docker engine")["severity"] == "ok"
 
@@ -299,7 +299,7 @@ def test_stopped_containers_of_only_the_last_few_lanes_are_kept(lanes, state):
     try:
         recipe.write_text(original.replace("keep_stopped_lanes: 3", "keep_stopped_lanes: 1"))
         for lane in ("demo-h1", "demo-h2", "t-spare"):
-            lanes.cli("up", lane, "--no-gpu", state=state, check=True)
+            lanes.invoke("up", lane, "--no-gpu", state=state, check=True)
         data = status(lanes, state)
         assert lane_row(data, "demo-h1")["containers"] == [], "older than the last lane kept"
         assert [c["status"] for c in lane_row(data, "demo-h2")["containers"]] == ["exited", "exited"]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from lanectl.recipe.yaml_source import MAX_NODES
+from tests.cli_in_process import run_cli
 from tests.test_cli import lanectl
 from tests.test_recipe_validation import GOOD
 
@@ -48,8 +48,7 @@ def test_a_file_of_80k_lanes_is_called_too_large_not_a_billion_laughs(project):
 def cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}
     env.update({"LANECTL_STATE_DIR": str(state), "COLUMNS": "200"})
-    return subprocess.run([sys.executable, "-m", "lanectl", *args], capture_output=True, text=True, env=env,
-                          timeout=60)
+    return run_cli(*args, cwd=Path.cwd(), env=env)
 
 
 @pytest.mark.parametrize("count", ["-1", "0"])

@@ -7,10 +7,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_in_process import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "data" / "patches"
@@ -21,8 +22,7 @@ def patches_check(project: Path, *args: str) -> subprocess.CompletedProcess[str]
     cache = os.environ.get("LANECTL_TEST_CACHE", str(Path.home() / ".cache" / "lanectl-test"))
     env = {key: value for key, value in os.environ.items() if key != "LANECTL_RECIPES"}
     env.update({"COLUMNS": "200", "LANECTL_CACHE_DIR": cache})
-    return subprocess.run([sys.executable, "-m", "lanectl", "patches", "check", *args], cwd=project,
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    return run_cli("patches", "check", *args, cwd=project, env=env)
 
 
 def project_with(tmp_path: Path, *fixtures: str) -> Path:

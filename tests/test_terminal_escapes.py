@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lanectl.cli.terminal import shown
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 
 # A window-title OSC, a screen clear, a C1 CSI, a bidi override, a CR overwrite and a forged line.
@@ -23,8 +23,7 @@ RAW = ("\x1b", "\x07", "\u009b", "\u202e", "\r")
 def lanectl(*args: str, state: Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LANECTL_")}
     env.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(REPO / "recipes"), "COLUMNS": "400"})
-    result = subprocess.run([sys.executable, "-m", "lanectl", *args], capture_output=True, text=True, timeout=120,
-                            env=env, cwd=cwd)
+    result = run_cli(*args, cwd=cwd, env=env)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

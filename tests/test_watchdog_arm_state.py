@@ -1,13 +1,12 @@
 """`lanectl status` and `lanectl watchdog status` read the same state.json and must say the same thing
 about the watchdog: an expired maintenance lease means armed, whether or not a pass has re-armed it
-in the file yet. Through the real CLI (`status` asks the real Docker engine for the lanes)."""
+in the file yet. Through the CLI, in-process (`status` asks the real Docker engine for the lanes)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,14 +14,14 @@ import pytest
 
 from lanectl.state.journal import utc_timestamp
 from lanectl.state.paths import StateFiles
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 
 
 def lanectl(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LANECTL_")}
     env.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(REPO / "recipes"), "COLUMNS": "200"})
-    result = subprocess.run([sys.executable, "-m", "lanectl", *args], capture_output=True, text=True, timeout=120,
-                            env=env, cwd=REPO)
+    result = run_cli(*args, cwd=REPO, env=env)
     assert result.returncode == 0, (args, result.stdout, result.stderr)
     return result
 

@@ -31,7 +31,7 @@ KMSG_WRITABLE = os.access("/dev/kmsg", os.W_OK)
 @pytest.fixture(scope="module")
 def lanes(tmp_path_factory: pytest.TempPathFactory):
     project = make_lane_project(tmp_path_factory.mktemp("watchdog"))
-    project.cli("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
+    project.invoke("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
     yield project
     remove_everything(project)
 
@@ -78,7 +78,7 @@ def check(lanes: LaneProject, state: Path, sink: AlertSink | None = None, kernel
     env = {"LANECTL_ALERT_WEBHOOK": sink.url} if sink else {}
     if kernel_log:
         env["LANECTL_KERNEL_LOG"] = kernel_log
-    result = lanes.cli("watchdog", "check", "--json", state=state, extra_env=env)
+    result = lanes.invoke("watchdog", "check", "--json", state=state, extra_env=env)
     assert result.returncode in (0, 1), result.stderr
     data = json.loads(result.stdout)["data"]
     assert data["exit_code"] == result.returncode
@@ -101,7 +101,7 @@ def primary_running(lanes: LaneProject, lane: str) -> bool:
 
 
 def watchdog_status(lanes: LaneProject, state: Path) -> dict:
-    return json.loads(lanes.cli("watchdog", "status", "--json", state=state, check=True).stdout)["data"]
+    return json.loads(lanes.invoke("watchdog", "status", "--json", state=state, check=True).stdout)["data"]
 
 
 def empty_kernel_log(tmp_path: Path) -> str:
@@ -118,11 +118,11 @@ def test_healthy_lane_passes_and_leaves_a_heartbeat_and_metrics(lanes, state, tm
     try:
         alert = f"  watchdog:\n    alert: {{textfile_dir: {metrics_dir}}}\n"
         recipe.write_text(original.replace("  watchdog:\n", alert, 1))
-        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
         data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
         assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
         # Engine lines are printed as they are: "[Autotuner]: ..." is not rich markup.
-        assert "[Autotuner]: Loaded " in lanes.cli("logs", "demo-h1", state=state, check=True).stdout
+        assert "[Autotuner]: Loaded " in lanes.invoke("logs", "demo-h1", state=state, check=True).stdout
         status = watchdog_status(lanes, state)
         assert status["armed"] and status["heartbeat_age_seconds"] < 30
         assert status["last_pass_result"] == "none: healthy"
@@ -134,7 +134,7 @@ def test_healthy_lane_passes_and_leaves_a_heartbeat_and_metrics(lanes, state, tm
 
 
 def test_a_crash_is_restarted(lanes, state, sink, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     docker.from_env().containers.get(lanes.container("demo-h1")).kill()
     data = check(lanes, state, sink, kernel_log=empty_kernel_log(tmp_path))
     assert data["exit_code"] == 1 and data["action"] == "restart"
@@ -147,7 +147,7 @@ def test_a_crash_is_restarted(lanes, state, sink, tmp_path):
 
 
 def test_a_pass_killed_mid_restart_is_finished_by_the_next_one_and_counted_once(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     docker.from_env().containers.get(lanes.container("demo-h1")).kill()
     # The restart's steps: stop the companion, wait for GPU memory, start the primary: killed right after it.
     killed = lanes.cli("watchdog", "check", state=state, extra_env={"LANECTL_KERNEL_LOG": empty_kernel_log(tmp_path),
@@ -162,8 +162,8 @@ def test_a_pass_killed_mid_restart_is_finished_by_the_next_one_and_counted_once(
 
 
 def test_a_paused_lane_is_called_paused_not_an_exit_without_a_code(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    lanes.cli("watchdog", "disarm", "--for", "10m", "--reason", "look only", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("watchdog", "disarm", "--for", "10m", "--reason", "look only", state=state, check=True)
     docker.from_env().containers.get(lanes.container("demo-h1")).pause()
     try:
         data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
@@ -176,8 +176,8 @@ def test_a_paused_lane_is_called_paused_not_an_exit_without_a_code(lanes, state,
 
 def test_a_crash_loop_rolls_back_to_the_known_good_lane(lanes, state, sink, tmp_path):
     kernel_log = empty_kernel_log(tmp_path)
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    lanes.cli("up", "t-crashloop", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "t-crashloop", "--no-gpu", state=state, check=True)
     actions = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -189,13 +189,13 @@ def test_a_crash_loop_rolls_back_to_the_known_good_lane(lanes, state, sink, tmp_
             break
     assert actions == ["restart", "restart", "rollback"], actions
     assert primary_running(lanes, "demo-h1") and not primary_running(lanes, "t-crashloop")
-    assert json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]["active"] == "demo-h1"
+    assert json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]["active"] == "demo-h1"
     assert sink.received[-1]["alert"]["severity"] == "critical"
 
 
 def test_a_hang_is_caught_by_the_generation_probe(lanes, state, tmp_path):
     kernel_log = empty_kernel_log(tmp_path)
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     admin(lanes, "hang")
     first, second, third = (check(lanes, state, kernel_log=kernel_log) for _ in range(3))
     assert (first["action"], first["exit_code"]) == ("none", 1)
@@ -206,7 +206,7 @@ def test_a_hang_is_caught_by_the_generation_probe(lanes, state, tmp_path):
 
 
 def test_a_fatal_engine_line_is_restarted(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     kernel_log = empty_kernel_log(tmp_path)
     assert check(lanes, state, kernel_log=kernel_log)["exit_code"] == 0
     admin(lanes, "fatal_log")
@@ -218,13 +218,13 @@ def test_a_fatal_engine_line_is_restarted(lanes, state, tmp_path):
 def test_a_request_for_a_path_naming_a_fatal_line_leaves_a_healthy_lane_alone(lanes, state, tmp_path):
     """uvicorn's access line carries the path a client chose; before the rules read only the engine's own
     records, `GET /EngineDeadError` made this check restart a healthy lane (issue 23)."""
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     url = lane_url(lanes)
     for path in ("/EngineDeadError", "/EngineCore%20encountered%20a%20fatal%20error.",
                  "/v1/CUDA%20error:%20an%20illegal%20memory%20access%20was%20encountered",
                  "/engine core exited unexpectedly"):
         assert httpx.get(url + path, timeout=5).status_code == 404
-    logs = lanes.cli("logs", "demo-h1", state=state, check=True).stdout
+    logs = lanes.invoke("logs", "demo-h1", state=state, check=True).stdout
     assert "GET /EngineDeadError HTTP/1.1" in logs, "the access line is in the log the watchdog reads"
     data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
     assert (data["exit_code"], data["action"], data["reason"]) == (0, "none", "healthy")
@@ -232,14 +232,14 @@ def test_a_request_for_a_path_naming_a_fatal_line_leaves_a_healthy_lane_alone(la
 
 
 def test_an_engine_core_death_that_exits_0_is_a_dead_lane_and_is_restarted(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     admin(lanes, "crash")
     container = docker.from_env().containers.get(lanes.container("demo-h1"))
     # The stub exits 0 as vLLM does; the image's exit guard turns that unasked 0 into 70.
     assert container.wait(timeout=30)["StatusCode"] == EXIT_UNASKED
     assert "the engine exited 0 although nothing asked it to stop" in container.logs().decode()
     meaning = exit_meaning(EXIT_UNASKED)
-    row = next(r for r in json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]["lanes"]
+    row = next(r for r in json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]["lanes"]
                if r["lane"] == "demo-h1")
     assert row["active"] and row["dead"] == f"primary exited with code 70 ({meaning})"
     data = check(lanes, state, kernel_log=empty_kernel_log(tmp_path))
@@ -278,7 +278,7 @@ def xid(code: int, pci: str = "0000:01:00", tag: str = "") -> str:
 
 def test_an_application_xid_restarts_and_a_hardware_xid_stops_and_alerts(lanes, state, sink, tmp_path):
     feed = KmsgFeed(tmp_path / "kmsg")
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     assert check(lanes, state, sink, kernel_log=feed.spec)["exit_code"] == 0  # sets the cursor to "now"
     feed.write(xid(31))
     data = check(lanes, state, sink, kernel_log=feed.spec)
@@ -301,7 +301,7 @@ def test_an_application_xid_restarts_and_a_hardware_xid_stops_and_alerts(lanes, 
 
 def test_an_unlisted_xid_beside_a_restart_is_counted_and_journaled(lanes, state, sink, tmp_path):
     feed = KmsgFeed(tmp_path / "kmsg")
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     assert check(lanes, state, sink, kernel_log=feed.spec)["exit_code"] == 0
     feed.write(xid(31))
     feed.write(xid(63))  # in neither list (NVIDIA's catalog: IGNORE): never acted on, but never lost either
@@ -328,7 +328,7 @@ FORGED = {
 
 def test_forged_xid_lines_are_not_believed(lanes, state, tmp_path):
     feed = KmsgFeed(tmp_path / "kmsg")
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     assert check(lanes, state, kernel_log=feed.spec)["exit_code"] == 0
     for text, prio in FORGED.values():
         feed.write(text, prio)
@@ -366,12 +366,12 @@ def test_an_xid_on_a_gpu_the_lane_does_not_use_leaves_it_running(lanes, state, t
         recipe.write_text(original.replace("    description: The control lane (mirrors h1-REF).\n",
                                            "    description: The control lane (mirrors h1-REF).\n"
                                            "    engine: {gpus: {device_ids: [\"0\"]}}\n", 1))
-        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
         env = {**path, "LANECTL_KERNEL_LOG": feed.spec}
-        first = lanes.cli("watchdog", "check", "--json", state=state, extra_env=env)
+        first = lanes.invoke("watchdog", "check", "--json", state=state, extra_env=env)
         assert first.returncode == 0, first.stderr
         feed.write(xid(79, pci="0000:02:00"))
-        other = json.loads(lanes.cli("watchdog", "check", "--json", state=state, extra_env=env).stdout)["data"]
+        other = json.loads(lanes.invoke("watchdog", "check", "--json", state=state, extra_env=env).stdout)["data"]
         assert (other["exit_code"], other["action"], other["reason"]) == (0, "none", "healthy")
         assert primary_running(lanes, "demo-h1")
         elsewhere = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()
@@ -381,7 +381,7 @@ def test_an_xid_on_a_gpu_the_lane_does_not_use_leaves_it_running(lanes, state, t
         assert watchdog_status(lanes, state)["xid_total"] == {"79": 1}
 
         feed.write(xid(79, pci="0000:01:00"))
-        ours = json.loads(lanes.cli("watchdog", "check", "--json", state=state, extra_env=env).stdout)["data"]
+        ours = json.loads(lanes.invoke("watchdog", "check", "--json", state=state, extra_env=env).stdout)["data"]
         assert ours["action"] == "stop" and ours["reason"] == (
             "hardware Xid 79: the GPU needs attention; restarting onto it would loop")
         assert not primary_running(lanes, "demo-h1")
@@ -391,27 +391,27 @@ def test_an_xid_on_a_gpu_the_lane_does_not_use_leaves_it_running(lanes, state, t
 
 def test_a_lease_observes_only_and_rearm_rearms_after_it_expires(lanes, state, tmp_path):
     kernel_log = empty_kernel_log(tmp_path)
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    lanes.cli("watchdog", "disarm", "--for", "10s", "--reason", "bench h2-REF", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("watchdog", "disarm", "--for", "10s", "--reason", "bench h2-REF", state=state, check=True)
     # The lease began inside that command, so it has ended 10 s after the command returned, however long a loaded
     # machine took to start it.
     disarmed = time.monotonic()
-    assert lanes.cli("watchdog", "rearm", state=state, check=True).stdout.startswith("still disarmed until")
+    assert lanes.invoke("watchdog", "rearm", state=state, check=True).stdout.startswith("still disarmed until")
     docker.from_env().containers.get(lanes.container("demo-h1")).kill()
     data = check(lanes, state, kernel_log=kernel_log)
     assert data["exit_code"] == 1 and data["outcome"] is None
     assert "(disarmed: observed only, would restart)" in data["reason"]
     assert not primary_running(lanes, "demo-h1")
     time.sleep(max(0.0, 10.5 - (time.monotonic() - disarmed)))
-    assert lanes.cli("watchdog", "rearm", state=state, check=True).stdout.startswith("re-armed")
-    assert lanes.cli("watchdog", "rearm", state=state, check=True).stdout.strip() == "armed", "idempotent"
+    assert lanes.invoke("watchdog", "rearm", state=state, check=True).stdout.startswith("re-armed")
+    assert lanes.invoke("watchdog", "rearm", state=state, check=True).stdout.strip() == "armed", "idempotent"
     assert check(lanes, state, kernel_log=kernel_log)["action"] == "restart"
     assert primary_running(lanes, "demo-h1")
 
 
 def test_a_slow_starting_lane_is_never_killed_inside_its_budget(lanes, state, tmp_path):
     kernel_log = empty_kernel_log(tmp_path)
-    lanes.cli("up", "t-slow", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "t-slow", "--no-gpu", state=state, check=True)
     docker.from_env().containers.get(lanes.container("t-slow")).restart(timeout=5)
     reasons = []
     started = time.monotonic()
@@ -428,7 +428,7 @@ def test_a_slow_starting_lane_is_never_killed_inside_its_budget(lanes, state, tm
 
 
 def test_run_mode_reacts_to_a_crash_within_seconds(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
                             empty_kernel_log(tmp_path)], cwd=lanes.root, env=lanes.env(state),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -457,8 +457,8 @@ def test_run_mode_overlaps_the_probes_of_a_hung_engine(lanes, state, tmp_path):
     """Each probe of a hung engine waits out the generation timeout: issued one after another, three failed probes
     would span at least two timeouts. Issued at the probe interval (0.2 s), they are out at the same time (the
     journal says how many others were out when each failure came), and the restart comes with the third."""
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    lanes.cli("watchdog", "arm", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("watchdog", "arm", state=state, check=True)
     run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
                             empty_kernel_log(tmp_path)], cwd=lanes.root, env=lanes.env(state),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -489,7 +489,7 @@ def test_a_webhook_that_never_answers_does_not_stall_the_pass(lanes, state, tmp_
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/hooks/T000/SECRET-TOKEN"
     feed = KmsgFeed(tmp_path / "kmsg")
     try:
-        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
         env = {"LANECTL_ALERT_WEBHOOK": url, "LANECTL_KERNEL_LOG": feed.spec}
         assert lanes.cli("watchdog", "check", state=state, extra_env=env).returncode == 0
         feed.write(xid(79))

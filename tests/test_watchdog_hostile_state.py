@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 
 TIMEOUT = 60  # a hang is a failure, not a wait
@@ -23,8 +24,7 @@ def lanectl(*args: str, state: Path, kernel_log: Path | None = None) -> subproce
     env.update({"LANECTL_STATE_DIR": str(state), "LANECTL_RECIPES": str(REPO / "recipes"), "COLUMNS": "200"})
     if kernel_log is not None:
         env["LANECTL_KERNEL_LOG"] = f"file:{kernel_log}"
-    result = subprocess.run([sys.executable, "-m", "lanectl", *args], capture_output=True, text=True,
-                            timeout=TIMEOUT, env=env, cwd=REPO)
+    result = run_cli(*args, cwd=REPO, env=env, timeout=TIMEOUT)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

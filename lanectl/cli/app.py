@@ -3,41 +3,90 @@
 Exit codes everywhere: 0 success, 1 the operation failed, 2 bad input or usage.
 """
 
-from __future__ import annotations
-
 import sys
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.text import Text
+from typer.core import TyperGroup
 
 from lanectl import __version__
-from lanectl.cli.terminal import TerminalConsole, shown
 from lanectl.errors import LanectlError, RecipeInvalid
-from lanectl.project import Project
 
 if TYPE_CHECKING:
     from lanectl.cli.progress import ConsoleReporter
+    from lanectl.cli.terminal import TerminalConsole
     from lanectl.output import Result
+    from lanectl.project import Project
     from lanectl.recipe.catalog import Catalog
     from lanectl.watchdog.runner import PassResult
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Run GPU LLM serving lanes safely: recipes to images, switches, rollback, watchdog.")
-patches_app = typer.Typer(no_args_is_help=True, help="Backported patches and the upstream source they target.")
+
+class _LanectlGroup(TyperGroup):
+    """Click handles usage errors (exit 2) and typer.Exit itself; domain errors are reported here, inside the
+    command, so that an in-process run (typer's CliRunner) prints and exits exactly as the installed CLI does."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]  # typer.Context is its click's, narrower
+        # The consoles are this run's: made for it (they read the environment, FORCE_COLOR and COLUMNS, and the
+        # terminal when made) and dropped after it.
+        out.cache_clear()
+        err.cache_clear()
+        try:
+            return super().invoke(ctx)
+        except RecipeInvalid as exc:
+            for problem in exc.problems:
+                err().print(str(problem), markup=False)
+            err().print(f"{len(exc.problems)} problem(s); nothing was built or started.")
+            raise typer.Exit(exc.exit_code) from exc
+        except LanectlError as exc:
+            err().print(f"lanectl: {exc}", markup=False)
+            raise typer.Exit(exc.exit_code) from exc
+        finally:
+            out.cache_clear()
+            err.cache_clear()
+
+
+def _typer(help: str, group: type[TyperGroup] = TyperGroup) -> typer.Typer:
+    # Plain click help and usage errors: typer's rich help imports rich's tables, Markdown and markdown-it
+    # (about 100 ms), which every `--help` and every mistyped option would pay.
+    return typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None, help=help,
+                       cls=group)
+
+
+app = _typer("Run GPU LLM serving lanes safely: recipes to images, switches, rollback, watchdog.", _LanectlGroup)
+patches_app = _typer("Backported patches and the upstream source they target.")
 app.add_typer(patches_app, name="patches")
-watchdog_app = typer.Typer(no_args_is_help=True, help="The health watchdog of the active lane.")
+watchdog_app = _typer("The health watchdog of the active lane.")
 app.add_typer(watchdog_app, name="watchdog")
-fleet_app = typer.Typer(no_args_is_help=True, help="Lanes on a fleet of boxes, run by Docker Swarm.")
+fleet_app = _typer("Lanes on a fleet of boxes, run by Docker Swarm.")
 app.add_typer(fleet_app, name="fleet")
+
 
 # Engine text (container logs, engine and webhook errors, health details) reaches these consoles:
 # it is printed as `Text` or with markup=False, never parsed as rich markup. No emoji codes either:
 # "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7", and `:fire:` in a log line stays `:fire:`.
-# Its control characters are printed escaped (lanectl.cli.terminal).
-out = TerminalConsole(highlight=False, soft_wrap=True, emoji=False)
-err = TerminalConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+# Its control characters are printed escaped (lanectl.cli.terminal). Made on first use, so that `--help`,
+# `--version` and completion never import rich, and one per run (_LanectlGroup.invoke); each prints to the
+# sys.stdout or sys.stderr of the moment.
+@cache
+def out() -> "TerminalConsole":
+    from lanectl.cli.terminal import TerminalConsole
+
+    return TerminalConsole(highlight=False, soft_wrap=True, emoji=False)
+
+
+@cache
+def err() -> "TerminalConsole":
+    from lanectl.cli.terminal import TerminalConsole
+
+    return TerminalConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
+def _project(recipes: Path | None) -> "Project":
+    from lanectl.project import Project
+
+    return Project.locate(recipes)
 
 RecipesOption = Annotated[
     Path | None,
@@ -58,19 +107,19 @@ def complete_lane(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion of lane names, from the recipes the command line names (or the default ones)."""
     from lanectl.commands.completion import lane_names
 
-    return lane_names(Project.locate(ctx.find_root().params.get("recipes")), incomplete)
+    return lane_names(_project(ctx.find_root().params.get("recipes")), incomplete)
 
 
 def complete_recipe_path(ctx: typer.Context, incomplete: str) -> list[str]:
     from lanectl.commands.completion import recipe_paths
 
-    return recipe_paths(Project.locate(ctx.find_root().params.get("recipes")), incomplete)
+    return recipe_paths(_project(ctx.find_root().params.get("recipes")), incomplete)
 
 
 def _print_version(value: bool) -> None:
     # Eager, so it answers before click asks for a command ("Missing command", exit 2).
     if value:
-        out.print(f"lanectl {__version__}")
+        sys.stdout.write(f"lanectl {__version__}\n")
         raise typer.Exit(0)
 
 
@@ -81,13 +130,16 @@ def _root(recipes: RecipesOption = None,
     state.recipes = recipes
 
 
-def show(result: Result, as_json: bool = False) -> None:
+def show(result: "Result", as_json: bool = False) -> None:
     """The result as the envelope, or as its text view (stdout, notes on stderr); then its exit code."""
     if as_json:
         from lanectl.output import render_json
 
         sys.stdout.write(render_json(result))
     else:
+        from rich.text import Text
+
+        from lanectl.cli.terminal import shown
         from lanectl.cli.views import render_text
 
         lines = render_text(result)
@@ -98,16 +150,16 @@ def show(result: Result, as_json: bool = False) -> None:
                 # A span is one line's part: a newline in it (from a log, a reason) is shown escaped.
                 text = Text("\n").join(Text.assemble(*((shown(part), style) for part, style in lines[i].spans))
                                        for i in range(start, end))
-                (err if lines[start].err else out).print(text, highlight=False)
+                (err() if lines[start].err else out()).print(text, highlight=False)
                 start = end
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
 
-def catalog() -> Catalog:
+def catalog() -> "Catalog":
     from lanectl.recipe.catalog import load_catalog
 
-    return load_catalog(Project.locate(state.recipes), [])
+    return load_catalog(_project(state.recipes), [])
 
 
 def _seconds(text: str, option: str) -> float:
@@ -123,7 +175,7 @@ def validate(paths: Annotated[list[Path] | None, typer.Argument(help="Recipe fil
     """Check every recipe (or those given); exit 2 with every problem listed."""
     from lanectl.commands.validate import validate_recipes
 
-    show(validate_recipes(Project.locate(state.recipes), paths or []), as_json)
+    show(validate_recipes(_project(state.recipes), paths or []), as_json)
 
 
 @app.command()
@@ -169,10 +221,10 @@ def patches_check(as_json: JsonOption = False) -> None:
     from lanectl.cli.progress import DownloadProgress
     from lanectl.commands.patches import check_project_patches
 
-    show(check_project_patches(Project.locate(state.recipes), progress=DownloadProgress(err)), as_json)
+    show(check_project_patches(_project(state.recipes), progress=DownloadProgress(err())), as_json)
 
 
-pin_app = typer.Typer(no_args_is_help=True, help="The vLLM release the lanes pin, and what moving it would break.")
+pin_app = _typer("The vLLM release the lanes pin, and what moving it would break.")
 app.add_typer(pin_app, name="pin")
 
 
@@ -183,7 +235,7 @@ def pin_check(version: Annotated[str, typer.Argument(help="The vLLM release to m
     from lanectl.cli.progress import DownloadProgress
     from lanectl.commands.pin import check_pin_command
 
-    show(check_pin_command(Project.locate(state.recipes), version, progress=DownloadProgress(err)), as_json)
+    show(check_pin_command(_project(state.recipes), version, progress=DownloadProgress(err())), as_json)
 
 
 @app.command()
@@ -209,7 +261,7 @@ def build(lanes_: Annotated[list[str] | None, typer.Argument(metavar="LANE...", 
         raise typer.BadParameter("--registry is where --push pushes; add --push")
     loaded = catalog()
     chosen = list(loaded.lanes.values()) if all_lanes else [loaded.lane(name) for name in lanes_ or []]
-    with build_reporter(err, live=not as_json) as reporter:
+    with build_reporter(err(), live=not as_json) as reporter:
         result = build_lanes(chosen, no_cache=no_cache, push=push, registry=registry, reporter=reporter)
     show(result, as_json)
 
@@ -231,10 +283,10 @@ def _node_list(nodes: str | None) -> list[str]:
     return [n.strip() for n in (nodes or "").split(",") if n.strip()]
 
 
-def _reporter(quiet: bool = False) -> ConsoleReporter:
+def _reporter(quiet: bool = False) -> "ConsoleReporter":
     from lanectl.cli.progress import ConsoleReporter
 
-    return ConsoleReporter(err, quiet=quiet)
+    return ConsoleReporter(err(), quiet=quiet)
 
 
 @app.command()
@@ -301,6 +353,7 @@ def logs(lane: Annotated[str, typer.Argument(help="Lane whose logs to show.", au
          since: Annotated[str | None, typer.Option("--since", help="Only lines newer than, e.g., 10m.")] = None,
          ) -> None:
     """The container logs of a lane's primary or companion."""
+    from lanectl.cli.terminal import shown
     from lanectl.commands.logs import lane_logs
 
     def write(text: str) -> None:
@@ -354,9 +407,9 @@ def watchdog_run(kernel_log: KernelLogOption = None) -> None:
 
     stop = threading.Event()
 
-    def show_pass(result: PassResult, why: str) -> None:
+    def show_pass(result: "PassResult", why: str) -> None:
         if result.exit_code != 0 or why != "interval":
-            err.print(f"[{why}] {pass_line(result.as_dict())}", markup=False, highlight=False)
+            err().print(f"[{why}] {pass_line(result.as_dict())}", markup=False, highlight=False)
 
     try:
         show(watchdog.run(catalog(), kernel_log, reporter=_reporter(), stop=stop, on_pass=show_pass))
@@ -410,7 +463,7 @@ def watchdog_install(
 
     if cron == systemd:
         raise typer.BadParameter("choose --cron or --systemd")
-    show(install_units(cron=cron, dry_run=dry_run, recipes_dir=Project.locate(state.recipes).recipes_dir))
+    show(install_units(cron=cron, dry_run=dry_run, recipes_dir=_project(state.recipes).recipes_dir))
 
 
 # One thread per stream in the load generator; far more than any engine batches is a typo.
@@ -447,7 +500,7 @@ def bench(lane: Annotated[str | None, typer.Argument(help="The serving lane (def
     from lanectl.cli.progress import say
     from lanectl.commands.gate import bench as measure
 
-    show(measure(catalog(), lane, workload, _levels(concurrency), out_dir, progress=say(err)), as_json)
+    show(measure(catalog(), lane, workload, _levels(concurrency), out_dir, progress=say(err())), as_json)
 
 
 @app.command()
@@ -486,7 +539,7 @@ def gate(candidates: Annotated[list[str], typer.Argument(
     from lanectl.commands.gate import gate as run_gate
 
     show(run_gate(catalog(), candidates, control, workload, _levels(concurrency), bar, promote, out_dir,
-                  _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err),
+                  _seconds(lock_wait, "--lock-wait"), no_gpu, _reporter(quiet=True), progress=say(err()),
                   order=order.upper(), calibrate=calibrate, max_false_promotion=max_false_promotion,
                   until_decided=until_decided, arms=arms), as_json)
 
@@ -511,7 +564,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
         try:
             recipes: Catalog | None = catalog()
         except LanectlError as exc:
-            err.print(f"lanectl: the recipes could not be read ({exc}); the note leaves out what they say",
+            err().print(f"lanectl: the recipes could not be read ({exc}); the note leaves out what they say",
                       markup=False)
             recipes = None
         show(report_release_note(recipes, run_dir, note_out, html, print_markdown=release_note), as_json)
@@ -532,7 +585,7 @@ def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (
     show(init_project(folder), as_json)
 
 
-import_app = typer.Typer(no_args_is_help=True, help="Recipes from other formats, as lanectl recipes.")
+import_app = _typer("Recipes from other formats, as lanectl recipes.")
 app.add_typer(import_app, name="import")
 
 
@@ -556,16 +609,6 @@ def main() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    # Click handles usage errors (exit 2) and typer.Exit itself; domain errors arrive here.
-    try:
-        # One program name however it was started (`python -m lanectl` too), so usage lines and the shell
-        # completion's variable (_LANECTL_COMPLETE) are lanectl's.
-        app(prog_name="lanectl")
-    except RecipeInvalid as exc:
-        for problem in exc.problems:
-            err.print(str(problem), markup=False)
-        err.print(f"{len(exc.problems)} problem(s); nothing was built or started.")
-        sys.exit(exc.exit_code)
-    except LanectlError as exc:
-        err.print(f"lanectl: {exc}", markup=False)
-        sys.exit(exc.exit_code)
+    # One program name however it was started (`python -m lanectl` too), so usage lines and the shell
+    # completion's variable (_LANECTL_COMPLETE) are lanectl's.
+    app(prog_name="lanectl")
