@@ -27,6 +27,7 @@ BENCHMARKS = [
     "benchmarks/run.py",
     "benchmarks/registry.py",
     "benchmarks/lanes.py",
+    "benchmarks/cli_startup.py",
     "benchmarks/watchdog.py",
     "benchmarks/bench_client.py",
     "benchmarks/fleet.py",

@@ -107,13 +107,19 @@ def complete_lane(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion of lane names, from the recipes the command line names (or the default ones)."""
     from lanectl.commands.completion import lane_names
 
-    return lane_names(_project(ctx.find_root().params.get("recipes")), incomplete)
+    return lane_names(_completion_project(ctx), incomplete)
 
 
 def complete_recipe_path(ctx: typer.Context, incomplete: str) -> list[str]:
     from lanectl.commands.completion import recipe_paths
 
-    return recipe_paths(_project(ctx.find_root().params.get("recipes")), incomplete)
+    return recipe_paths(_completion_project(ctx), incomplete)
+
+
+def _completion_project(ctx: typer.Context) -> "Project":
+    # While completing, click hands over --recipes as the text typed so far, not converted to a Path.
+    recipes = ctx.find_root().params.get("recipes")
+    return _project(Path(recipes) if recipes else None)
 
 
 def _print_version(value: bool) -> None:
