@@ -245,9 +245,10 @@ def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passe
     assert fid["confident_flips_bar"] == 0 and fid["confident_flips"] > 4 * 4  # several per prompt, not one
     assert code == 1 and report["verdict"] == "fail"
     assert any(r.startswith(f"fidelity: {fid['confident_flips']} confident flips (bar 0)") for r in report["reasons"])
-    # Fast, yet not promotable: no cell held it back (on a loaded machine a cell may stay undecided, never fail).
+    # Not promotable, and not for its speed: no cell held it back. How fast it measured is the machine's load
+    # (a loaded run read 0.987 for a stub 25 % faster), so only the verdicts are held: undecided, never fail.
     cells = {k: (c["verdict"], c["ratio"]) for k, c in report["cells"].items()}
-    assert all(verdict != "fail" and ratio > 1 for verdict, ratio in cells.values()), cells
+    assert all(verdict != "fail" for verdict, _ in cells.values()), cells
 
 
 def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candidate_stays_unpromoted(
