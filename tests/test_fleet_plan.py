@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lanectl.dockerapi.labels import LEASE_LABEL
@@ -12,8 +14,10 @@ from lanectl.fleet.plan import (
     current_task,
     last_task_error,
     plan_service,
+    service_drift,
+    service_fields,
+    service_labels,
     service_name,
-    spec_matches,
     task_problem,
     why_swarm_rolled_back,
 )
@@ -188,25 +192,18 @@ def test_service_names_stay_within_swarm_limits(catalog):
     assert len(name) == 63 and name != service_name(lane, "primary", "a-very-long-hostname-" * 4 + "x")
 
 
-def test_a_service_already_running_the_lane_is_recognised_even_with_swarm_pinned_digest(catalog):
-    spec = service_specs(catalog, "f1")["primary"]
-    pinned = {**spec, "TaskTemplate": {**spec["TaskTemplate"], "ContainerSpec": {
-        **spec["TaskTemplate"]["ContainerSpec"],
-        "Image": spec["TaskTemplate"]["ContainerSpec"]["Image"] + "@sha256:" + "0" * 64}}}
-    assert spec_matches(pinned, spec)
-    assert not spec_matches(service_specs(catalog, "f2")["primary"], spec)
-
-
-def test_a_service_asked_for_by_digest_matches_only_that_digest(catalog):
-    spec = service_specs(catalog, "f1")["primary"]
-
-    def by_digest(hexdigit: str) -> dict:
-        container = {**spec["TaskTemplate"]["ContainerSpec"],
-                     "Image": "127.0.0.1:5000/lanectl/fleet-t@sha256:" + hexdigit * 64}
-        return {**spec, "TaskTemplate": {**spec["TaskTemplate"], "ContainerSpec": container}}
-
-    assert spec_matches(by_digest("a"), by_digest("a"))
-    assert not spec_matches(by_digest("b"), by_digest("a")), "the part before @ alone is only the repository"
+def test_a_service_stamped_with_its_recipes_fields_has_no_drift_and_a_change_is_named_field_by_field(catalog):
+    lane = catalog.lane("f1")
+    [primary, _] = plan_containers(lane, plan_image(lane))
+    fields = service_fields(primary, {"HF_TOKEN": "d1"})
+    labels = service_labels(lane, "primary", "s1", "inputs", fields)
+    assert service_drift(labels, lane, fields) == []
+    changed = service_fields(replace(primary, env={"X": "2"}, stop_timeout_seconds=90), {"HF_TOKEN": "d2"})
+    assert service_drift(labels, lane, changed) == ["env +X", "secret_env HF_TOKEN (value)",
+                                                    "stop_timeout_seconds 120 → 90"]
+    assert service_drift(labels, catalog.lane("f2"), fields)[0] == "lane f1 → f2"
+    assert service_drift({}, lane, fields) == ["lane none → f1", "created before lanectl recorded container specs"]
+    assert "ipc" not in fields, "Swarm has no ipc field: the plan says so instead"
 
 
 def task(state: str, desired: str = "running", created: str = "2026-11-30T10:00:00Z", **kw) -> TaskInfo:

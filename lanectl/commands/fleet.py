@@ -1,71 +1,88 @@
-"""The --fleet verbs: the manager's engine, the host lock and the fleet journal; `fleet status`."""
+"""The --fleet verbs: one snapshot of the Swarm, the pure plan, and (unless --dry-run) that plan run under the lock
+of the manager's engine and journaled in the fleet journal; `fleet status`.
+
+A rollout and its --dry-run are one code path up to the plan, as on the box: the dry run prints the plan and
+stops; the rollout takes the lock, plans again from a fresh snapshot (the Swarm may have changed meanwhile) and
+runs exactly that plan."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lanectl.errors import EXIT_FAILED, EXIT_OK
-from lanectl.fleet.rollout import FleetOutcome, FleetRollout
-from lanectl.lanes.switcher import Reporter
+from lanectl.lanes.execute import Reporter
 from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
-from lanectl.state.lock import HostLock
+from lanectl.state.lock import engine_lock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
-from lanectl.state.pushes import PushStore
+
+if TYPE_CHECKING:
+    from lanectl.fleet.rollout_plan import FleetSnapshot
+    from lanectl.lanes.plan import Plan
+
+Planner = Callable[["FleetSnapshot"], "Plan"]
 
 
-@contextmanager
-def fleet_rollout(catalog: Catalog, command: str, *, lock_wait: float, reporter: Reporter,
-                  no_gpu: bool) -> Iterator[FleetRollout]:
-    """The host lock keeps this box's own switches and fleet rollouts from interleaving; node leases keep
-    two managers from changing one node at once."""
+def up(catalog: Catalog, target: Lane, *, nodes: Sequence[str], canary: str | None, no_gpu: bool, dry_run: bool,
+       lock_wait: float, reporter: Reporter) -> Result:
+    from lanectl.fleet.rollout_plan import plan_fleet_up
+
+    def planner(snapshot: FleetSnapshot) -> Plan:
+        return plan_fleet_up(catalog, snapshot, target, nodes=tuple(nodes), canary=canary, with_gpus=not no_gpu)
+
+    command = f"lanectl up {target.name} --fleet"
+    return _plan_or_run(catalog, planner, [target], command, dry_run=dry_run, lock_wait=lock_wait, reporter=reporter)
+
+
+def rollback(catalog: Catalog, target: Lane | None, *, nodes: Sequence[str], canary: str | None, no_gpu: bool,
+             dry_run: bool, lock_wait: float, reporter: Reporter) -> Result:
+    from lanectl.fleet.rollout_plan import plan_fleet_rollback
+
+    def planner(snapshot: FleetSnapshot) -> Plan:
+        return plan_fleet_rollback(catalog, snapshot, target, nodes=tuple(nodes), canary=canary,
+                                   with_gpus=not no_gpu)
+
+    command = "lanectl rollback --fleet" + (f" --to {target.name}" if target else "")
+    return _plan_or_run(catalog, planner, [target] if target else [], command, dry_run=dry_run,
+                        lock_wait=lock_wait, reporter=reporter)
+
+
+def _plan_or_run(catalog: Catalog, planner: Planner, lanes: list[Lane], command: str, *, dry_run: bool,
+                 lock_wait: float, reporter: Reporter) -> Result:
     from lanectl.dockerapi.swarm import SwarmEngine
+    from lanectl.fleet.rollout import FleetRollout
+    from lanectl.fleet.rollout_plan import plan_data
+    from lanectl.fleet.snapshot import take_fleet_snapshot
 
     files = StateFiles(state_dir())
-    create_state_dir(files.root)
+    journal = Journal(files.fleet_journal)
     swarm = SwarmEngine()
-    with HostLock(files.host_lock, command).held(lock_wait):
-        yield FleetRollout(catalog, swarm, Journal(files.fleet_journal), reporter=reporter,
-                           pushes=PushStore(files.root), no_gpu=no_gpu)
-
-
-def run(action: Callable[[FleetRollout], FleetOutcome], catalog: Catalog, command: str, *, lock_wait: float,
-        reporter: Reporter, no_gpu: bool) -> Result:
-    with fleet_rollout(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as rollout:
-        outcome = action(rollout)
+    if dry_run:
+        snapshot = take_fleet_snapshot(swarm, catalog, files, journal, lanes=lanes, environ=os.environ,
+                                       create_secret_key=False)
+        return Result("plan", plan_data(planner(snapshot)))
+    create_state_dir(files.root)
+    # The manager's engine's lock, as a box switch takes it: one mutation at a time there, whatever the state
+    # folder; node leases keep two managers from changing one node at once.
+    with engine_lock(command).held(lock_wait):
+        snapshot = take_fleet_snapshot(swarm, catalog, files, journal, lanes=lanes, environ=os.environ,
+                                       create_secret_key=True)
+        plan = planner(snapshot)
+        outcome = FleetRollout(catalog, swarm, journal, reporter=reporter).run(
+            plan, why=command.removeprefix("lanectl "), unfinished=snapshot.unfinished)
     return Result("fleet-switch", outcome.as_dict(), exit_code=outcome.exit_code)
-
-
-def dry_run_up(catalog: Catalog, lane: Lane, nodes: list[str], canary: str | None) -> list[str]:
-    """What `up --fleet` would do; changes nothing and takes no lock."""
-    from lanectl.dockerapi.swarm import SwarmEngine
-    from lanectl.fleet.plan import choose_nodes, service_name
-    from lanectl.fleet.rollout import pushed_image
-    from lanectl.image.containers import plan_containers
-    from lanectl.image.render import plan_image
-
-    order = choose_nodes(lane, SwarmEngine().nodes(), nodes, canary)
-    image = pushed_image(PushStore(state_dir()), lane)
-    roles = [c.role for c in plan_containers(lane, plan_image(lane))]
-    lines = [f"each node pulls {image}"]
-    for index, node in enumerate(order):
-        label = "canary" if index == 0 else "then"
-        services = ", ".join(service_name(lane, role, node.hostname) for role in roles)
-        lines.append(f"would update {label} {node.hostname}: {services} (stop-first, Swarm rolls back a failed "
-                     f"health check), then hold {lane.name} to its gate")
-    lines.append("on a failure: stop the rollout and roll back every node changed so far")
-    return lines
 
 
 def status(recipes: Path | None) -> Result:
     """Exit 1 when the fleet is degraded. The fleet is what it is, whatever the local recipes say: without
-    valid ones each lane is probed at /health."""
+    valid ones each lane is probed at /health and no drift is judged."""
     from lanectl.commands import catalog_if_valid
     from lanectl.dockerapi.swarm import SwarmEngine
     from lanectl.fleet.status import observe
 
-    data = observe(SwarmEngine(), catalog_if_valid(recipes))
+    data = observe(SwarmEngine(), catalog_if_valid(recipes), StateFiles(state_dir()))
     return Result("fleet-status", data, exit_code=EXIT_OK if data["healthy"] else EXIT_FAILED)

@@ -38,11 +38,8 @@ def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry
 
         if no_rollback:
             raise BadInput("--no-rollback is for local lanes; on Swarm a failed update is always rolled back")
-        if dry_run:
-            return Result("plan", {"lane": target.name,
-                                   "steps": fleet_commands.dry_run_up(catalog, target, list(nodes), canary)})
-        return fleet_commands.run(lambda rollout: rollout.up(target, nodes=nodes, canary=canary), catalog,
-                                  f"lanectl up {lane} --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+        return fleet_commands.up(catalog, target, nodes=nodes, canary=canary, no_gpu=no_gpu, dry_run=dry_run,
+                                 lock_wait=lock_wait, reporter=reporter)
     if dry_run:
         return dry_run_plan(catalog, lambda snapshot: plan_up(
             catalog, snapshot, target, rollback_on_failure=not no_rollback, with_gpus=not no_gpu), target.name,
@@ -63,11 +60,8 @@ def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait:
 
         if target is not None:
             require_placement(target, fleet=True)
-        if dry_run:
-            raise BadInput("--dry-run is not offered for rollback --fleet; `lanectl fleet status` shows each "
-                           "node's previous lane")
-        return fleet_commands.run(lambda rollout: rollout.rollback(target, nodes=nodes, canary=canary), catalog,
-                                  "lanectl rollback --fleet", lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+        return fleet_commands.rollback(catalog, target, nodes=nodes, canary=canary, no_gpu=no_gpu, dry_run=dry_run,
+                                       lock_wait=lock_wait, reporter=reporter)
     if dry_run:
         return dry_run_plan(catalog, lambda snapshot: plan_rollback(catalog, snapshot, target, with_gpus=not no_gpu),
                             *([target.name] if target else []), reporter=reporter, no_gpu=no_gpu)

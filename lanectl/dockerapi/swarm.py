@@ -154,6 +154,10 @@ class SwarmEngine(DockerEngine):
     def lane_services(self) -> list[ServiceState]:
         return [_service(raw) for raw in self.api.get("/services", params={"filters": filters(label=FLEET_LABEL)})]
 
+    def service_names(self) -> list[str]:
+        """Every service in the Swarm, lanectl's or not: a lane-looking one lanectl did not create is refused."""
+        return [str(raw["Spec"]["Name"]) for raw in self.api.get("/services")]
+
     def service(self, service_id: str) -> ServiceState | None:
         try:
             return _service(self.api.get(self.api.url("/services/{}", service_id)))

@@ -13,16 +13,19 @@ Specs are the Engine API's ServiceSpec JSON, so what `lanectl render --fleet` pr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerSpec
-from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX
+from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health.engine_exit import exit_code_text
+from lanectl.image.containers import spec_changes, spec_digest, spec_fields
 from lanectl.recipe.catalog import Lane
 
 SECOND_NS = 1_000_000_000
@@ -39,8 +42,10 @@ def service_name(lane: Lane, role: str, node: str) -> str:
     return f"{name[:SERVICE_NAME_MAX - 9]}-{digest}"
 
 
-def service_labels(lane: Lane, role: str, node: str, inputs: str) -> dict[str, str]:
-    return {
+def service_labels(lane: Lane, role: str, node: str, inputs: str,
+                   fields: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The service's own marks; with `fields`, the box's spec digest and fields, so drift is judged as there."""
+    labels = {
         FLEET_LABEL: "1",
         LABEL_PREFIX + "recipe": lane.recipe.id,
         LABEL_PREFIX + "lane": lane.name,
@@ -48,6 +53,32 @@ def service_labels(lane: Lane, role: str, node: str, inputs: str) -> dict[str, s
         LABEL_PREFIX + "node": node,
         LABEL_PREFIX + "inputs": inputs,
     }
+    if fields is not None:
+        labels[SPEC_LABEL] = spec_digest(fields)
+        labels[SPEC_FIELDS_LABEL] = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return labels
+
+
+# What the box's spec digest covers that a Swarm service cannot carry. `ipc` has no field in a service spec: a
+# Swarm lane that sets it is refused by the recipe's validation. A host IP other than every address is named in
+# the plan's notes.
+HOST_IP_NOT_CARRIED = "a host-mode port binds on every address of the node; Swarm has no host IP for it"
+EVERY_ADDRESS = "0.0.0.0"
+
+
+def service_fields(container: ContainerSpec, secret_digests: Mapping[str, str]) -> dict[str, Any]:
+    """The box's spec fields of one role as its service carries them: the image by its pushed digest (every node
+    pulls the same bytes), ports without a host IP and no ipc (Swarm has neither; see above)."""
+    ports = [{k: v for k, v in p.items() if k != "host_ip"} for p in container.ports]
+    fields = spec_fields(dataclasses.replace(container, ports=ports, ipc=None), container.image, secret_digests)
+    del fields["ipc"]
+    return fields
+
+
+def not_carried(container: ContainerSpec) -> list[str]:
+    """What the recipe asks of `container` that Swarm cannot carry."""
+    addresses = sorted({str(p["host_ip"]) for p in container.ports if p.get("host_ip") not in (None, EVERY_ADDRESS)})
+    return [f"{container.role}: host_ip {a} is not carried: {HOST_IP_NOT_CARRIED}" for a in addresses]
 
 
 def choose_nodes(lane: Lane, inventory: Sequence[NodeInfo], requested: Sequence[str] = (),
@@ -101,7 +132,7 @@ def choose_nodes(lane: Lane, inventory: Sequence[NodeInfo], requested: Sequence[
 
 
 def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: bool,
-                 inputs: str) -> dict[str, Any]:
+                 inputs: str, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ServiceSpec for one role of `lane` on `node`.
 
     Secret variables are listed by name under `lanectl_secret_env`; the adapter fills their values
@@ -139,7 +170,7 @@ def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: 
               "MaxFailureRatio": 0, "Order": "stop-first"}  # one GPU cannot hold two lanes
     return {
         "Name": service_name(lane, container.role, node),
-        "Labels": service_labels(lane, container.role, node, inputs),
+        "Labels": service_labels(lane, container.role, node, inputs, fields),
         "TaskTemplate": task,
         "Mode": {"Replicated": {"Replicas": 1}},
         "UpdateConfig": update,
@@ -211,16 +242,17 @@ def _bytes(size: str) -> int:
     return int(size)
 
 
-def spec_matches(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Whether a running service already runs what `wanted` asks (same lane, same inputs, same image)."""
-    have, want = current.get("Labels") or {}, wanted["Labels"]
-    image = (current.get("TaskTemplate") or {}).get("ContainerSpec", {}).get("Image", "")
-    wanted_image = wanted["TaskTemplate"]["ContainerSpec"]["Image"]
-    # A tag that Swarm resolved reads name:tag@sha256:…, and the part before `@` is what lanectl asked for;
-    # an image asked for by digest must match whole.
-    same_image = image == wanted_image if "@" in wanted_image else image.split("@")[0] == wanted_image
-    return (have.get(LABEL_PREFIX + "lane") == want[LABEL_PREFIX + "lane"]
-            and have.get(LABEL_PREFIX + "inputs") == want[LABEL_PREFIX + "inputs"] and same_image)
+def service_drift(labels: Mapping[str, str], lane: Lane, fields: Mapping[str, Any]) -> list[str]:
+    """How a service (by its labels) differs from what `lane`'s recipe asks now, field by field as on the box."""
+    changes = []
+    was = labels.get(LABEL_PREFIX + "lane", "")
+    if was != lane.name:
+        changes.append(f"lane {was or 'none'} → {lane.name}")
+    if labels.get(SPEC_LABEL) == spec_digest(fields):
+        return changes
+    raw = labels.get(SPEC_FIELDS_LABEL)
+    recorded = json.loads(raw) if raw else None
+    return changes + [c for c in spec_changes(recorded, fields) if c not in changes]
 
 
 # -- what Swarm reports --------------------------------------------------------------------------------

@@ -1,44 +1,49 @@
-"""Rolling a lane across a fleet of boxes on Docker Swarm: canary first, one node at a time.
+"""Running a fleet plan: each step as the plan says, nothing else, one node at a time, canary first.
 
-Per node, Swarm does the work: a stop-first update of each role's service, held to the recipe's
-health check, rolled back by Swarm itself when the new task fails it (`UpdateStatus` then reads
-`rollback_completed`). lanectl then holds the node to the same health gate as a local `up`
-(models list, startup log, fatal lines, a generated token), because Swarm's check only sees /health.
-The first node that fails stops the rollout, and every node this run changed goes back.
+Per node, Swarm does the work: a stop-first update of each role's service, held to the recipe's health check,
+rolled back by Swarm itself when the new task fails it (`UpdateStatus` then reads `rollback_completed`). lanectl
+then holds the node to the same health gate as a local `up` (models list, startup log, fatal lines, a generated
+token), because Swarm's check only sees /health. The first step that fails stops the rollout, and the plan's way
+back runs for every node this run changed, the last one first.
 
-Each node is leased (a node label) while it changes, and every step is journaled with its node in
-`fleet-journal.jsonl`; the box's own journal and state are for its local lanes.
+Every step is journaled under its plan key behind an intent that names them all (`fleet-journal.jsonl`), so
+`--dry-run --json` lists what the journal then shows. A first Ctrl-C or SIGTERM lets the step in progress finish,
+then stops: the message says what serves on each node and the way back, the journal keeps the switch
+unfinished, and the next `up --fleet` (which plans the rest from what the Swarm shows) or `rollback --fleet`
+(which takes back exactly the nodes it moved) continues from the record. A second signal stops at once.
+Each node is leased (a node label) while it changes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lanectl.dockerapi.swarm import ServiceState, SwarmEngine
+from lanectl.dockerapi.swarm import ServiceState, SwarmEngine, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.fleet.plan import (
     ROLLED_BACK,
     UPDATE_DONE,
     UPDATE_FAILED_STATES,
     NodeInfo,
-    choose_nodes,
     current_task,
-    plan_service,
-    spec_matches,
+    service_name,
     task_problem,
     why_swarm_rolled_back,
 )
+from lanectl.fleet.rollout_plan import FLEET_ROLLBACK, FLEET_UP, not_pushed
+from lanectl.health.drain import DrainReport, drain_report
 from lanectl.health.engine_http import engine_url
 from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateResult, HealthGate, MonotonicClock
-from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
-from lanectl.lanes.switcher import Reporter
+from lanectl.lanes.execute import Reporter, step_seams
+from lanectl.lanes.interrupt import Interrupt, SwitchAborted
+from lanectl.lanes.plan import Phase, Plan, Step
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.state.journal import Journal, current_user_at_host
 from lanectl.state.pushes import PushStore
@@ -60,28 +65,34 @@ class NodeOutcome:
 
 @dataclass(frozen=True)
 class FleetOutcome:
-    result: str  # ok | noop | rolled-back | failed
+    result: str  # ok | noop | rolled-back | failed | interrupted | aborted
     message: str
     lane: str | None
     nodes: tuple[NodeOutcome, ...] = ()
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    steps: tuple[str, ...] = ()  # the plan keys journaled, in order
+    drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
+    signum: int | None = None  # the signal that interrupted it
 
     @property
     def exit_code(self) -> int:
+        if self.signum is not None:
+            return 128 + self.signum  # as on the box: a shell reports a command ended by that signal so
         return 0 if self.result in ("ok", "noop") else 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"result": self.result, "message": self.message, "lane": self.lane,
-                "nodes": [vars(n) for n in self.nodes], "diagnostics": self.diagnostics}
+                "nodes": [vars(n) for n in self.nodes], "diagnostics": self.diagnostics, "steps": list(self.steps),
+                "drains": self.drains}
 
 
-@dataclass
-class _Change:
-    """What this run did to one service: the way back is Swarm's rollback, or removal of a new service."""
-
-    service_id: str
-    created: bool
-    rolled_back_by_swarm: bool = False
+class StepFailed(Exception):
+    def __init__(self, message: str, *, check: str, exit_code: int | None = None,
+                 log_tail: list[str] | None = None):
+        super().__init__(message)
+        self.check = check
+        self.exit_code = exit_code
+        self.log_tail = log_tail or []
 
 
 class SwarmLogSource:
@@ -131,6 +142,14 @@ def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str
 
 
 NodeGate = Callable[[SwarmEngine, Lane, NodeInfo, str, Reporter], GateResult]
+InFlight = Callable[[Lane, NodeInfo, ServiceState], "int | None"]
+
+
+def in_flight_on_node(lane: Lane, node: NodeInfo, service: ServiceState) -> int | None:
+    """Requests the node's engine runs or has waiting before its stop (vLLM's /metrics), as on the box."""
+    from lanectl.lanes.standby import METRICS_TIMEOUT_SECONDS, SleepEndpoints
+
+    return SleepEndpoints(node_base_url(lane, node), METRICS_TIMEOUT_SECONDS).in_flight()
 
 
 def pushed_image(pushes: PushStore, lane: Lane) -> str:
@@ -140,271 +159,306 @@ def pushed_image(pushes: PushStore, lane: Lane) -> str:
     tag = plan_image(lane).tag
     record = pushes.find(tag, lane.spec.image.registry)
     if record is None:
-        where = "" if lane.spec.image.registry else " --registry HOST:PORT"
-        raise OperationFailed(f"{lane.name}: image {tag} has not been pushed to a registry, and fleet nodes pull it "
-                              f"by digest from one; push it with `lanectl build {lane.name} --push{where}`")
+        raise not_pushed(lane)
     return record.reference
+
+
+@dataclass
+class _Run:
+    """What one execution of a fleet plan has seen so far."""
+
+    switch: str
+    plan: Plan
+    done: list[str] = field(default_factory=list)
+    changed: dict[str, list[str]] = field(default_factory=dict)  # node -> services this run created or updated
+    by_swarm: set[str] = field(default_factory=set)  # services whose update Swarm rolled back itself
+    marks: dict[str, float] = field(default_factory=dict)  # service -> when this run's update of it began
+    drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
+    results: dict[str, NodeOutcome] = field(default_factory=dict)
 
 
 class FleetRollout:
     def __init__(self, catalog: Catalog, swarm: SwarmEngine, journal: Journal, *, reporter: Reporter,
-                 pushes: PushStore, no_gpu: bool = False, environ: Mapping[str, str] | None = None,
-                 gate: NodeGate = gate_on_node, poll_seconds: float = 0.5):
+                 interrupt: Interrupt | None = None, environ: Mapping[str, str] | None = None,
+                 gate: NodeGate = gate_on_node, in_flight: InFlight = in_flight_on_node, poll_seconds: float = 0.5):
         self.catalog = catalog
-        self.pushes = pushes
         self.swarm = swarm
         self.journal = journal
         self.reporter = reporter
-        self.no_gpu = no_gpu
+        self.interrupt = interrupt or Interrupt()
         self.environ = os.environ if environ is None else environ
         self.gate = gate
+        self.in_flight = in_flight
         self.poll_seconds = poll_seconds
         self.holder = f"{current_user_at_host()} pid {os.getpid()}"
+        self._seams = step_seams(self.environ)
+        self._steps_done = 0
 
-    # -- up ----------------------------------------------------------------------------------------
-
-    def up(self, lane: Lane, *, nodes: Sequence[str] = (), canary: str | None = None,
-           why: str = "up --fleet") -> FleetOutcome:
-        order = choose_nodes(lane, self.swarm.nodes(), nodes, canary)
-        image = pushed_image(self.pushes, lane)  # refuse an unpushed lane before anything changes
-        self._note_unfinished()
-        names = [n.hostname for n in order]
-        intent = self.journal.record_intent(action="fleet-up", from_lane=None, to_lane=lane.name, why=why,
-                                            steps=[f"{n}:update" for n in names])
-        switch = intent["switch"]
-        self.reporter.note(f"rolling {lane.name} out to {', '.join(names)} (canary {names[0]}, then one at a time)")
-        done: list[tuple[NodeInfo, list[_Change]]] = []
-        results: list[NodeOutcome] = []
-        for index, node in enumerate(order):
-            label = "canary" if index == 0 else f"node {index + 1}/{len(order)}"
-            self.reporter.step(f"{label} {node.hostname}: updating to {lane.name}")
-            outcome, changes, failure = self._update_node(switch, lane, image, node)
-            results.append(outcome)
-            if failure is None:
-                self.journal.append("step", switch=switch, step=f"{node.hostname}:update", node=node.hostname,
-                                    detail=outcome.detail)
-                done.append((node, changes))
-                continue
-            self.journal.append("diagnostics", switch=switch, lane=lane.name, node=node.hostname,
-                                failed=failure["message"], log_tail=failure["log_tail"])
-            for position, (earlier, earlier_changes) in reversed(list(enumerate(done))):
-                results[position] = self._undo_node(switch, lane, earlier, earlier_changes, None)
-            results += [NodeOutcome(n.hostname, "not-reached", "left as it was") for n in order[index + 1:]]
-            back = [r.node for r in results if r.result in ("rolled-back", "rolled-back-by-swarm")]
-            message = (f"{lane.name} failed on {label} {node.hostname}: {failure['message']}. Rollout stopped; "
-                       f"back on the previous spec: {', '.join(back) or 'nothing to undo'}")
-            self.journal.record_outcome(switch, "rolled-back", message)
-            return FleetOutcome("rolled-back", message, None, tuple(results), diagnostics=failure)
-        changed = [r.node for r in results if r.result == "ok"]
-        if not changed:
-            self.journal.record_outcome(switch, "noop", f"{lane.name} already serves on {', '.join(names)}")
-            return FleetOutcome("noop", f"{lane.name} already serves on {', '.join(names)}; nothing to do",
-                                lane.name, tuple(results))
-        message = f"{lane.name} is serving on {', '.join(names)}"
-        self.journal.record_outcome(switch, "ok", message)
-        return FleetOutcome("ok", message, lane.name, tuple(results))
-
-    def _update_node(self, switch: str, lane: Lane, image: str,
-                     node: NodeInfo) -> tuple[NodeOutcome, list[_Change], dict[str, Any] | None]:
-        """Lease `node`, bring it to `lane`, and on a failure put it back: its outcome, changes and failure."""
-        changes: list[_Change] = []
+    def run(self, plan: Plan, *, why: str, unfinished: Mapping[str, Any] | None = None) -> FleetOutcome:
+        """Run `plan`. An unfinished switch in the record is continued by this one: its intent is closed with
+        what continues it."""
+        if unfinished is not None:
+            done = len(unfinished.get("done_steps") or [])
+            message = (f"the {unfinished['action']} to {unfinished.get('to')} started {unfinished['ts']} stopped "
+                       f"after {done} of {len(unfinished.get('steps') or [])} step(s); `{why}` continues it from "
+                       "what the Swarm shows")
+            self.journal.record_outcome(unfinished["switch"], "continued", message)
+            self.reporter.note(message)
+        if plan.kind == "noop":
+            return FleetOutcome("noop", plan.message, plan.lane)
+        action = FLEET_ROLLBACK if plan.kind == "rollback" and not plan.way_back else FLEET_UP
+        switch = self.journal.record_intent(action=action, from_lane=plan.previous, to_lane=plan.lane, why=why,
+                                            steps=plan.keys)["switch"]
+        run = _Run(switch, plan)
+        for note in plan.notes:
+            self.reporter.note(note)
+            self.journal.append("note", switch=switch, lane=plan.lane, message=note)
         try:
-            self.swarm.take_lease(node, self.holder, stale_after_seconds=self._lease_seconds(lane))
+            with self.interrupt.catching():
+                return self._run(run)
+        except SwitchAborted as exc:
+            return self._aborted(run, exc.signum)
+
+    def _run(self, run: _Run) -> FleetOutcome:
+        nodes = {n.hostname: n for n in self.swarm.nodes()}
+        for index, phase in enumerate(run.plan.phases):
+            host = phase.steps[0].node
+            if self.interrupt.pending():
+                return self._interrupted(run)
+            label = "canary" if index == 0 else f"node {index + 1}/{len(run.plan.phases)}"
+            self.reporter.step(f"{label} {host}: {run.plan.lane}")
+            failure = self._leased(run, nodes.get(host), phase)
+            if failure is not None:
+                return self._go_back(run, failure, nodes, label)
+            if self.interrupt.pending() and (index + 1 < len(run.plan.phases) or not self._whole(run, phase)):
+                return self._interrupted(run)
+            detail = "serving, passed its gate" + (f"; {run.drains[host]}" if host in run.drains else "")
+            run.results[host] = NodeOutcome(host, "ok", detail)
+        message = f"{run.plan.lane} is serving on {', '.join(run.results)}"
+        self.journal.record_outcome(run.switch, "ok", message)
+        return self._outcome(run, "ok", message, run.plan.lane)
+
+    def _whole(self, run: _Run, phase: Phase) -> bool:
+        return all(step.key in run.done for step in phase.steps)
+
+    def _leased(self, run: _Run, node: NodeInfo | None, phase: Phase) -> StepFailed | None:
+        if node is None or not node.schedulable:
+            return StepFailed(f"node {phase.steps[0].node} is not ready and active", check="node")
+        try:
+            self.swarm.take_lease(node, self.holder, stale_after_seconds=self._lease_seconds(phase))
         except OperationFailed as exc:
-            return (NodeOutcome(node.hostname, "failed", f"left as it was: {exc}"), changes,
-                    {"message": str(exc), "check": "lease", "log_tail": []})
+            return StepFailed(str(exc), check="lease")
         try:
-            try:
-                failure = self._bring_node_to(switch, lane, image, node, changes)
-            except OperationFailed as exc:  # Swarm refused a spec, a secret is missing: undo as for a failed gate
-                failure = {"message": str(exc), "check": "swarm", "log_tail": []}
-            if failure is None:
-                detail = "serving, passed its gate" if changes else "unchanged: already serving"
-                return NodeOutcome(node.hostname, "ok" if changes else "unchanged", detail), changes, None
-            return self._undo_node(switch, lane, node, changes, failure), changes, failure
+            for step in phase.steps:
+                if self.interrupt.pending():
+                    return None
+                self._step(run, node, step)
+        except StepFailed as failed:
+            return failed
         finally:
             self.swarm.release_lease(node)
+        return None
 
-    def _bring_node_to(self, switch: str, lane: Lane, image: str, node: NodeInfo,
-                       changes: list[_Change]) -> dict[str, Any] | None:
-        """Update every role's service on `node` to `lane` (its build pulled as `image`), then gate it; the failure,
-        or None."""
-        plan = plan_image(lane)
-        existing = {(s.recipe, s.role, s.node): s for s in self.swarm.lane_services()}
-        primary_id = ""
-        for container in plan_containers(lane, plan):
-            if container.image == plan.tag:  # a companion's own digest-pinned image is pulled as it is
-                container = dataclasses.replace(container, image=image)
-            wanted = plan_service(lane, container, node.hostname, with_gpus=not self.no_gpu, inputs=plan.input_hash)
-            current = existing.get((lane.recipe.id, container.role, node.hostname))
-            step = f"{node.hostname}:{container.role}"
-            if current is not None and spec_matches(current.spec, wanted) and task_problem(
-                    self.swarm.tasks(current.id)) is None:
-                if container.role == ROLE_PRIMARY:
-                    primary_id = current.id
+    # -- one step ----------------------------------------------------------------------------------------
+
+    def _step(self, run: _Run, node: NodeInfo, step: Step) -> None:
+        facts: dict[str, Any] = {}
+        try:
+            detail = self._do(run, node, step, facts)
+        except OperationFailed as exc:
+            self._done(run, step, f"failed: {exc}", facts, ok=False)
+            raise StepFailed(f"{step.describe()}: {exc}", check="swarm") from None
+        except StepFailed as failed:
+            self._done(run, step, f"failed: {failed}", facts, ok=False)
+            raise
+        self._done(run, step, detail, facts)
+
+    def _do(self, run: _Run, node: NodeInfo, step: Step, facts: dict[str, Any]) -> str:
+        lane = self.catalog.lanes[step.lane]
+        if step.action == "service-create":
+            assert step.service is not None, "a plan's service step carries its spec"
+            service_id = self.swarm.create_service(step.service, self.environ)
+            run.changed.setdefault(node.hostname, []).append(step.container)
+            problem = self._wait_created(lane, service_id, step.key)
+            if problem is not None:
+                raise StepFailed(problem, check="swarm")
+            return "created; its task runs"
+        if step.action == "service-update":
+            return self._update(run, node, lane, step, facts)
+        if step.action == "service-rollback":
+            return self._rollback(run, lane, step)
+        if step.action == "service-remove":
+            self.swarm.remove_service(step.container)
+            return "removed"
+        if step.action == "node-gate":
+            return self._gate(lane, node, step)
+        raise AssertionError(f"not a fleet step: {step.action}")
+
+    def _update(self, run: _Run, node: NodeInfo, lane: Lane, step: Step, facts: dict[str, Any]) -> str:
+        """Swarm's stop-first update; then what the stopped task's engine did with the requests it held."""
+        assert step.service is not None, "a plan's service step carries its spec"
+        current = self.swarm.service(step.container)
+        if current is None:
+            raise StepFailed(f"service {step.container} is gone since the plan was made; run the command again",
+                             check="swarm")
+        old = current_task(self.swarm.tasks(current.id))
+        before = self.in_flight(lane, node, current) if step.role == ROLE_PRIMARY else None
+        mark = time.time()
+        self.swarm.update_service(current, step.service, self.environ)
+        run.changed.setdefault(node.hostname, []).append(step.container)
+        run.marks[step.container] = mark
+        problem = self._wait_update(lane, current.id, mark, step.key, rollback=False)
+        drain = self._drain(old, before)
+        if drain is not None:
+            facts.update(in_flight=drain.in_flight, cut=drain.cut)
+            run.drains[node.hostname] = f"{step.role}: {drain.describe()}"
+        if problem is not None:
+            if problem.startswith(SWARM_ROLLED_BACK):
+                run.by_swarm.add(step.container)
+            raise StepFailed(problem, check="swarm")
+        return f"{step.why}" + (f"; {drain.describe()}" if drain is not None else "")
+
+    def _drain(self, old: TaskInfo | None, before: int | None) -> DrainReport | None:
+        if old is None:
+            return None
+        report = drain_report(log_lines(self.swarm.task_logs(old.id))[-200:], before)
+        return None if report.in_flight is None and report.how == "not said" else report
+
+    def _rollback(self, run: _Run, lane: Lane, step: Step) -> str:
+        service = self.swarm.service(step.container)
+        if service is None:
+            return "the service is gone"
+        if step.container in run.by_swarm:
+            return f"Swarm had already rolled it back to {service.lane}"
+        mark = time.time()
+        self.swarm.rollback_service(service)
+        problem = self._wait_update(lane, service.id, mark, step.key, rollback=True)
+        if problem is not None:
+            raise StepFailed(problem, check="swarm")
+        return f"back on {lane.name}"
+
+    def _gate(self, lane: Lane, node: NodeInfo, step: Step) -> str:
+        service = self.swarm.service(step.container)
+        if service is None:
+            raise StepFailed(f"service {step.container} is gone", check="swarm")
+        result = self.gate(self.swarm, lane, node, service.id, self.reporter)
+        if not result.passed:
+            raise StepFailed(f"failed its health gate ({result.failed_check}): {result.detail}",
+                             check=result.failed_check or "gate", exit_code=result.exit_code,
+                             log_tail=[line for line in result.log_tail if not PROBE_ACCESS_LINE.search(line)][-30:])
+        return "; ".join(("passed", *result.companions))
+
+    def _done(self, run: _Run, step: Step, detail: str, facts: dict[str, Any], *, ok: bool = True) -> None:
+        """Journal a step that ran, show it, and honour the test seams."""
+        try:
+            self.journal.record_step(run.switch, step.key, detail, node=step.node, **facts)
+        finally:
+            run.done.append(step.key)
+            self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
+        self._steps_done += 1
+        for signum in self._seams.get(self._steps_done, ()):
+            os.kill(os.getpid(), signum)
+
+    # -- endings -----------------------------------------------------------------------------------------
+
+    def _go_back(self, run: _Run, failure: StepFailed, nodes: Mapping[str, NodeInfo], label: str) -> FleetOutcome:
+        """The plan's way back for every node this run changed, the last first; nodes not reached stay as they
+        were."""
+        plan = run.plan
+        host = next(p.steps[0].node for p in plan.phases if p.steps[0].node not in run.results)
+        diagnostics = {"failed": str(failure), "check": failure.check, "exit_code": failure.exit_code,
+                       "log_tail": failure.log_tail or self._log_tail(plan, host)}
+        self.journal.append("diagnostics", switch=run.switch, lane=plan.lane, node=host, failed=str(failure),
+                            log_tail=diagnostics["log_tail"])
+        if failure.check in ("lease", "node"):
+            run.results[host] = NodeOutcome(host, "failed", f"left as it was: {failure}")
+        for phase in plan.way_back:
+            back_host = phase.steps[0].node
+            changed = run.changed.get(back_host)
+            if not changed:
                 continue
-            mark = time.time()
-            if current is None:
-                service_id = self.swarm.create_service(wanted, self.environ)
-                changes.append(_Change(service_id, created=True))
-                self._journal(switch, f"{step}:create", node, f"service {wanted['Name']} created")
-                failure = self._wait_created(lane, service_id, step)
-            else:
-                service_id = current.id
-                self.swarm.update_service(current, wanted, self.environ)
-                changes.append(_Change(service_id, created=False))
-                self._journal(switch, f"{step}:update", node, f"{current.lane} -> {lane.name}")
-                failure = self._wait_update(lane, service_id, mark, step, rollback=False)
-                if failure is not None and failure.startswith(SWARM_ROLLED_BACK):
-                    changes[-1].rolled_back_by_swarm = True
-            if container.role == ROLE_PRIMARY:
-                primary_id = service_id
-            if failure is not None:
-                return {"message": failure, "check": "swarm", "log_tail": self._log_tail(service_id, mark)}
-        if not changes:
-            return None
-        result = self.gate(self.swarm, lane, node, primary_id, self.reporter)
-        self._journal(switch, f"{node.hostname}:gate", node, "passed" if result.passed else result.detail,
-                      ok=result.passed)
-        if result.passed:
-            return None
-        return {"message": f"failed its health gate ({result.failed_check}): {result.detail}",
-                "check": result.failed_check, "exit_code": result.exit_code,
-                "log_tail": [line for line in result.log_tail if not PROBE_ACCESS_LINE.search(line)][-30:]}
+            run.results[back_host] = self._undo_node(run, nodes[back_host], phase, changed)
+        reached = [p.steps[0].node for p in plan.phases]
+        for other in reached:
+            run.results.setdefault(other, NodeOutcome(other, "not-reached", "left as it was"))
+        back = [r.node for r in run.results.values() if r.result in ("rolled-back", "rolled-back-by-swarm")]
+        message = (f"{plan.lane} failed on {label} {host}: {failure}. Rollout stopped; back on the previous spec: "
+                   f"{', '.join(back) or 'nothing to undo'}")
+        result = "failed" if any(r.result == "failed" for r in run.results.values()) else "rolled-back"
+        if plan.kind == "rollback" and not plan.way_back:
+            message = f"rollback to {plan.lane} failed on {host}: {failure}; stopped there"
+            result = "failed"
+        self.journal.record_outcome(run.switch, result, message)
+        return self._outcome(run, result, message, None, diagnostics)
 
-    def _undo_node(self, switch: str, lane: Lane, node: NodeInfo, changes: list[_Change],
-                   failure: dict[str, Any] | None) -> NodeOutcome:
-        """Put back what this run changed on `node`, newest first."""
+    def _undo_node(self, run: _Run, node: NodeInfo, phase: Phase, changed: list[str]) -> NodeOutcome:
         notes = []
-        for change in reversed(changes):
-            service = self.swarm.service(change.service_id)
-            if service is None:
-                continue
-            if change.created:
-                self.swarm.remove_service(change.service_id)
-                notes.append(f"removed new service {service.name}")
-            elif change.rolled_back_by_swarm:
-                notes.append(f"Swarm rolled {service.name} back to {service.lane}")
-            else:
-                mark = time.time()
-                self.swarm.rollback_service(service)
-                problem = self._wait_update(lane, service.id, mark, f"{node.hostname}:{service.role}", rollback=True)
-                after = self.swarm.service(service.id)
-                notes.append(f"rolled {service.name} back to {after.lane if after else '?'}"
-                             + (f" ({problem})" if problem else ""))
-        restored = self._check_restored(node, changes)
-        if restored:
-            notes.append(restored)
-        detail = "; ".join(notes) or "nothing had changed"
-        self._journal(switch, f"{node.hostname}:undo", node, detail)
-        self.reporter.note(f"{node.hostname}: {detail}")
-        if restored and not restored.endswith("is serving again"):
-            return NodeOutcome(node.hostname, "failed", detail)
-        by_swarm = failure is not None and all(c.rolled_back_by_swarm or c.created for c in changes) and any(
-            c.rolled_back_by_swarm for c in changes)
-        return NodeOutcome(node.hostname, "rolled-back-by-swarm" if by_swarm else "rolled-back", detail)
-
-    def _check_restored(self, node: NodeInfo, changes: list[_Change]) -> str:
-        """Swarm calls a rollback complete once the old task starts; lanectl waits for it to serve again."""
-        for change in changes:
-            service = self.swarm.service(change.service_id)
-            if change.created or service is None or service.role != ROLE_PRIMARY:
-                continue
-            previous = self.catalog.lanes.get(service.lane)
-            if previous is None:
-                return f"{service.lane} is not in the recipes; its health was not checked"
-            result = self.gate(self.swarm, previous, node, service.id, self.reporter)
-            return (f"{previous.name} is serving again" if result.passed
-                    else f"{previous.name} did not come back ({result.failed_check}: {result.detail})")
-        return ""
-
-    # -- rollback ----------------------------------------------------------------------------------
-
-    def rollback(self, to: Lane | None, *, nodes: Sequence[str] = (), canary: str | None = None) -> FleetOutcome:
-        """Back to the lane before the last completed update, by Swarm's rollback, canary first.
-
-        With `to`, a forward rollout of that lane instead. A service whose last update Swarm already
-        rolled back is left alone: its PreviousSpec is then the lane that failed.
-        """
-        services = self.swarm.lane_services()
-        if to is not None:
-            on = nodes or sorted({s.node for s in services if s.recipe == to.recipe.id})
-            return self.up(to, nodes=list(on), canary=canary, why="rollback --fleet --to")
-        primaries = [s for s in services if s.role == ROLE_PRIMARY and s.update_state == UPDATE_DONE
-                     and s.previous_spec and (not nodes or s.node in nodes)]
-        if not primaries:
-            raise BadInput("nothing to roll back on the fleet: no lane's last update completed (Swarm and lanectl "
-                           "already undid failed ones, and a rollback is not undone by another); name a lane "
-                           "with --to")
-        targets = {(s.recipe, s.previous_lane) for s in primaries}
-        if len(targets) != 1:
-            shown = ", ".join(sorted(f"{lane} ({recipe})" for recipe, lane in targets))
-            raise BadInput(f"the fleet's nodes would go back to different lanes ({shown}); name one with --to")
-        ((recipe, target_name),) = targets
-        if target_name is None or target_name not in self.catalog.lanes:
-            raise BadInput(f"the previous lane {target_name} is not in the recipes; name one with --to")
-        target = self.catalog.lanes[target_name]
-        hosts = sorted({s.node for s in primaries}, key=lambda h: (h != canary, h))
-        # Companions go back with their primary when their last update was the same switch.
-        candidates = [s for s in services if s.node in hosts and s.recipe == recipe and s.update_state == UPDATE_DONE
-                      and s.previous_lane == target_name]
-        inventory = {n.hostname: n for n in self.swarm.nodes()}
-        self._note_unfinished()
-        intent = self.journal.record_intent(action="fleet-rollback", from_lane=candidates[0].lane,
-                                            to_lane=target.name, why="rollback --fleet",
-                                            steps=[f"{h}:rollback" for h in hosts])
-        switch = intent["switch"]
-        results: list[NodeOutcome] = []
-        for index, host in enumerate(hosts):
-            node = inventory.get(host)
-            if node is None or not node.schedulable:
-                results.append(NodeOutcome(host, "failed", "node is not ready; skipped"))
+        failed = ""
+        for step in phase.steps:
+            if step.action != "node-gate" and step.container not in changed:
                 continue
             try:
-                self.swarm.take_lease(node, self.holder, stale_after_seconds=self._lease_seconds(target))
-            except OperationFailed as exc:
-                problem: str | None = str(exc)
+                self._step(run, node, step)
+            except StepFailed as exc:
+                failed = str(exc)
+                break
+            if step.action == "node-gate":
+                notes.append(f"{step.lane} is serving again")
+            elif step.container in run.by_swarm:
+                notes.append(f"Swarm rolled {step.container} back to {step.lane}")
             else:
-                try:
-                    problem = self._rollback_node(switch, target, node, [s for s in candidates if s.node == host])
-                except OperationFailed as exc:
-                    problem = str(exc)
-                finally:
-                    self.swarm.release_lease(node)
-            if problem is not None:
-                results.append(NodeOutcome(host, "failed", problem))
-                results += [NodeOutcome(h, "not-reached", "left as it was") for h in hosts[index + 1:]]
-                message = f"rollback to {target.name} failed on {host}: {problem}; stopped there"
-                self.journal.record_outcome(switch, "failed", message)
-                return FleetOutcome("failed", message, None, tuple(results))
-            results.append(NodeOutcome(host, "ok", f"back on {target.name}, passed its gate"))
-        message = f"{target.name} is serving again on {', '.join(r.node for r in results if r.result == 'ok')}"
-        failed = [r for r in results if r.result == "failed"]
-        result = "failed" if failed else "ok"
+                notes.append(f"{'removed new service' if step.action == 'service-remove' else 'rolled back'} "
+                             f"{step.container}")
+        detail = "; ".join(notes) or "nothing had changed"
         if failed:
-            message += f"; not on {', '.join(r.node for r in failed)} (not ready)"
-        self.journal.record_outcome(switch, result, message)
-        return FleetOutcome(result, message, target.name if not failed else None, tuple(results))
+            return NodeOutcome(node.hostname, "failed", f"{detail}; {failed}".lstrip("; "))
+        by_swarm = all(name in run.by_swarm for name in changed if not name.endswith("-created"))
+        return NodeOutcome(node.hostname, "rolled-back-by-swarm" if by_swarm and run.by_swarm else "rolled-back",
+                           detail)
 
-    def _rollback_node(self, switch: str, target: Lane, node: NodeInfo, services: list[ServiceState]) -> str | None:
-        self.reporter.step(f"{node.hostname}: Swarm rollback to {target.name}")
-        primary_id = ""
-        for service in sorted(services, key=lambda s: s.role != ROLE_PRIMARY):
-            mark = time.time()
-            self.swarm.rollback_service(service)
-            problem = self._wait_update(target, service.id, mark, f"{node.hostname}:{service.role}", rollback=True)
-            self._journal(switch, f"{node.hostname}:{service.role}:rollback", node, problem or "rollback_completed",
-                          ok=problem is None)
-            if problem is not None:
-                return problem
-            if service.role == ROLE_PRIMARY:
-                primary_id = service.id
-        if not primary_id:
-            return None
-        result = self.gate(self.swarm, target, node, primary_id, self.reporter)
-        self._journal(switch, f"{node.hostname}:gate", node, "passed" if result.passed else result.detail,
-                      ok=result.passed)
-        return None if result.passed else f"failed its health gate ({result.failed_check}): {result.detail}"
+    def _interrupted(self, run: _Run) -> FleetOutcome:
+        """Stopped between two steps: what serves where, and the way back; the switch stays unfinished in the
+        journal so that the next `up --fleet` or `rollback --fleet` continues it."""
+        name = self.interrupt.take()
+        plan = run.plan
+        where = []
+        for phase in plan.phases:
+            host = phase.steps[0].node
+            keys = [s.key for s in phase.steps]
+            done = [k for k in keys if k in run.done]
+            if len(done) == len(keys):
+                state = f"{plan.lane} (switched, passed its gate)"
+            elif done:
+                state = f"mid-switch ({len(done)} of {len(keys)} steps done; Swarm finished each service it began)"
+            else:
+                state = f"{plan.previous or 'as it was'} (not reached)"
+            where.append(f"{host}: {state}")
+            run.results[host] = NodeOutcome(host, "interrupted" if done and len(done) < len(keys) else
+                                            ("ok" if done else "not-reached"), state)
+        message = (f"interrupted by {name} after {len(run.done)} of {len(plan.keys)} step(s); serving now: "
+                   f"{'; '.join(where)}. To continue: `lanectl up {plan.lane} --fleet`; to go back: "
+                   "`lanectl rollback --fleet`")
+        self.journal.append("note", switch=run.switch, lane=plan.lane, message=message)
+        self.reporter.note(message)
+        return self._outcome(run, "interrupted", message, None, signum=self.interrupt.signum)
+
+    def _aborted(self, run: _Run, signum: int) -> FleetOutcome:
+        name = signal.Signals(signum).name
+        message = (f"stopped at once by a second signal ({name}) after {len(run.done)} step(s); Swarm finishes or "
+                   "rolls back the service it was updating on its own; `lanectl fleet status` shows each node, "
+                   f"`lanectl up {run.plan.lane} --fleet` continues and `lanectl rollback --fleet` goes back")
+        try:
+            self.journal.append("note", switch=run.switch, lane=run.plan.lane, message=message)
+        except Exception:  # the journal may be what failed; the message still reaches the operator
+            pass
+        return self._outcome(run, "aborted", message, None, signum=signum)
+
+    def _outcome(self, run: _Run, result: str, message: str, lane: str | None,
+                 diagnostics: dict[str, Any] | None = None, signum: int | None = None) -> FleetOutcome:
+        order = [p.steps[0].node for p in run.plan.phases]
+        nodes = tuple(run.results[h] for h in order if h in run.results)
+        return FleetOutcome(result, message, lane, nodes, diagnostics or {}, tuple(run.done), dict(run.drains),
+                            signum)
 
     # -- waiting on Swarm --------------------------------------------------------------------------
 
@@ -460,26 +514,18 @@ class FleetRollout:
         # Swarm waits out the health check's start period (the startup budget) and then its monitor.
         return lane.spec.health.startup_budget_minutes * 60 + 60
 
-    def _lease_seconds(self, lane: Lane) -> float:
-        return 2 * self._budget_seconds(lane) + LEASE_MARGIN_SECONDS
+    def _lease_seconds(self, phase: Phase) -> float:
+        return 2 * sum(step.seconds + 60 for step in phase.steps) + LEASE_MARGIN_SECONDS
 
-    def _log_tail(self, service_id: str, since: float) -> list[str]:
-        lines = log_lines(self.swarm.service_logs(service_id, since=since - 1.0))
+    def _log_tail(self, plan: Plan, host: str) -> list[str]:
+        lane = self.catalog.lanes.get(plan.lane or "")
+        if lane is None:
+            return []
+        service = self.swarm.service(service_name(lane, ROLE_PRIMARY, host))
+        if service is None:
+            return []
+        lines = log_lines(self.swarm.service_logs(service.id, since=time.time() - 600))
         return [line for line in lines if not PROBE_ACCESS_LINE.search(line)][-30:]
-
-    def _journal(self, switch: str, step: str, node: NodeInfo, detail: str, *, ok: bool = True) -> None:
-        self.journal.append("step", switch=switch, step=step, node=node.hostname, detail=detail)
-        self.reporter.step(f"{step} ({detail})", ok=ok)
-
-    def _note_unfinished(self) -> None:
-        """A killed fleet run leaves no half-state lanectl must repair: Swarm finished or rolled back each
-        service on its own, and a rollout is re-runnable. Record that the old run is over."""
-        intent = self.journal.unfinished_intent()
-        if intent is not None:
-            message = (f"the {intent['action']} to {intent.get('to')} started {intent['ts']} by {intent['who']} "
-                       "did not finish; Swarm completed or rolled back each service it had begun")
-            self.journal.record_outcome(intent["switch"], "abandoned", message)
-            self.reporter.note(message)
 
 
 def require_placement(lane: Lane, fleet: bool) -> None:

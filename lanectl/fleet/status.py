@@ -7,14 +7,21 @@ calls running may still not answer (a hung engine, a firewall between the boxes)
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lanectl.dockerapi.labels import LEASE_LABEL
+from lanectl.dockerapi.labels import LEASE_LABEL, SPEC_FIELDS_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
-from lanectl.fleet.plan import current_task, task_problem
-from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog
+from lanectl.fleet.plan import current_task, service_drift, service_fields, task_problem
+from lanectl.fleet.rollout_plan import fleet_containers
+from lanectl.image.render import plan_image
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.state.paths import StateFiles
+from lanectl.state.pushes import PushStore
+from lanectl.state.secret_digests import secret_digests
 
 PROBE_TIMEOUT_SECONDS = 2.0
 
@@ -26,8 +33,10 @@ class Probe:
 
 
 def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
-              tasks: Mapping[str, Sequence[TaskInfo]], probes: Mapping[str, Probe]) -> dict[str, Any]:
-    """The fleet as one document; `healthy` is false when any node is down or any lane role is not serving."""
+              tasks: Mapping[str, Sequence[TaskInfo]], probes: Mapping[str, Probe],
+              drift: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
+    """The fleet as one document; `healthy` is false when any node is down or any lane role is not serving.
+    `drift`: service ID -> how it differs from its lane's recipe now, field by field (a switch would update it)."""
     problems: list[str] = []
     rows = []
     known = {n.hostname for n in nodes}
@@ -49,6 +58,7 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
                 "previous_lane": service.previous_lane,
                 "health": None if probe is None else ("ok" if probe.ok else probe.detail),
                 "serving": serving,
+                "drift": list((drift or {}).get(service.id, [])),
             }
             lanes.append(entry)
             if node.state == "ready" and not serving:
@@ -70,7 +80,21 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
     return {"healthy": not problems, "problems": problems, "nodes": rows}
 
 
-def observe(swarm: SwarmEngine, catalog: Catalog | None) -> dict[str, Any]:
+def service_drift_now(service: ServiceState, lane: Lane, pushed: str | None,
+                      secret_digests: Mapping[str, str]) -> list[str]:
+    """How `service` differs from its lane's recipe as `up --fleet` would run it now; GPUs judged as the service
+    was created (with or without, --no-gpu), which its recorded fields say."""
+    if pushed is None:
+        return [f"{lane.name}'s current build has not been pushed; `lanectl build {lane.name} --push` first"]
+    recorded = service.labels.get(SPEC_FIELDS_LABEL)
+    with_gpus = recorded is None or json.loads(recorded).get("gpus") is not None
+    for container in fleet_containers(lane, pushed, with_gpus=with_gpus):
+        if container.role == service.role:
+            return service_drift(service.labels, lane, service_fields(container, secret_digests))
+    return [f"its role {service.role} is no longer in {lane.name}'s recipe"]
+
+
+def observe(swarm: SwarmEngine, catalog: Catalog | None, files: StateFiles | None = None) -> dict[str, Any]:
     nodes = swarm.nodes()
     services = swarm.lane_services()
     tasks = {s.id: swarm.tasks(s.id) for s in services}
@@ -83,7 +107,25 @@ def observe(swarm: SwarmEngine, catalog: Catalog | None) -> dict[str, Any]:
                 or task.state != "running":
             continue
         probes[service.id] = _probe(node, service, catalog)
-    return summarize(nodes, services, tasks, probes)
+    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files))
+
+
+def _drift(services: Sequence[ServiceState], catalog: Catalog | None,
+           files: StateFiles | None) -> dict[str, list[str]]:
+    if catalog is None or files is None:
+        return {}
+    pushes = PushStore(files.root)
+    lanes = {s.lane: catalog.lanes[s.lane] for s in services if s.lane in catalog.lanes}
+    secrets = {name for lane in lanes.values() for _, role in lane.spec.engines() for name in role.secret_env}
+    digests = secret_digests(files.secret_key, secrets, os.environ, create=False)
+    drift = {}
+    for service in services:
+        lane = lanes.get(service.lane)
+        if lane is None:
+            continue
+        record = pushes.find(plan_image(lane).tag, lane.spec.image.registry)
+        drift[service.id] = service_drift_now(service, lane, record.reference if record else None, digests)
+    return drift
 
 
 def _probe(node: NodeInfo, service: ServiceState, catalog: Catalog | None) -> Probe:

@@ -122,7 +122,7 @@ class Executor:
         self.gpu_memory = gpu_memory
         self.before_start = before_start
         self.now = now
-        self._seams = _seams(environ)
+        self._seams = step_seams(environ)
         self._steps_done = 0
         self._facts: dict[str, Any] = {}  # what the step that just ran measured, for its journal record
 
@@ -539,7 +539,8 @@ class Executor:
             os.kill(os.getpid(), signum)
 
 
-def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
+def step_seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
+    """The test seams' signals by the count of steps after which each is sent."""
     seams: dict[int, list[int]] = {}
     crash = environ.get(CRASH_AFTER_STEP_ENV)
     if crash:

@@ -32,7 +32,8 @@ from lanectl.state.lanes import LaneState
 LEASE_MARGIN_SECONDS = 300
 
 Action = Literal["disarm", "arm", "stop", "remove", "set-aside", "put-back", "create", "start", "gate", "activate",
-                 "deactivate", "sleep", "check-memory", "wake", "wake-check", "forget-standby", "gpu-memory"]
+                 "deactivate", "sleep", "check-memory", "wake", "wake-check", "forget-standby", "gpu-memory",
+                 "service-create", "service-update", "service-rollback", "service-remove", "node-gate"]
 # finish / undo / finish-down: what a plan for a switch a killed run left unfinished does with it.
 Kind = Literal["up", "rollback", "down", "restart", "finish", "undo", "finish-down", "noop"]
 
@@ -47,6 +48,8 @@ class Step:
     why: str = field(default="", compare=False)
     spec: ContainerSpec | None = field(default=None, compare=False, repr=False)  # create: exactly what
     rename_to: str = ""  # set-aside: the name it is set aside as; put-back: the name it takes back
+    node: str = ""  # a fleet step: the Swarm node it changes (`container` is then the service's name)
+    service: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # service-*: exactly what
 
     @property
     def key(self) -> str:
@@ -74,6 +77,12 @@ class Step:
             "wake-check": f"check {self.lane}'s greedy output against the fingerprint of its last passed gate",
             "forget-standby": f"forget {self.lane}'s standby{why}",
             "gpu-memory": f"wait until {self.lane}'s GPUs have released their memory",
+            "service-create": f"create service {self.container} on {self.node} ({self.role} of {self.lane}){why}",
+            "service-update": f"update service {self.container} on {self.node} to {self.lane}{why}",
+            "service-rollback": f"roll service {self.container} on {self.node} back to {self.lane} (Swarm's "
+                                "rollback)",
+            "service-remove": f"remove service {self.container} from {self.node}{why}",
+            "node-gate": f"hold {self.lane} on {self.node} to its health gate (within {self.seconds:g} s)",
         }
         return texts[self.action]
 

@@ -1,0 +1,344 @@
+"""The fleet's switch as a plan: the pure planner over one snapshot, and the executor that runs exactly its steps,
+over an in-memory Swarm behind the interface of `dockerapi/swarm.py` (the real swarm: test_fleet_swarm.py)."""
+
+from __future__ import annotations
+
+import copy
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
+from lanectl.errors import OperationFailed
+from lanectl.fleet.rollout import FleetRollout
+from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
+from lanectl.health.gate import GateResult
+from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
+from lanectl.project import Project
+from lanectl.recipe.catalog import load_catalog
+from lanectl.state.journal import Journal
+from tests.test_fleet_plan import RECIPE
+
+PUSHED = {"f1": "reg:5000/fleet-t@sha256:" + "1" * 64, "f2": "reg:5000/fleet-t@sha256:" + "2" * 64}
+SECRETS = {"HF_TOKEN": "d1"}
+DRAINED = ("(EngineCore pid=7) INFO 12-03 10:16:21 [core.py:1452] [shutdown] EngineCore: draining in-flight requests "
+           "count=2 timeout=105s\n(EngineCore pid=7) INFO 12-03 10:16:30 [core.py:1463] [shutdown] EngineCore: request "
+           "processing complete; starting resource teardown\n")
+
+
+class FakeSwarm:
+    """Services, tasks and node leases as the manager keeps them; an update completes at once, unless its
+    service is named in `fail_updates` (Swarm then rolls it back itself, as for a failed health check)."""
+
+    def __init__(self, hosts: list[str]):
+        self.node_list = [NodeInfo(id=f"id-{h}", hostname=h, state="ready", availability="active", role="manager",
+                                   addr="10.0.0.1", labels={"gpu": "gb300"}) for h in hosts]
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.previous: dict[str, dict[str, Any] | None] = {}
+        self.states: dict[str, str | None] = {}
+        self.task_list: dict[str, list[TaskInfo]] = {}
+        self.foreign: list[str] = []
+        self.fail_updates: set[str] = set()
+        self.calls: list[str] = []
+        self.stopped: set[str] = set()  # tasks an update stopped: their engine logged its drain
+        self.started: dict[str, float] = {}  # service -> when its last update began (UNIX time, as Swarm says)
+        self.clock = 1000.0
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self.node_list)
+
+    def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
+        self.calls.append(f"lease {node.hostname}")
+
+    def release_lease(self, node: NodeInfo) -> None:
+        self.calls.append(f"release {node.hostname}")
+
+    def lane_services(self) -> list[ServiceState]:
+        return [s for name in self.specs if (s := self.service(name)) is not None]
+
+    def service_names(self) -> list[str]:
+        return [*self.specs, *self.foreign]
+
+    def service(self, service_id: str) -> ServiceState | None:
+        if service_id not in self.specs:
+            return None
+        return ServiceState(id=service_id, name=service_id, version=1, spec=self.specs[service_id],
+                            previous_spec=self.previous[service_id], update_state=self.states[service_id],
+                            update_started=self.started.get(service_id), update_message="")
+
+    def create_service(self, spec: dict[str, Any], environ: Any) -> str:
+        name = spec["Name"]
+        self.calls.append(f"create {name}")
+        self.specs[name], self.previous[name], self.states[name] = copy.deepcopy(spec), None, None
+        self.task_list[name] = [self._task(name)]
+        return str(name)
+
+    def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
+        name = current.name
+        self.calls.append(f"update {name}")
+        self.started[name] = time.time()
+        self._stop_task(name)
+        if name in self.fail_updates:
+            self.states[name] = "rollback_completed"
+            self.task_list[name].append(self._task(name, state="failed", desired="shutdown", error="unhealthy"))
+        else:
+            self.previous[name], self.specs[name], self.states[name] = self.specs[name], copy.deepcopy(spec), \
+                "completed"
+        self.task_list[name].append(self._task(name))
+
+    def rollback_service(self, current: ServiceState) -> None:
+        name = current.name
+        self.calls.append(f"rollback {name}")
+        self.started[name] = time.time()
+        self._stop_task(name)
+        self.specs[name], self.previous[name] = self.previous[name] or self.specs[name], self.specs[name]
+        self.states[name] = "rollback_completed"
+        self.task_list[name].append(self._task(name))
+
+    def remove_service(self, service_id: str) -> None:
+        self.calls.append(f"remove {service_id}")
+        self.specs.pop(service_id, None)
+
+    def tasks(self, service_id: str) -> list[TaskInfo]:
+        return list(self.task_list.get(service_id, []))
+
+    def service_logs(self, service_id: str, *, since: float) -> str:
+        return ""
+
+    def task_logs(self, task_id: str) -> str:
+        return DRAINED if task_id in self.stopped else ""
+
+    def lane_of(self, name: str) -> str:
+        return str(self.specs[name]["Labels"]["io.lanectl.lane"])
+
+    def _task(self, name: str, *, state: str = "running", desired: str = "running", error: str = "") -> TaskInfo:
+        self.clock += 1
+        return TaskInfo(id=f"{name}-{self.clock:.0f}", node_id="n", state=state, desired_state=desired, message="",
+                        error=error, exit_code=None, created=f"{self.clock:09.0f}")
+
+    def _stop_task(self, name: str) -> None:
+        self.stopped |= {t.id for t in self.task_list[name] if t.state == "running"}
+        self.task_list[name] = [
+            TaskInfo(id=t.id, node_id=t.node_id, state="shutdown", desired_state="shutdown", message="", error="",
+                     exit_code=0, created=t.created) if t.state == "running" else t for t in self.task_list[name]]
+
+
+class Reporter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def step(self, text: str, *, ok: bool = True) -> None:
+        self.lines.append(text)
+
+    def gate(self, progress: Any) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
+
+
+@pytest.fixture
+def catalog(project, write_recipe):
+    write_recipe(RECIPE)
+    return load_catalog(Project.locate())
+
+
+def snapshot_of(swarm: FakeSwarm, journal: Journal | None = None) -> FleetSnapshot:
+    services = tuple(swarm.lane_services())
+    return FleetSnapshot(nodes=tuple(swarm.nodes()), services=services,
+                         tasks={s.id: tuple(swarm.tasks(s.id)) for s in services},
+                         service_names=tuple(swarm.service_names()), pushed=PUSHED, secret_digests=SECRETS,
+                         unfinished=journal.unfinished_intent() if journal else None)
+
+
+def passing_gate(failing: set[tuple[str, str]] = frozenset()):  # type: ignore[assignment]
+    def gate(swarm, lane, node, service_id, reporter) -> GateResult:
+        passed = (lane.name, node.hostname) not in failing
+        return GateResult(passed, None if passed else "generation", "" if passed else "no tokens", 0.0, (), ())
+    return gate
+
+
+def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=None) -> FleetRollout:
+    return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ or {},  # type: ignore[arg-type]
+                        gate=gate or passing_gate(), in_flight=lambda lane, node, service: 2, poll_seconds=0)
+
+
+def up(catalog, swarm: FakeSwarm, journal: Journal, lane: str, **kw):
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane(lane), canary="s2")
+    return plan, rollout(catalog, swarm, journal, **kw).run(plan, why=f"up {lane} --fleet",
+                                                          unfinished=journal.unfinished_intent())
+
+
+def journaled_steps(journal: Journal, switch: str | None = None) -> list[str]:
+    return [r["step"] for r in journal.read().records if r["kind"] == "step" and switch in (None, r["switch"])]
+
+
+def switches(journal: Journal) -> list[dict]:
+    return [r for r in journal.read().records if r["kind"] in ("intent", "outcome")]
+
+
+@pytest.fixture
+def swarm() -> FakeSwarm:
+    return FakeSwarm(["s1", "s2"])
+
+
+@pytest.fixture
+def journal(tmp_path) -> Journal:
+    return Journal(tmp_path / "fleet-journal.jsonl")
+
+
+def test_the_dry_run_lists_the_step_keys_the_rollout_then_journals(catalog, swarm, journal):
+    plan, outcome = up(catalog, swarm, journal, "f1")
+    assert outcome.result == "ok", outcome.message
+    assert plan.keys == [
+        "service-create:fleet-t-primary-s2", "service-create:fleet-t-rtx-s2", "node-gate:fleet-t-primary-s2",
+        "service-create:fleet-t-primary-s1", "service-create:fleet-t-rtx-s1", "node-gate:fleet-t-primary-s1"]
+    assert journaled_steps(journal) == plan.keys == list(outcome.steps)
+    assert plan_data(plan)["keys"] == plan.keys
+
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "ok"
+    assert [k.split(":")[0] for k in plan.keys] == ["service-update"] * 2 + ["node-gate"] + ["service-update"] * 2 \
+        + ["node-gate"]
+    assert journaled_steps(journal)[6:] == plan.keys
+    assert {swarm.lane_of(n) for n in swarm.specs} == {"f2"}
+    again = plan_fleet_up(catalog, snapshot_of(swarm), catalog.lane("f2"))
+    assert again.kind == "noop" and again.keys == []
+
+
+def test_the_way_back_of_a_dry_run_is_swarms_rollback_node_by_node_last_first(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    plan = plan_fleet_up(catalog, snapshot_of(swarm), catalog.lane("f2"), canary="s2")
+    assert [s.key for p in plan.way_back for s in p.steps] == [
+        "service-rollback:fleet-t-rtx-s1", "service-rollback:fleet-t-primary-s1", "node-gate:fleet-t-primary-s1",
+        "service-rollback:fleet-t-rtx-s2", "service-rollback:fleet-t-primary-s2", "node-gate:fleet-t-primary-s2"]
+    lines = plan_data(plan)["steps"]
+    assert lines[0] == "canary s2:"
+    assert "would update service fleet-t-primary-s2 on s2 to f2 (lane f1 → f2, image " in lines[1]
+    assert lines[-1].startswith("on Ctrl-C or SIGTERM: stop after the step in progress")
+
+
+@pytest.mark.parametrize("change, drift", [
+    ("        args: [/model, --port, \"8001\"]", "env +C"),
+    ("      - {container: 8000, host: 18000}", "ports [18000->8000/tcp] → [18002->8000/tcp]"),
+    ("    stop_timeout_seconds: 120", "stop_timeout_seconds 120 → 90"),
+    ("    shm_size: 2g", "volumes [] → [/srv/models:/models:ro]"),
+    ("secret", "secret_env HF_TOKEN (value)"),
+])
+def test_a_container_only_change_reaches_every_nodes_service_and_names_the_field(
+        catalog, swarm, journal, write_recipe, change, drift):
+    up(catalog, swarm, journal, "f1")
+    if change == "secret":
+        SECRETS["HF_TOKEN"] = "d2"
+        changed = catalog
+    else:
+        replacement = {"        args: [/model, --port, \"8001\"]": "        args: [/model, --port, \"8001\"]\n"
+                                                              "        env: {C: \"2\"}",
+                       "      - {container: 8000, host: 18000}": "      - {container: 8000, host: 18002}",
+                       "    stop_timeout_seconds: 120": "    stop_timeout_seconds: 90",
+                       "    shm_size: 2g": "    shm_size: 2g\n    volumes: [{source: /srv/models, target: /models, "
+                                         "read_only: true}]"}[change]
+        assert change in RECIPE
+        write_recipe(RECIPE.replace(change, replacement))
+        changed = load_catalog(Project.locate())
+    try:
+        plan = plan_fleet_up(changed, snapshot_of(swarm), changed.lane("f1"))
+        updates = [s for s in plan.steps if s.action == "service-update"]
+        assert {s.node for s in updates} == {"s1", "s2"}, "every node"
+        assert any(drift in s.why for s in updates), [s.why for s in updates]
+        assert {s.node for s in updates if drift in s.why} == {"s1", "s2"}
+        outcome = rollout(changed, swarm, journal).run(plan, why="up")
+        assert outcome.result == "ok"
+        assert plan_fleet_up(changed, snapshot_of(swarm), changed.lane("f1")).kind == "noop"
+    finally:
+        SECRETS["HF_TOKEN"] = "d1"
+
+
+def test_a_fleet_update_reports_each_nodes_drain_from_the_stopped_tasks_engine_log(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert set(outcome.drains) == {"s1", "s2"}
+    assert all("2" in text and "drained" in text for text in outcome.drains.values()), outcome.drains
+    step = next(r for r in journal.read().records if r.get("step") == "service-update:fleet-t-primary-s2"
+                and r["switch"] == switches(journal)[-1]["switch"])
+    assert (step["in_flight"], step["cut"]) == (2, 0)
+
+
+def test_a_failure_on_the_second_node_puts_the_canary_back_too(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    plan, outcome = up(catalog, swarm, journal, "f2", gate=passing_gate({("f2", "s1")}))
+    assert outcome.result == "rolled-back", outcome.message
+    assert [(n.node, n.result) for n in outcome.nodes] == [("s2", "rolled-back"), ("s1", "rolled-back")]
+    assert {swarm.lane_of(n) for n in swarm.specs} == {"f1"}
+    assert outcome.diagnostics["check"] == "generation"
+
+
+def test_swarms_own_rollback_is_not_asked_for_twice(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    swarm.fail_updates.add("fleet-t-primary-s2")
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "rolled-back"
+    assert outcome.nodes[0].result == "rolled-back-by-swarm" and outcome.nodes[1].result == "not-reached"
+    assert "rollback fleet-t-primary-s2" not in swarm.calls
+    assert not [c for c in swarm.calls if c.endswith("-s1") and not c.startswith(("lease", "release"))][4:]
+
+
+def test_an_interrupt_after_any_step_stops_there_says_what_serves_and_a_second_up_continues(
+        catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    keys = plan_fleet_up(catalog, snapshot_of(swarm), catalog.lane("f2"), canary="s2").keys
+    for count in range(1, len(keys) + 1):
+        each = FakeSwarm(["s1", "s2"])
+        log = Journal(journal.path.with_name(f"j{count}.jsonl"))
+        up(catalog, each, log, "f1")
+        plan, outcome = up(catalog, each, log, "f2", environ={SIGNAL_AFTER_STEP_ENV: f"{count}:INT"})
+        if count == len(keys):
+            assert outcome.result == "ok", "the last step done is the rollout done"
+            continue
+        assert outcome.result == "interrupted" and outcome.exit_code == 128 + signal.SIGINT
+        assert list(outcome.steps) == keys[:count], "stops after the step in progress"
+        assert "s2: " in outcome.message and "s1: " in outcome.message
+        assert "`lanectl up f2 --fleet`" in outcome.message and "`lanectl rollback --fleet`" in outcome.message
+        assert log.unfinished_intent() is not None, "the record stays unfinished for the next command"
+
+        plan, again = up(catalog, each, log, "f2")
+        assert again.result == "ok", again.message
+        assert set(plan.keys).isdisjoint(k for k in keys[:count] if not k.startswith("node-gate")
+                                         and keys.index(k) < count), "what was done is not redone"
+        assert {each.lane_of(n) for n in each.specs} == {"f2"}
+        outcomes = [r["result"] for r in switches(log) if r["kind"] == "outcome"]
+        assert outcomes[-2:] == ["continued", "ok"]
+
+
+def test_rollback_after_an_interrupted_up_takes_back_exactly_the_nodes_it_moved(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    up(catalog, swarm, journal, "f2")
+    up(catalog, swarm, journal, "f1")  # s1 and s2 completed f2 -> f1: previous f2 on both
+    plan, outcome = up(catalog, swarm, journal, "f2", environ={SIGNAL_AFTER_STEP_ENV: "3:INT"})
+    assert outcome.result == "interrupted"
+    assert swarm.lane_of("fleet-t-primary-s2") == "f2" and swarm.lane_of("fleet-t-primary-s1") == "f1"
+    back = plan_fleet_rollback(catalog, snapshot_of(swarm, journal), None)
+    assert [s.node for s in back.steps] == ["s2"] * 3 and back.lane == "f1"
+    result = rollout(catalog, swarm, journal).run(back, why="rollback --fleet", unfinished=journal.unfinished_intent())
+    assert result.result == "ok"
+    assert {swarm.lane_of(n) for n in swarm.specs} == {"f1"}
+    assert journal.unfinished_intent() is None
+
+
+def test_a_lane_looking_service_lanectl_did_not_create_is_named_and_refused(catalog, swarm, journal):
+    swarm.foreign.append("fleet-t-primary-s1")
+    with pytest.raises(OperationFailed, match="fleet-t-primary-s1 look like fleet-t's but lanectl did not create"):
+        plan_fleet_up(catalog, snapshot_of(swarm), catalog.lane("f1"))
+    assert swarm.calls == []
+
+
+def test_what_swarm_cannot_carry_is_said_not_dropped(catalog, write_recipe):
+    write_recipe(RECIPE.replace("{container: 8000, host: 18000}",
+                                "{container: 8000, host: 18000, host_ip: 127.0.0.1}"))
+    changed = load_catalog(Project.locate())
+    plan = plan_fleet_up(changed, snapshot_of(FakeSwarm(["s1"])), changed.lane("f1"))
+    assert "note: primary: host_ip 127.0.0.1 is not carried: a host-mode port binds on every address of the node; " \
+           "Swarm has no host IP for it" in plan_data(plan)["steps"]
+    assert plan_fleet_up(catalog, snapshot_of(FakeSwarm(["s1"])), catalog.lane("f1")).notes == ()
