@@ -18,6 +18,7 @@ import pytest
 from lanectl.health.engine_exit import EXIT_UNASKED
 from tests.lane_fixtures import LOCAL_LANE, LaneProject, free_port, make_fleet_project, remove_everything
 from tests.registry_server import start_tls_registry
+from tests.streams import Streams
 from tests.swarm_cluster import TwoNodeSwarm, two_node_swarm  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.docker
@@ -80,8 +81,9 @@ def service_of(project: LaneProject, role: str, node: str) -> dict:
     return found[0].attrs
 
 
-def up(project: LaneProject, state: Path, lane: str, *args: str):
-    return project.cli("up", lane, "--fleet", "--no-gpu", "--json", *args, state=state, timeout=400)
+def up(project: LaneProject, state: Path, lane: str, *args: str, extra_env: dict[str, str] | None = None):
+    return project.cli("up", lane, "--fleet", "--no-gpu", "--json", *args, state=state, timeout=400,
+                       extra_env=extra_env)
 
 
 def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
@@ -92,12 +94,28 @@ def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
     assert refused.returncode == 2 and "placed on Swarm" in refused.stderr and "--fleet" in refused.stderr
 
 
+def dry_run_keys(project: LaneProject, state: Path, lane: str, *args: str) -> list[str]:
+    result = project.cli("up", lane, "--fleet", "--no-gpu", "--dry-run", "--json", *args, state=state)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return list(json.loads(result.stdout)["data"]["keys"])
+
+
+def journaled(project: LaneProject, state: Path) -> list[dict]:
+    history = project.cli("history", "--fleet", "-n", "500", "--json", state=state, check=True)
+    return list(json.loads(history.stdout)["data"]["records"])
+
+
 def test_up_on_both_nodes_canary_first(fleet):
     project, cluster, state, references = fleet
+    planned = dry_run_keys(project, state, "demo-h1", "--canary", cluster.worker_hostname)
     result = up(project, state, "demo-h1", "--canary", cluster.worker_hostname)
     assert result.returncode == 0, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
     assert outcome["result"] == "ok"
+    assert outcome["steps"] == planned, "the dry run lists the steps the rollout runs"
+    switch = [r for r in journaled(project, state) if r["kind"] == "intent"][-1]["switch"]
+    assert [r["step"] for r in journaled(project, state) if r.get("switch") == switch and r["kind"] == "step"] == \
+        planned, "and the journal keeps them under the same keys"
     assert [n["node"] for n in outcome["nodes"]] == [cluster.worker_hostname, cluster.manager_hostname]
     assert served_model(cluster.worker_addr, project) == "demo-model"
     assert served_model(cluster.manager_addr, project) == "demo-model"
@@ -148,6 +166,84 @@ def test_a_lane_never_pushed_is_refused_before_any_change_with_the_command_that_
     assert dry.returncode == 1 and "has not been pushed" in dry.stderr
 
 
+DEMO_H1 = "  demo-h1:\n    description: The control lane (mirrors h1-REF).\n"
+
+
+def change_demo_h1(project: LaneProject, overlay: str) -> None:
+    """Container-only changes: a volume on the primary, the companion's env and stop timeout (its args, not the
+    image, carry its --shutdown-timeout), so the pushed build stays the lane's build."""
+    path = project.root / "recipes" / "lanes.yaml"
+    text = path.read_text()
+    start = text.index(DEMO_H1) + len(DEMO_H1)
+    end = text.index("\n  demo-h2:\n")
+    path.write_text(text[:start] + overlay + text[end + 1:])
+
+
+def drift_by_service(data: dict) -> dict[tuple[str, str], list[str]]:
+    return {(n["hostname"], lane["role"]): lane["drift"] for n in data["nodes"] for lane in n["lanes"]}
+
+
+def rtx_port(project: LaneProject) -> int:
+    recipe = (project.root / "recipes" / "lanes.yaml").read_text()
+    return int(recipe.split("host: ", 2)[2].split(",", 1)[0])
+
+
+def test_a_container_only_change_shows_as_drift_reaches_every_node_and_an_interrupt_is_continued(fleet):
+    project, cluster, state, references = fleet
+    change_demo_h1(project, "    engine:\n      volumes: [{source: /tmp, target: /fleet-probe, read_only: true}]\n"
+                            "    companions:\n      rtx:\n        engine:\n          env: {FLEET_DRIFT: \"1\"}\n"
+                            "          stop_timeout_seconds: 40\n")
+    code, data = fleet_status(project, state)
+    drift = drift_by_service(data)
+    for node in (cluster.worker_hostname, cluster.manager_hostname):
+        assert drift[(node, "primary")] == ["volumes [] → [/tmp:/fleet-probe:ro]"], drift
+        assert "env +FLEET_DRIFT" in drift[(node, "rtx")] and "stop_timeout_seconds 18 → 40" in drift[(node, "rtx")]
+
+    planned = dry_run_keys(project, state, "demo-h1", "--canary", cluster.worker_hostname)
+    interrupted = up(project, state, "demo-h1", "--canary", cluster.worker_hostname,
+                     extra_env={"LANECTL_TEST_SIGNAL_AFTER_STEP": "1:INT"})
+    assert interrupted.returncode == 130, interrupted.stderr + interrupted.stdout
+    outcome = json.loads(interrupted.stdout)["data"]
+    assert outcome["result"] == "interrupted" and outcome["steps"] == planned[:1]
+    assert f"{cluster.worker_hostname}: mid-switch" in outcome["message"]
+    assert f"{cluster.manager_hostname}: demo-h1 (not reached)" in outcome["message"]
+    assert "`lanectl up demo-h1 --fleet`" in outcome["message"] and "`lanectl rollback --fleet`" in outcome["message"]
+    assert served_model(cluster.worker_addr, project) == "demo-model", "the canary's updated primary serves"
+    assert served_model(cluster.manager_addr, project) == "demo-model"
+
+    rest = dry_run_keys(project, state, "demo-h1", "--canary", cluster.worker_hostname)
+    assert rest == planned[1:], "the continuation is what the interrupted run had left"
+    result = up(project, state, "demo-h1", "--canary", cluster.worker_hostname)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert json.loads(result.stdout)["data"]["steps"] == rest
+    outcomes = [r["result"] for r in journaled(project, state) if r["kind"] == "outcome"]
+    assert outcomes[-2:] == ["continued", "ok"]
+    for node in (cluster.worker_hostname, cluster.manager_hostname):
+        container = service_of(project, "primary", node)["Spec"]["TaskTemplate"]["ContainerSpec"]
+        assert {"Type": "bind", "Source": "/tmp", "Target": "/fleet-probe", "ReadOnly": True} in container["Mounts"]
+        rtx = service_of(project, "rtx", node)["Spec"]["TaskTemplate"]["ContainerSpec"]
+        assert "FLEET_DRIFT=1" in rtx["Env"] and rtx["StopGracePeriod"] == 40 * 10**9
+        assert rtx["Args"][-2:] == ["--shutdown-timeout", "25"], "rendered as on the box"
+    code, data = fleet_status(project, state)
+    assert code == 0 and set(map(tuple, drift_by_service(data).values())) == {()}, data
+
+
+def test_no_stream_in_flight_is_cut_by_a_fleet_update_whose_drain_fits_the_stop_timeout(fleet):
+    project, cluster, state, references = fleet
+    change_demo_h1(project, "    engine:\n      volumes: [{source: /tmp, target: /fleet-probe, read_only: true}]\n"
+                            "    companions:\n      rtx:\n        engine:\n          env: {FLEET_DRIFT: \"2\"}\n"
+                            "          stop_timeout_seconds: 40\n")
+    # 10 s of tokens against the canary's companion, whose engine drains 25 s of its 40 s stop grace period.
+    streams = Streams(f"http://{cluster.worker_addr}:{rtx_port(project)}", "demo-model-rtx", max_tokens=1000).start()
+    streams.running()
+    result = up(project, state, "demo-h1", "--canary", cluster.worker_hostname)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
+    assert all(s.tokens == 1000 and s.done for s in streams.streams)
+    drains = json.loads(result.stdout)["data"]["drains"]
+    assert drains[cluster.worker_hostname].startswith("rtx: 8 request(s) in flight, all finished"), drains
+
+
 def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
     project, cluster, state, references = fleet
     before = service_of(project, "primary", cluster.manager_hostname)["ID"]
@@ -177,6 +273,24 @@ def test_rollback_fleet_is_swarms_rollback_node_by_node_and_does_not_flip_back(f
     # Swarm's PreviousSpec is now demo-h2: a second rollback would flip forward again, so lanectl refuses.
     again = project.cli("rollback", "--fleet", state=state)
     assert again.returncode == 2 and "nothing to roll back" in again.stderr
+
+
+def test_a_service_named_like_a_lanes_that_lanectl_did_not_create_is_named_and_refused(fleet):
+    project, cluster, state, references = fleet
+    client = docker.from_env()
+    name = f"{project.recipe_id}-primary-elsewhere"
+    foreign = client.services.create(references["demo-h1"], name=name,
+                                     mode=docker.types.ServiceMode("replicated", replicas=0))
+    try:
+        before = service_of(project, "primary", cluster.manager_hostname)
+        refused = up(project, state, "demo-h2")
+        assert refused.returncode == 1 and name in refused.stderr and "did not create" in refused.stderr
+        after = service_of(project, "primary", cluster.manager_hostname)
+        assert after["Version"] == before["Version"], "nothing changed"
+        kept = client.services.get(foreign.id).attrs
+        assert kept["Version"] == foreign.attrs["Version"], "and the foreign one is untouched"
+    finally:
+        foreign.remove()
 
 
 def test_swarm_rolls_back_a_lane_that_fails_its_health_check_and_the_rollout_stops(fleet):

@@ -196,6 +196,9 @@ def fleet_status(result: Result) -> list[Line]:
             failed = f"  failed tasks: {lane['failed_tasks']}" if lane["failed_tasks"] else ""
             lines.append(line(f"    {lane['lane']:<20} {lane['role']:<8} task {lane['task']:<9}{health}{update}",
                               *problem, failed))
+            if lane.get("drift"):
+                lines.append(line(("      differs from the recipe: ", "yellow"), ", ".join(lane["drift"]),
+                                  f" (`lanectl up {lane['lane']} --fleet` updates it)"))
         if not node["lanes"]:
             lines.append(line("    no lanectl lanes"))
     lines += [line(("problem:", "red"), " ", problem, err=True) for problem in result.data["problems"]]

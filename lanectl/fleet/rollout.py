@@ -16,6 +16,7 @@ Each node is leased (a node label) while it changes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -39,9 +40,16 @@ from lanectl.fleet.rollout_plan import FLEET_ROLLBACK, FLEET_UP, not_pushed
 from lanectl.health.drain import DrainReport, drain_report
 from lanectl.health.engine_http import engine_url
 from lanectl.health.engine_log import log_lines
-from lanectl.health.gate import PROBE_ACCESS_LINE, ContainerStatus, GateResult, HealthGate, MonotonicClock
+from lanectl.health.gate import (
+    PROBE_ACCESS_LINE,
+    CompanionGate,
+    ContainerStatus,
+    GateResult,
+    HealthGate,
+    MonotonicClock,
+)
 from lanectl.image.render import plan_image
-from lanectl.lanes.execute import Reporter, step_seams
+from lanectl.lanes.execute import Reporter, StepSeams
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
 from lanectl.lanes.plan import Phase, Plan, Step
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -132,13 +140,31 @@ def node_base_url(lane: Lane, node: NodeInfo) -> str:
 
 
 def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str, reporter: Reporter) -> GateResult:
-    """The local `up` gate, against the node's published port and the log of the service's current task."""
+    """The box's gate on the node: the primary's checks against its published port and the log of the service's
+    current task, then each companion's (the lane serves only once its companions answer), as `LaneEngines.gate`
+    runs them on the box."""
     from lanectl.health.probe import EndpointProbe
 
-    endpoints = EndpointProbe(node_base_url(lane, node), lane.spec.health)
-    gate = HealthGate(lane.spec.health, endpoints, SwarmLogSource(swarm, service_id),
-                      SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate)
-    return gate.wait()
+    health = lane.spec.health
+    primary = HealthGate(health, EndpointProbe(node_base_url(lane, node), health), SwarmLogSource(swarm, service_id),
+                         SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate).wait()
+    if not primary.passed:
+        return primary
+    ready = []
+    for role in lane.roles[1:]:
+        engine = lane.spec.companions[role].engine
+        companion = swarm.service(service_name(lane, role, node.hostname))
+        if not engine.ports or companion is None:
+            ready.append(GateResult(True, None, f"{role}: not checked (it publishes no port)", 0.0, (), ()))
+            continue
+        url = engine_url(node.addr, engine.ports[0].published)
+        result = CompanionGate(role, health, EndpointProbe(url, health), SwarmLogSource(swarm, companion.id),
+                               SwarmTaskWatch(swarm, companion.id), MonotonicClock(),
+                               health.startup_budget_minutes * 60 - primary.seconds, reporter.gate).wait()
+        if not result.passed:
+            return result
+        ready.append(result)
+    return dataclasses.replace(primary, companions=tuple(c.detail for c in ready))
 
 
 NodeGate = Callable[[SwarmEngine, Lane, NodeInfo, str, Reporter], GateResult]
@@ -146,10 +172,15 @@ InFlight = Callable[[Lane, NodeInfo, ServiceState], "int | None"]
 
 
 def in_flight_on_node(lane: Lane, node: NodeInfo, service: ServiceState) -> int | None:
-    """Requests the node's engine runs or has waiting before its stop (vLLM's /metrics), as on the box."""
+    """Requests the role's engine on the node runs or has waiting before its stop (vLLM's /metrics), as on the
+    box; None when it publishes no port or does not say."""
     from lanectl.lanes.standby import METRICS_TIMEOUT_SECONDS, SleepEndpoints
 
-    return SleepEndpoints(node_base_url(lane, node), METRICS_TIMEOUT_SECONDS).in_flight()
+    engine = lane.spec.engine if service.role == ROLE_PRIMARY else lane.spec.companions[service.role].engine
+    if not engine.ports:
+        return None
+    url = engine_url(node.addr, engine.ports[0].published)
+    return SleepEndpoints(url, METRICS_TIMEOUT_SECONDS).in_flight()
 
 
 def pushed_image(pushes: PushStore, lane: Lane) -> str:
@@ -172,6 +203,7 @@ class _Run:
     done: list[str] = field(default_factory=list)
     changed: dict[str, list[str]] = field(default_factory=dict)  # node -> services this run created or updated
     by_swarm: set[str] = field(default_factory=set)  # services whose update Swarm rolled back itself
+    created: set[str] = field(default_factory=set)  # services this run created (their way back removes them)
     marks: dict[str, float] = field(default_factory=dict)  # service -> when this run's update of it began
     drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
     results: dict[str, NodeOutcome] = field(default_factory=dict)
@@ -191,8 +223,7 @@ class FleetRollout:
         self.in_flight = in_flight
         self.poll_seconds = poll_seconds
         self.holder = f"{current_user_at_host()} pid {os.getpid()}"
-        self._seams = step_seams(self.environ)
-        self._steps_done = 0
+        self._seams = StepSeams(self.environ)
 
     def run(self, plan: Plan, *, why: str, unfinished: Mapping[str, Any] | None = None) -> FleetOutcome:
         """Run `plan`. An unfinished switch in the record is continued by this one: its intent is closed with
@@ -279,6 +310,7 @@ class FleetRollout:
             assert step.service is not None, "a plan's service step carries its spec"
             service_id = self.swarm.create_service(step.service, self.environ)
             run.changed.setdefault(node.hostname, []).append(step.container)
+            run.created.add(step.container)
             problem = self._wait_created(lane, service_id, step.key)
             if problem is not None:
                 raise StepFailed(problem, check="swarm")
@@ -302,7 +334,7 @@ class FleetRollout:
             raise StepFailed(f"service {step.container} is gone since the plan was made; run the command again",
                              check="swarm")
         old = current_task(self.swarm.tasks(current.id))
-        before = self.in_flight(lane, node, current) if step.role == ROLE_PRIMARY else None
+        before = self.in_flight(self.catalog.lanes.get(current.lane, lane), node, current)
         mark = time.time()
         self.swarm.update_service(current, step.service, self.environ)
         run.changed.setdefault(node.hostname, []).append(step.container)
@@ -355,9 +387,7 @@ class FleetRollout:
         finally:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
-        self._steps_done += 1
-        for signum in self._seams.get(self._steps_done, ()):
-            os.kill(os.getpid(), signum)
+        self._seams.step_done()
 
     # -- endings -----------------------------------------------------------------------------------------
 
@@ -412,9 +442,8 @@ class FleetRollout:
         detail = "; ".join(notes) or "nothing had changed"
         if failed:
             return NodeOutcome(node.hostname, "failed", f"{detail}; {failed}".lstrip("; "))
-        by_swarm = all(name in run.by_swarm for name in changed if not name.endswith("-created"))
-        return NodeOutcome(node.hostname, "rolled-back-by-swarm" if by_swarm and run.by_swarm else "rolled-back",
-                           detail)
+        by_swarm = bool(run.by_swarm & set(changed)) and all(n in run.by_swarm or n in run.created for n in changed)
+        return NodeOutcome(node.hostname, "rolled-back-by-swarm" if by_swarm else "rolled-back", detail)
 
     def _interrupted(self, run: _Run) -> FleetOutcome:
         """Stopped between two steps: what serves where, and the way back; the switch stays unfinished in the

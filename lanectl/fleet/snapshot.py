@@ -21,7 +21,9 @@ def take_fleet_snapshot(swarm: SwarmEngine, catalog: Catalog, files: StateFiles,
     services = tuple(swarm.lane_services())
     pushes = PushStore(files.root)
     pushed = {}
-    for lane in {*lanes, *(catalog.lanes[s.lane] for s in services if s.lane in catalog.lanes)}:
+    concerned = {lane.name: lane for lane in lanes}
+    concerned.update((s.lane, catalog.lanes[s.lane]) for s in services if s.lane in catalog.lanes)
+    for lane in concerned.values():
         record = pushes.find(plan_image(lane).tag, lane.spec.image.registry)
         if record is not None:
             pushed[lane.name] = record.reference

@@ -122,8 +122,7 @@ class Executor:
         self.gpu_memory = gpu_memory
         self.before_start = before_start
         self.now = now
-        self._seams = step_seams(environ)
-        self._steps_done = 0
+        self._seams = StepSeams(environ)
         self._facts: dict[str, Any] = {}  # what the step that just ran measured, for its journal record
 
     # -- a plan ----------------------------------------------------------------------------------------------
@@ -534,13 +533,23 @@ class Executor:
         finally:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
-        self._steps_done += 1
-        for signum in self._seams.get(self._steps_done, ()):
+        self._seams.step_done()
+
+
+class StepSeams:
+    """The test seams of a plan's executor (box or fleet): after the Nth step, the signals the environment names."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.signals = _seams(environ)
+        self.done = 0
+
+    def step_done(self) -> None:
+        self.done += 1
+        for signum in self.signals.get(self.done, ()):
             os.kill(os.getpid(), signum)
 
 
-def step_seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
-    """The test seams' signals by the count of steps after which each is sent."""
+def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
     seams: dict[int, list[int]] = {}
     crash = environ.get(CRASH_AFTER_STEP_ENV)
     if crash:
