@@ -204,7 +204,6 @@ class _Run:
     changed: dict[str, list[str]] = field(default_factory=dict)  # node -> services this run created or updated
     by_swarm: set[str] = field(default_factory=set)  # services whose update Swarm rolled back itself
     created: set[str] = field(default_factory=set)  # services this run created (their way back removes them)
-    marks: dict[str, float] = field(default_factory=dict)  # service -> when this run's update of it began
     drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
     results: dict[str, NodeOutcome] = field(default_factory=dict)
 
@@ -338,7 +337,6 @@ class FleetRollout:
         mark = time.time()
         self.swarm.update_service(current, step.service, self.environ)
         run.changed.setdefault(node.hostname, []).append(step.container)
-        run.marks[step.container] = mark
         problem = self._wait_update(lane, current.id, mark, step.key, rollback=False)
         drain = self._drain(old, before)
         if drain is not None:
