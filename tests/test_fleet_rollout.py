@@ -14,8 +14,9 @@ from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import OperationFailed
 from lanectl.fleet.rollout import FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
-from lanectl.health.gate import GateResult
+from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
+from lanectl.lanes.interrupt import Interrupt
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.state.journal import Journal
@@ -154,15 +155,17 @@ def snapshot_of(swarm: FakeSwarm, journal: Journal | None = None) -> FleetSnapsh
 
 
 def passing_gate(failing: set[tuple[str, str]] = frozenset()):  # type: ignore[assignment]
-    def gate(swarm, lane, node, service_id, reporter) -> GateResult:
+    def gate(swarm, lane, node, service_id, reporter, interrupted=lambda: None) -> GateResult:
         passed = (lane.name, node.hostname) not in failing
         return GateResult(passed, None if passed else "generation", "" if passed else "no tokens", 0.0, (), ())
     return gate
 
 
-def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=None) -> FleetRollout:
+def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=None,
+            interrupt: Interrupt | None = None) -> FleetRollout:
     return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ or {},  # type: ignore[arg-type]
-                        gate=gate or passing_gate(), in_flight=lambda lane, node, service: 2, poll_seconds=0)
+                        gate=gate or passing_gate(), in_flight=lambda lane, node, service: 2, poll_seconds=0,
+                        interrupt=interrupt)
 
 
 def up(catalog, swarm: FakeSwarm, journal: Journal, lane: str, **kw):
@@ -310,6 +313,26 @@ def test_an_interrupt_after_any_step_stops_there_says_what_serves_and_a_second_u
         assert {each.lane_of(n) for n in each.specs} == {"f2"}
         outcomes = [r["result"] for r in switches(log) if r["kind"] == "outcome"]
         assert outcomes[-2:] == ["continued", "ok"]
+
+
+def test_a_signal_during_a_nodes_gate_stops_it_and_the_continuing_rollout_gates_that_node_first(
+        catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    interrupt = Interrupt()
+
+    def gate(swarm, lane, node, service_id, reporter, interrupted=lambda: None) -> GateResult:
+        interrupt.arrived(signal.SIGTERM)  # as the signal handler does, while the gate waits
+        why = interrupted()
+        assert why == "SIGTERM", "the gate is told"
+        return GateResult(False, INTERRUPTED, f"interrupted ({why})", 0.0, (), ())
+
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    outcome = rollout(catalog, swarm, journal, gate=gate, interrupt=interrupt).run(plan, why="up")
+    assert outcome.result == "interrupted" and outcome.exit_code == 128 + signal.SIGTERM
+    assert list(outcome.steps) == plan.keys[:2], "the gate that did not finish is not journaled as done"
+    assert "s2: mid-switch" in outcome.message
+    rest = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    assert rest.keys == ["node-gate:fleet-t-primary-s2", *plan.keys[3:]]
 
 
 def test_rollback_after_an_interrupted_up_takes_back_exactly_the_nodes_it_moved(catalog, swarm, journal):

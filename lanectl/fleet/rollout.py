@@ -22,7 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
@@ -41,6 +41,7 @@ from lanectl.health.drain import DrainReport, drain_report
 from lanectl.health.engine_http import engine_url
 from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import (
+    INTERRUPTED,
     PROBE_ACCESS_LINE,
     CompanionGate,
     ContainerStatus,
@@ -94,6 +95,11 @@ class FleetOutcome:
                 "drains": self.drains}
 
 
+class GateInterrupted(Exception):
+    """A node's gate stopped waiting for a first signal: not a failed step, nor a done one (the rollout that
+    continues the switch gates the node)."""
+
+
 class StepFailed(Exception):
     def __init__(self, message: str, *, check: str, exit_code: int | None = None,
                  log_tail: list[str] | None = None):
@@ -139,7 +145,8 @@ def node_base_url(lane: Lane, node: NodeInfo) -> str:
     return engine_url(node.addr, lane.spec.engine.ports[0].published)
 
 
-def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str, reporter: Reporter) -> GateResult:
+def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str, reporter: Reporter,
+                 interrupted: Callable[[], str | None] = lambda: None) -> GateResult:
     """The box's gate on the node: the primary's checks against its published port and the log of the service's
     current task, then each companion's (the lane serves only once its companions answer), as `LaneEngines.gate`
     runs them on the box."""
@@ -147,7 +154,8 @@ def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str
 
     health = lane.spec.health
     primary = HealthGate(health, EndpointProbe(node_base_url(lane, node), health), SwarmLogSource(swarm, service_id),
-                         SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate).wait()
+                         SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate,
+                         interrupted=interrupted).wait()
     if not primary.passed:
         return primary
     ready = []
@@ -160,14 +168,17 @@ def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str
         url = engine_url(node.addr, engine.ports[0].published)
         result = CompanionGate(role, health, EndpointProbe(url, health), SwarmLogSource(swarm, companion.id),
                                SwarmTaskWatch(swarm, companion.id), MonotonicClock(),
-                               health.startup_budget_minutes * 60 - primary.seconds, reporter.gate).wait()
+                               health.startup_budget_minutes * 60 - primary.seconds, reporter.gate,
+                               interrupted=interrupted).wait()
         if not result.passed:
             return result
         ready.append(result)
     return dataclasses.replace(primary, companions=tuple(c.detail for c in ready))
 
 
-NodeGate = Callable[[SwarmEngine, Lane, NodeInfo, str, Reporter], GateResult]
+class NodeGate(Protocol):
+    def __call__(self, swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str, reporter: Reporter,
+                 interrupted: Callable[[], str | None] = ...) -> GateResult: ...
 InFlight = Callable[[Lane, NodeInfo, ServiceState], "int | None"]
 
 
@@ -285,6 +296,8 @@ class FleetRollout:
                 self._step(run, node, step)
         except StepFailed as failed:
             return failed
+        except GateInterrupted as stopped:
+            self.reporter.note(f"{node.hostname}: gate not finished, {stopped}")
         finally:
             self.swarm.release_lease(node)
         return None
@@ -371,7 +384,9 @@ class FleetRollout:
         service = self.swarm.service(step.container)
         if service is None:
             raise StepFailed(f"service {step.container} is gone", check="swarm")
-        result = self.gate(self.swarm, lane, node, service.id, self.reporter)
+        result = self.gate(self.swarm, lane, node, service.id, self.reporter, self.interrupt.pending)
+        if result.failed_check == INTERRUPTED:
+            raise GateInterrupted(result.detail)
         if not result.passed:
             raise StepFailed(f"failed its health gate ({result.failed_check}): {result.detail}",
                              check=result.failed_check or "gate", exit_code=result.exit_code,
@@ -393,6 +408,7 @@ class FleetRollout:
         """The plan's way back for every node this run changed, the last first; nodes not reached stay as they
         were."""
         plan = run.plan
+        self.interrupt.take()  # the way back runs whole; only a second signal stops it
         host = next(p.steps[0].node for p in plan.phases if p.steps[0].node not in run.results)
         diagnostics = {"failed": str(failure), "check": failure.check, "exit_code": failure.exit_code,
                        "log_tail": failure.log_tail or self._log_tail(plan, host)}
@@ -427,7 +443,7 @@ class FleetRollout:
                 continue
             try:
                 self._step(run, node, step)
-            except StepFailed as exc:
+            except (StepFailed, GateInterrupted) as exc:
                 failed = str(exc)
                 break
             if step.action == "node-gate":
