@@ -1,7 +1,7 @@
 """Figures for a fleet switch on a real two-node Swarm, against Swarm's own update measured in the same run.
 
-  lanectl: `FleetRollout.up(B)` from A on both nodes: lease, update each role's service, wait for
-           UpdateStatus completed, then the full gate (models, startup log, a generated token), node by node
+  lanectl: `up B --fleet` from A on both nodes (snapshot, plan, FleetRollout): lease, update each role's service,
+           wait for UpdateStatus completed, then the full gate (models, startup log, a generated token), node by node
   raw:     the same ServiceSpecs sent node by node with the docker SDK; wait for UpdateStatus completed,
            then for the node's /health to answer 200 (what a hand-written script would do)
 Both poll every 0.5 s. The difference is what lanectl adds on top of Swarm per switch: the lease, the
@@ -29,9 +29,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ
 # As installed (pip compiles the bytecode), not compiling every lanectl module again on every run.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+from lanectl.commands.fleet import plan_and_run  # noqa: E402
 from lanectl.dockerapi.swarm import SwarmEngine  # noqa: E402
 from lanectl.fleet.plan import plan_service  # noqa: E402
-from lanectl.fleet.rollout import FleetRollout, pushed_image  # noqa: E402
+from lanectl.fleet.rollout import FleetOutcome, FleetRollout, pushed_image  # noqa: E402
+from lanectl.fleet.rollout_plan import plan_fleet_up  # noqa: E402
 from lanectl.image.containers import plan_containers  # noqa: E402
 from lanectl.image.render import plan_image  # noqa: E402
 from lanectl.project import Project  # noqa: E402
@@ -102,15 +104,21 @@ def main() -> None:
         catalog = load_catalog(Project.locate(project.root / "recipes"))
         swarm = SwarmEngine()
         pushes = PushStore(state)
-        rollout = FleetRollout(catalog, swarm, Journal(StateFiles(state).fleet_journal), reporter=Quiet(),
-                               pushes=pushes, no_gpu=True, poll_seconds=POLL_SECONDS)
+        files = StateFiles(state)
+        rollout = FleetRollout(catalog, swarm, Journal(files.fleet_journal), reporter=Quiet(),
+                               poll_seconds=POLL_SECONDS)
         h1, h2 = catalog.lane("demo-h1"), catalog.lane("demo-h2")
-        assert rollout.up(h1).result == "ok"
+
+        def up(lane: Lane) -> FleetOutcome:
+            return plan_and_run(rollout, files, lambda snapshot: plan_fleet_up(catalog, snapshot, lane,
+                                                                                with_gpus=False), [lane], why="bench")
+
+        assert up(h1).result == "ok"
         nodes = [(cluster.manager_hostname, cluster.manager_addr), (cluster.worker_hostname, cluster.worker_addr)]
         lanectl_times, raw_times = [], []
         for _ in range(REPEAT):
             started = time.perf_counter()
-            outcome = rollout.up(h2)
+            outcome = up(h2)
             assert outcome.result == "ok", outcome.message
             lanectl_times.append(time.perf_counter() - started)
             # Back to h1 the raw way, ready for the next round.

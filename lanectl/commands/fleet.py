@@ -21,6 +21,7 @@ from lanectl.state.lock import engine_lock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 
 if TYPE_CHECKING:
+    from lanectl.fleet.rollout import FleetOutcome, FleetRollout
     from lanectl.fleet.rollout_plan import FleetSnapshot
     from lanectl.lanes.plan import Plan
 
@@ -69,12 +70,19 @@ def _plan_or_run(catalog: Catalog, planner: Planner, lanes: list[Lane], command:
     # The manager's engine's lock, as a box switch takes it: one mutation at a time there, whatever the state
     # folder; node leases keep two managers from changing one node at once.
     with engine_lock(command).held(lock_wait):
-        snapshot = take_fleet_snapshot(swarm, catalog, files, journal, lanes=lanes, environ=os.environ,
-                                       create_secret_key=True)
-        plan = planner(snapshot)
-        outcome = FleetRollout(catalog, swarm, journal, reporter=reporter).run(
-            plan, why=command.removeprefix("lanectl "), unfinished=snapshot.unfinished)
+        outcome = plan_and_run(FleetRollout(catalog, swarm, journal, reporter=reporter), files, planner, lanes,
+                               why=command.removeprefix("lanectl "))
     return Result("fleet-switch", outcome.as_dict(), exit_code=outcome.exit_code)
+
+
+def plan_and_run(rollout: FleetRollout, files: StateFiles, planner: Planner, lanes: list[Lane], *,
+                 why: str) -> FleetOutcome:
+    """A fresh snapshot, its plan, and that plan run; the caller holds the lock."""
+    from lanectl.fleet.snapshot import take_fleet_snapshot
+
+    snapshot = take_fleet_snapshot(rollout.swarm, rollout.catalog, files, rollout.journal, lanes=lanes,
+                                   environ=os.environ, create_secret_key=True)
+    return rollout.run(planner(snapshot), why=why, unfinished=snapshot.unfinished)
 
 
 def status(recipes: Path | None) -> Result:
