@@ -50,7 +50,7 @@ from lanectl.health.gate import (
     MonotonicClock,
 )
 from lanectl.image.render import plan_image
-from lanectl.lanes.execute import Reporter, StepSeams
+from lanectl.lanes.execute import Reporter, StepSeams, announce_notes
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
 from lanectl.lanes.plan import Phase, Plan, Step
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -251,11 +251,9 @@ class FleetRollout:
         switch = self.journal.record_intent(action=action, from_lane=plan.previous, to_lane=plan.lane, why=why,
                                             steps=plan.keys)["switch"]
         run = _Run(switch, plan)
-        for note in plan.notes:
-            self.reporter.note(note)
-            self.journal.append("note", switch=switch, lane=plan.lane, message=note)
         try:
             with self.interrupt.catching():
+                announce_notes(plan, switch, self.journal, self.reporter)
                 return self._run(run)
         except SwitchAborted as exc:
             return self._aborted(run, exc.signum)

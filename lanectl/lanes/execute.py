@@ -143,9 +143,7 @@ class Executor:
             switch = self.journal.record_intent(action=action, from_lane=from_lane, to_lane=to_lane, why=why,
                                                 steps=plan.keys)["switch"]
         run = _Run(switch, plan)
-        for note in plan.notes:
-            self.reporter.note(note)
-            self.journal.append("note", switch=switch, lane=plan.lane, message=note)
+        announce_notes(plan, switch, self.journal, self.reporter)
         try:
             with self.interrupt.catching():
                 return self._run(run)
@@ -534,6 +532,13 @@ class Executor:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
         self._seams.step_done()
+
+
+def announce_notes(plan: Plan, switch: str, journal: Journal, reporter: Reporter) -> None:
+    """What the planner noticed, shown and journaled before the plan's first step (box or fleet)."""
+    for note in plan.notes:
+        reporter.note(note)
+        journal.append("note", switch=switch, lane=plan.lane, message=note)
 
 
 class StepSeams:
