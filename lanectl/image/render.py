@@ -7,11 +7,13 @@ value can start a new instruction.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import io
 import json
 import os
+import stat
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -367,17 +369,33 @@ def _sh(value: str) -> str:
     return shlex.quote(value)
 
 
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)  # what `Path.is_dir` answers False for
+
+
 def _folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextFile]:
+    # Resolved once, not once per file: every lane of a `status` or `up` plans its image, each file of its
+    # template and kernel folders checked against it.
+    try:
+        inside: Path | None = folder.resolve()
+    except (ValueError, OSError):
+        inside = None  # `leaves` meets the same error and answers that the file leaves
     out = []
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
-        if leaves(path, folder):
+        if leaves(path, folder, resolved_folder=inside):
             # A symlink in the project must not carry a host file into the image.
             raise BadInput(f"{path} leads out of {folder} (a symlink to {path.resolve()}); "
                            "copy the file into the folder instead")
-        if path.is_dir() or rel.as_posix() in skip or "__pycache__" in rel.parts or path.suffix == ".pyc":
+        try:
+            info: os.stat_result | None = path.stat()  # one stat, where `is_dir` and the mode took two
+        except OSError as error:
+            if error.errno not in _NOT_THERE:
+                raise
+            info = None  # not a folder, as `is_dir` answers; the file's own stat below raises as it did
+        if (info is not None and stat.S_ISDIR(info.st_mode)) or rel.as_posix() in skip or "__pycache__" in rel.parts \
+                or path.suffix == ".pyc":
             continue
-        mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+        mode = 0o755 if (info or path.stat()).st_mode & 0o111 else 0o644
         out.append(ContextFile(f"{prefix}/{rel.as_posix()}", path.read_bytes(), mode))
     return out
 
