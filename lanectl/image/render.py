@@ -15,7 +15,7 @@ import json
 import os
 import stat
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,6 +238,24 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
     `fetched` maps git kernels to their fetched trees (lanectl.image.kernel_source); the tag does not
     depend on it, so `render` and `status` need no fetch, and only a build's context needs the trees.
     """
+    return _plan_image(lane, fetched, {})
+
+
+def plan_images(lanes: Iterable[Lane]) -> dict[str, ImagePlan]:
+    """Each lane's plan, as `plan_image` makes it. A folder several of them send (the template they share, a
+    kernel's source) is read once for all: `status` plans every lane of the recipes."""
+    folders: dict[tuple[Path, str, frozenset[str]], list[ContextFile]] = {}
+    return {lane.name: _plan_image(lane, None, folders) for lane in lanes}
+
+
+def _plan_image(lane: Lane, fetched: Mapping[str, Path] | None,
+                folders: dict[tuple[Path, str, frozenset[str]], list[ContextFile]]) -> ImagePlan:
+    def folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextFile]:
+        key = (folder, prefix, frozenset(skip))
+        if key not in folders:
+            folders[key] = _folder_files(folder, prefix, skip=skip)
+        return folders[key]
+
     project_root = lane.recipe.project_root
     images_dir = project_root / "images"
     spec = lane.spec
@@ -246,14 +264,14 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
     template = template_dir(images_dir, spec.image.template)
     if template is None:  # validation refuses it; a file deleted since would reach here
         raise BadInput(f"no image template {spec.image.template!r} in {images_dir} or among lanectl's own")
-    files.extend(_folder_files(template, "image", skip={"Dockerfile.j2", "README.md"}))
+    files.extend(folder_files(template, "image", skip={"Dockerfile.j2", "README.md"}))
 
     kernels = []
     trees = []
     for kernel in lane.kernels:
         context_dir = f"kernels/{kernel.name}"
         if kernel.source.path is not None:
-            files.extend(_folder_files(project_root / kernel.source.path, context_dir, skip=set()))
+            files.extend(folder_files(project_root / kernel.source.path, context_dir, skip=set()))
         else:
             pin = {"git": kernel.source.git, "commit": kernel.source.commit, "submodules": kernel.source.submodules}
             files.append(ContextFile(f"{context_dir}.pin", (json.dumps(pin, sort_keys=True) + "\n").encode()))
