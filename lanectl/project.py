@@ -60,14 +60,15 @@ class Project:
             return str(absolute)
 
 
-def leaves(path: Path, folder: Path) -> bool:
+def leaves(path: Path, folder: Path, *, resolved_folder: Path | None = None) -> bool:
     """Whether `path`, with `..` and every symlink on the way followed, ends up outside `folder`.
 
     Recipes and patches come from checkouts: a `../` or a symlink must not pull a file from
-    elsewhere on the host into an image or a report.
+    elsewhere on the host into an image or a report. `resolved_folder`: `folder.resolve()`, for a caller
+    that checks every file of one folder.
     """
     try:
-        return not path.resolve().is_relative_to(folder.resolve())
+        return not path.resolve().is_relative_to(resolved_folder or folder.resolve())
     except (ValueError, OSError):  # a NUL byte or a link loop: no such place inside the folder
         return True
 

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from lanectl.image.render import env_value, plan_image
+from lanectl.image.render import env_value, plan_image, plan_images
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.recipe.model import merge
@@ -93,6 +93,16 @@ def test_input_hash_changes_with_inputs_and_only_then(project, write_recipe):
     assert changed.input_hash != first.input_hash
     assert re.fullmatch(r"lanectl/t:a-[0-9a-f]{12}", changed.tag)
     assert changed.moving_tag == "lanectl/t:a"
+
+
+def test_planning_lanes_together_plans_each_as_alone(shipped):
+    # They share template and kernel folders, read once for all: each plan must still be its own lane's.
+    lanes = list(shipped.lanes.values())
+    together = plan_images(lanes)
+    assert list(together) == [lane.name for lane in lanes]
+    assert len({plan.input_hash for plan in together.values()}) == len(lanes)
+    for lane in lanes:
+        assert together[lane.name] == plan_image(lane), lane.name
 
 
 def test_labels_carry_provenance(shipped):

@@ -5,7 +5,7 @@ from typing import Protocol
 from lanectl.dockerapi.containers import BuildLog, DockerEngine, PushProgress
 from lanectl.errors import EXIT_FAILED, EXIT_OK, BadInput, OperationFailed
 from lanectl.image.build import BuildOutcome, build_lane
-from lanectl.image.render import plan_image
+from lanectl.image.render import plan_images
 from lanectl.output import Result
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.model import registry_name
@@ -57,7 +57,7 @@ def build_lanes(lanes: list[Lane], *, no_cache: bool, push: bool, registry: str 
     """
     registries = push_registries(lanes, registry) if push else {}
     # A recipe path that leads out of the project is bad input: refused before anything is built or pushed.
-    plans = {lane.name: plan_image(lane) for lane in lanes}
+    plans = plan_images(lanes)
     engine = DockerEngine()
     directory = state_dir()
     pushes, journal = PushStore(directory), Journal(StateFiles(directory).journal)

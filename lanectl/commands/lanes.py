@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from lanectl.errors import OperationFailed
-from lanectl.image.render import plan_image
+from lanectl.image.render import plan_images
 from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog
 
@@ -20,8 +20,10 @@ def list_lanes(catalog: Catalog) -> Result:
     except OperationFailed as exc:
         engine, note = None, f"built? unknown: {exc}"
     rows: list[dict[str, Any]] = []
-    for lane in sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name)):
-        plan = plan_image(lane)
+    lanes = sorted(catalog.lanes.values(), key=lambda lane: (lane.recipe.id, lane.name))
+    plans = plan_images(lanes)
+    for lane in lanes:
+        plan = plans[lane.name]
         rows.append({
             "lane": lane.name,
             "recipe": lane.recipe.id,

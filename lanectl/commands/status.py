@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,7 +78,7 @@ def lane_status(catalog: Catalog) -> Result:
             "lease": None if lease is None else {"until": lease.until, "reason": lease.reason, "by": lease.by,
                                                  "expired": state.lease_expired(now)},
         },
-        "unfinished_switch": _unfinished(journal),
+        "unfinished_switch": _unfinished(snapshot.unfinished),
         "journal_problems": journal.tail(200).problems,
         "lanes": lanes,
         "foreign_containers": [{"name": f.listed.name, "what": f.what, "lanes": list(f.lanes),
@@ -98,8 +99,8 @@ def _pushed(pushes: PushStore, tag: str, registry: str | None) -> dict[str, Any]
             "registry": record.registry, "at": record.at}
 
 
-def _unfinished(journal: Journal) -> dict[str, Any] | None:
-    intent = journal.unfinished_intent()
+def _unfinished(intent: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The snapshot's unfinished intent (the one `switching` is judged by): the journal is read once."""
     if intent is None:
         return None
     return {key: intent.get(key) for key in ("switch", "action", "from", "to", "ts", "who", "steps", "done_steps")}

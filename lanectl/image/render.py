@@ -7,13 +7,15 @@ value can start a new instruction.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import io
 import json
 import os
+import stat
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -236,6 +238,24 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
     `fetched` maps git kernels to their fetched trees (lanectl.image.kernel_source); the tag does not
     depend on it, so `render` and `status` need no fetch, and only a build's context needs the trees.
     """
+    return _plan_image(lane, fetched, {})
+
+
+def plan_images(lanes: Iterable[Lane]) -> dict[str, ImagePlan]:
+    """Each lane's plan, as `plan_image` makes it. A folder several of them send (the template they share, a
+    kernel's source) is read once for all: `status` plans every lane of the recipes."""
+    folders: dict[tuple[Path, str, frozenset[str]], list[ContextFile]] = {}
+    return {lane.name: _plan_image(lane, None, folders) for lane in lanes}
+
+
+def _plan_image(lane: Lane, fetched: Mapping[str, Path] | None,
+                folders: dict[tuple[Path, str, frozenset[str]], list[ContextFile]]) -> ImagePlan:
+    def folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextFile]:
+        key = (folder, prefix, frozenset(skip))
+        if key not in folders:
+            folders[key] = _folder_files(folder, prefix, skip=skip)
+        return folders[key]
+
     project_root = lane.recipe.project_root
     images_dir = project_root / "images"
     spec = lane.spec
@@ -244,14 +264,14 @@ def plan_image(lane: Lane, fetched: Mapping[str, Path] | None = None) -> ImagePl
     template = template_dir(images_dir, spec.image.template)
     if template is None:  # validation refuses it; a file deleted since would reach here
         raise BadInput(f"no image template {spec.image.template!r} in {images_dir} or among lanectl's own")
-    files.extend(_folder_files(template, "image", skip={"Dockerfile.j2", "README.md"}))
+    files.extend(folder_files(template, "image", skip={"Dockerfile.j2", "README.md"}))
 
     kernels = []
     trees = []
     for kernel in lane.kernels:
         context_dir = f"kernels/{kernel.name}"
         if kernel.source.path is not None:
-            files.extend(_folder_files(project_root / kernel.source.path, context_dir, skip=set()))
+            files.extend(folder_files(project_root / kernel.source.path, context_dir, skip=set()))
         else:
             pin = {"git": kernel.source.git, "commit": kernel.source.commit, "submodules": kernel.source.submodules}
             files.append(ContextFile(f"{context_dir}.pin", (json.dumps(pin, sort_keys=True) + "\n").encode()))
@@ -367,17 +387,33 @@ def _sh(value: str) -> str:
     return shlex.quote(value)
 
 
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)  # what `Path.is_dir` answers False for
+
+
 def _folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextFile]:
+    # Resolved once, not once per file: every lane of a `status` or `up` plans its image, each file of its
+    # template and kernel folders checked against it.
+    try:
+        inside: Path | None = folder.resolve()
+    except (ValueError, OSError):
+        inside = None  # `leaves` meets the same error and answers that the file leaves
     out = []
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
-        if leaves(path, folder):
+        if leaves(path, folder, resolved_folder=inside):
             # A symlink in the project must not carry a host file into the image.
             raise BadInput(f"{path} leads out of {folder} (a symlink to {path.resolve()}); "
                            "copy the file into the folder instead")
-        if path.is_dir() or rel.as_posix() in skip or "__pycache__" in rel.parts or path.suffix == ".pyc":
+        try:
+            info: os.stat_result | None = path.stat()  # one stat, where `is_dir` and the mode took two
+        except OSError as error:
+            if error.errno not in _NOT_THERE:
+                raise
+            info = None  # not a folder, as `is_dir` answers; the file's own stat below raises as it did
+        if (info is not None and stat.S_ISDIR(info.st_mode)) or rel.as_posix() in skip or "__pycache__" in rel.parts \
+                or path.suffix == ".pyc":
             continue
-        mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+        mode = 0o755 if (info or path.stat()).st_mode & 0o111 else 0o644
         out.append(ContextFile(f"{prefix}/{rel.as_posix()}", path.read_bytes(), mode))
     return out
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import ListedContainer
-from lanectl.image.render import ImagePlan, plan_image
+from lanectl.image.render import ImagePlan, plan_images
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneState, LaneStateStore
@@ -73,7 +73,7 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
     unfinished = Journal(files.journal).unfinished_intent()
     containers = tuple(engine.list_containers())
     lanes = lanes_in_scope(catalog, state, standby, containers, also=[*also, *_intent_lanes(unfinished)])
-    plans = {lane.name: plan_image(lane) for lane in lanes}
+    plans = plan_images(lanes)
     images = dict(engine.lane_images())
     for lane in lanes:
         for companion in lane.spec.companions.values():

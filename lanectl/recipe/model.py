@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lanectl.dockerapi.sizes import size_in_bytes
-from lanectl.host.xid import DEFAULT_APPLICATION_CODES, DEFAULT_HARDWARE_CODES
 
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
@@ -524,12 +523,26 @@ class RestartPolicy(Strict):
 XidCode = Annotated[int, Field(ge=1, le=999)]
 
 
+# The Xid tables are imported when a recipe is validated, not with the model: a catalog loaded from the cache
+# (`status`) has its lists already.
+def _default_application_codes() -> list[int]:
+    from lanectl.host.xid import DEFAULT_APPLICATION_CODES
+
+    return sorted(DEFAULT_APPLICATION_CODES)
+
+
+def _default_hardware_codes() -> list[int]:
+    from lanectl.host.xid import DEFAULT_HARDWARE_CODES
+
+    return sorted(DEFAULT_HARDWARE_CODES)
+
+
 class XidPolicy(Strict):
     """Which NVIDIA Xid codes restart the lane and which stop it; by default NVIDIA's Xid catalog's immediate actions
     (lanectl/host/xid.py XID_CATALOG). A code in neither list is recorded and counted, never acted on."""
 
-    application_codes: list[XidCode] = Field(default_factory=lambda: sorted(DEFAULT_APPLICATION_CODES))
-    hardware_codes: list[XidCode] = Field(default_factory=lambda: sorted(DEFAULT_HARDWARE_CODES))
+    application_codes: list[XidCode] = Field(default_factory=_default_application_codes)
+    hardware_codes: list[XidCode] = Field(default_factory=_default_hardware_codes)
 
     @model_validator(mode="after")
     def _disjoint(self) -> XidPolicy:
