@@ -17,7 +17,7 @@ from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_rollback, p
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.lanes.switcher import LaneSwitcher
 from lanectl.output import Result
-from lanectl.recipe.catalog import Catalog
+from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.lock import engine_lock
@@ -28,11 +28,9 @@ def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry
        no_rollback: bool = False, no_gpu: bool = False, fleet: bool = False, nodes: Sequence[str] = (),
        canary: str | None = None) -> Result:
     """Switch this box (or with `fleet`, the Swarm nodes) to `lane`, health-gated, or go back."""
-    from lanectl.fleet.rollout import require_placement
-
     target = catalog.lane(lane)
     _require_fleet_for_nodes(nodes, canary, fleet)
-    require_placement(target, fleet)
+    _require_placement(target, fleet)
     if fleet:
         from lanectl.commands import fleet as fleet_commands
 
@@ -56,10 +54,9 @@ def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait:
     _require_fleet_for_nodes(nodes, canary, fleet)
     if fleet:
         from lanectl.commands import fleet as fleet_commands
-        from lanectl.fleet.rollout import require_placement
 
         if target is not None:
-            require_placement(target, fleet=True)
+            _require_placement(target, fleet=True)
         return fleet_commands.rollback(catalog, target, nodes=nodes, canary=canary, no_gpu=no_gpu, dry_run=dry_run,
                                        lock_wait=lock_wait, reporter=reporter)
     if dry_run:
@@ -141,3 +138,13 @@ def run(action: Callable[[LaneSwitcher], SwitchOutcome], catalog: Catalog, comma
                              "steps": list(outcome.steps), "diagnostics": outcome.diagnostics},
                   exit_code=outcome.exit_code)
 
+
+def _require_placement(lane: Lane, fleet: bool) -> None:
+    """A lane runs where its recipe places it; the flag must agree, so nothing lands on the wrong engine."""
+    on_swarm = lane.spec.placement.backend == "swarm"
+    if on_swarm and not fleet:
+        raise BadInput(f"lane {lane.name} is placed on Swarm (placement.backend: swarm); run "
+                       f"`lanectl up {lane.name} --fleet`")
+    if fleet and not on_swarm:
+        raise BadInput(f"lane {lane.name} runs on the local engine (no `placement: {{backend: swarm}}` in its "
+                       f"recipe); run `lanectl up {lane.name}` without --fleet")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine, TaskInfo
-from lanectl.errors import BadInput, OperationFailed
+from lanectl.errors import OperationFailed
 from lanectl.fleet.plan import (
     ROLLED_BACK,
     UPDATE_DONE,
@@ -568,13 +568,3 @@ class FleetRollout:
         lines = log_lines(self.swarm.service_logs(service.id, since=time.time() - 600))
         return [line for line in lines if not PROBE_ACCESS_LINE.search(line)][-30:]
 
-
-def require_placement(lane: Lane, fleet: bool) -> None:
-    """A lane runs where its recipe places it; the flag must agree, so nothing lands on the wrong engine."""
-    on_swarm = lane.spec.placement.backend == "swarm"
-    if on_swarm and not fleet:
-        raise BadInput(f"lane {lane.name} is placed on Swarm (placement.backend: swarm); run "
-                       f"`lanectl up {lane.name} --fleet`")
-    if fleet and not on_swarm:
-        raise BadInput(f"lane {lane.name} runs on the local engine (no `placement: {{backend: swarm}}` in its "
-                       f"recipe); run `lanectl up {lane.name}` without --fleet")
