@@ -422,6 +422,8 @@ def test_a_candidate_its_scoring_failed_on_is_not_promoted_however_fast() -> Non
                       bracket_arm("control-2", 100, True)], 1.025)
     assert unscored.verdict == Verdict.INCONCLUSIVE
     assert (unscored.fidelity["verdict"], unscored.fidelity["unscored"]) == ("inconclusive", 1)
-    assert unscored.reasons == ["fidelity: 1 prompt(s) could not be scored in a candidate arm, so teacher forcing "
-                                "cannot vouch for them (prose#0: scoring request: HTTP 400: prompt_logprobs is not "
-                                "supported)"]
+    fidelity, *rest = unscored.reasons
+    assert fidelity == ("fidelity: 1 prompt(s) could not be scored in a candidate arm, so teacher forcing cannot "
+                        "vouch for them (prose#0: scoring request: HTTP 400: prompt_logprobs is not supported)")
+    # The bracket ran without a calibration of this host: the verdict says so, and says nothing else.
+    assert [reason.split(":")[0] for reason in rest] == ["prior missing"]
