@@ -164,6 +164,15 @@ def test_the_recipe_health_check_waits_out_the_startup_budget(catalog):
     assert "http://127.0.0.1:8001/health" in rtx["Test"][3], "a companion is checked on its own port"
 
 
+def test_swarm_checks_a_sub_second_poll_every_two_seconds_and_watches_the_update_as_long(project, write_recipe):
+    # The gate polls at the recipe's 0.2 s; Docker's check, a process in the task for its whole life, does not.
+    write_recipe(RECIPE.replace("poll_interval_seconds: 5", "poll_interval_seconds: 0.2"))
+    spec = service_specs(load_catalog(Project.locate()), "f1")["primary"]
+    check = spec["TaskTemplate"]["ContainerSpec"]["Healthcheck"]
+    assert check["Interval"] == 2 * 10**9
+    assert spec["UpdateConfig"]["Monitor"] == (3 * 2 + 4) * 10**9
+
+
 def test_gpus_are_generic_resources_and_secrets_travel_by_name_only(catalog):
     spec = service_specs(catalog, "f1")["primary"]
     assert spec["TaskTemplate"]["Resources"]["Reservations"]["GenericResources"] == [

@@ -333,7 +333,8 @@ def test_a_failure_on_a_later_node_rolls_back_the_canary_too(fleet):
     assert result.returncode == 1, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
     assert [(n["node"], n["result"]) for n in outcome["nodes"]] == [
-        (cluster.manager_hostname, "rolled-back"), (cluster.worker_hostname, "rolled-back-by-swarm")]
+        (cluster.manager_hostname, "rolled-back"), (cluster.worker_hostname, "rolled-back-by-swarm")], (
+        outcome["message"], outcome["nodes"], outcome.get("diagnostics"), result.stderr[-3000:])
     assert "node 2/2" in outcome["message"] and "No such image" in outcome["message"]
     manager = service_of(project, "primary", cluster.manager_hostname)
     assert manager["Spec"]["Labels"]["io.lanectl.lane"] == "demo-h1"

@@ -19,7 +19,14 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.lane_fixtures import LaneProject, free_port, make_lane_project, remove_containers, remove_everything
+from tests.lane_fixtures import (
+    LaneProject,
+    free_port,
+    make_lane_project,
+    remove_container,
+    remove_containers,
+    remove_everything,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -41,9 +48,11 @@ def state(lanes: LaneProject, tmp_path: Path):
     yield tmp_path / "state"
     recipe.write_text(original)
     client = docker.from_env()
-    for container in client.containers.list(all=True):
-        if container.name.startswith(lanes.prefix) or container.name.startswith(f"hand-{lanes.prefix}"):
-            container.remove(force=True)
+    # Filtered by the engine, not listed whole: the SDK inspects every container it lists, and another group's
+    # container removed in between fails the listing (404).
+    for prefix in (lanes.prefix, f"hand-{lanes.prefix}"):
+        for container in client.containers.list(all=True, filters={"name": f"^{prefix}"}):
+            remove_container(client, container.id)
     remove_containers(lanes)
 
 
@@ -139,7 +148,8 @@ def test_every_container_field_of_a_changed_recipe_reaches_the_containers_and_st
         assert "first-value" not in json.dumps(after["Config"]["Labels"])
         assert "LT_RTX=1" in inspect(lanes, "demo-h1", "rtx")["Config"]["Env"]
         assert all(c["drift"] == [] for c in row(status(lanes, state), "demo-h1")["containers"])
-        assert not [n for n in docker.from_env().containers.list(all=True) if ".was-" in n.name
+        assert not [n for n in docker.from_env().containers.list(all=True, filters={"name": lanes.prefix})
+                    if ".was-" in n.name
                     and n.name.startswith(lanes.prefix)], "the containers set aside are gone once it passed"
 
         changed = cli(lanes, state, "up", "demo-h1", "--no-gpu", LT_SECRET="second-value")

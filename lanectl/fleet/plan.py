@@ -30,6 +30,11 @@ from lanectl.recipe.catalog import Lane
 
 SECOND_NS = 1_000_000_000
 HEALTH_RETRIES = 3
+# Docker runs a task's health check (a python3 process in the task) for its whole life, not only while a switch
+# waits: at a recipe's sub-second gate poll that is several process starts a second per service, on every node,
+# and on a busy node a check that misses its timeout three times in a row gets a healthy engine killed. lanectl's
+# own gate still polls at the recipe's interval; Swarm's check runs no more often than this.
+SWARM_CHECK_MIN_INTERVAL_SECONDS = 2.0
 SERVICE_NAME_MAX = 63
 
 
@@ -140,7 +145,7 @@ def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: 
     """
     health = lane.spec.health
     placement = lane.spec.placement
-    poll_ns = int(health.poll_interval_seconds * SECOND_NS)
+    poll_ns = swarm_check_interval_ns(lane)
     task: dict[str, Any] = {
         "ContainerSpec": _container_spec(lane, container, node, health_port=_health_port(container)),
         "Placement": {"Constraints": [f"node.hostname=={node}",
@@ -221,10 +226,16 @@ def _healthcheck(lane: Lane, port: int) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}{health.health_path}"
     probe = f"import urllib.request; urllib.request.urlopen({url!r}, timeout={health.request_timeout_seconds})"
     return {"Test": ["CMD", "python3", "-c", probe],
-            "Interval": int(health.poll_interval_seconds * SECOND_NS),
+            "Interval": swarm_check_interval_ns(lane),
             "Timeout": int(health.request_timeout_seconds * SECOND_NS),
             "Retries": HEALTH_RETRIES,
             "StartPeriod": int(health.startup_budget_minutes * 60 * SECOND_NS)}
+
+
+def swarm_check_interval_ns(lane: Lane) -> int:
+    """How often Swarm runs the task's health check: the recipe's poll interval, but never below
+    SWARM_CHECK_MIN_INTERVAL_SECONDS."""
+    return int(max(lane.spec.health.poll_interval_seconds, SWARM_CHECK_MIN_INTERVAL_SECONDS) * SECOND_NS)
 
 
 def _mount(volume: dict[str, Any]) -> dict[str, Any]:
