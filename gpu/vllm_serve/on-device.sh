@@ -40,7 +40,7 @@ case "${1:-}" in
     tools=(--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=hermes)
     # RUN_MODELS="8b tiny" by default; one of them to repeat a run (a call brings back a limited number of files);
     # RUN_MODELS=guard: the exit guard's two cases on the tiny model; aa: the A/A arms (issue 32); drain: SIGTERM and
-    # sleep with requests in flight (issue 31); aa64, ab and ab33: the A/A and A/B sets of issue 42.
+    # sleep with requests in flight (issue 31); aa64, ab, ab33 and ab31: the A/A and A/B sets of issue 42.
     for model in ${RUN_MODELS:-8b tiny}; do
       case $model in
         8b) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape "${tools[@]}" \
@@ -67,13 +67,14 @@ case "${1:-}" in
               --vllm-arg=--gpu-memory-utilization --vllm-arg=0.45 --b-arg=--max-num-seqs --b-arg=30 \
               --out "$OUT/ab-8b" --only startup,ab_arms --aa-arms "${AA_ARMS:-14}" --aa-streams 1,8,32,64 \
               --aa-seconds "${AA_SECONDS:-330}" "$@" 2>&1 | tee "$OUT/ab-8b.log" ;;
-        # Issue 42: an A/B set at a known few percent. B is A with one decoder layer more (33 of 32, through
-        # --hf-overrides on the dummy-weight model): about 3 % more weights read per token, at every concurrency.
-        ab33) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape \
+        # Issue 42: A/B sets at a known few percent. B is A with one decoder layer more (ab33: 33 of 32) or one
+        # less (ab31), through --hf-overrides on the dummy-weight model: about 3 % more or fewer weights read per
+        # token, at every concurrency.
+        ab33|ab31) python3 gpu/vllm_serve/run.py --engine vllm --dummy --model /tmp/models/llama-8b-shape \
                 --vllm-arg=--gpu-memory-utilization --vllm-arg=0.45 \
-                --b-arg=--hf-overrides '--b-arg={"num_hidden_layers": 33}' \
-                --out "$OUT/ab33-8b" --only startup,ab_arms --aa-arms "${AA_ARMS:-30}" --aa-streams 1,8,32 \
-                --aa-seconds "${AA_SECONDS:-270}" "$@" 2>&1 | tee "$OUT/ab33-8b.log" ;;
+                --b-arg=--hf-overrides "--b-arg={\"num_hidden_layers\": ${model#ab}}" \
+                --out "$OUT/$model-8b" --only startup,ab_arms --aa-arms "${AA_ARMS:-30}" --aa-streams 1,8,32 \
+                --aa-seconds "${AA_SECONDS:-270}" "$@" 2>&1 | tee "$OUT/$model-8b.log" ;;
         # Issue 31: SIGTERM with 8 streams in flight, under the exit guard as a lane runs, at --shutdown-timeout
         # 30 (after the sleep modes with streams in flight), 0 (vLLM's default) and 5 (a drain that cannot fit).
         # Three launches make more files than one call brings back: they come back as one archive.
