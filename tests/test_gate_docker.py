@@ -82,7 +82,7 @@ def lanes(tmp_path_factory: pytest.TempPathFactory):
     (workloads / "gate-one.yaml").write_text(one_class.split("  code:\n")[0] + "probes: [quick]\n")
     (workloads / "gate-probes.yaml").write_text(
         one_class.split("  code:\n")[0].replace("name: gate-one", "name: gate-probes") + "probes: [quick, needle-4k]\n")
-    project.cli("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
+    project.invoke("build", *LANES, state=tmp_path_factory.mktemp("build-state"), check=True, timeout=600)
     yield project
     remove_everything(project)
 
@@ -95,15 +95,17 @@ def state(lanes: LaneProject, tmp_path: Path):
 
 def gate(lanes: LaneProject, state: Path, candidate: str, *extra: str, workload: str = "gate-test",
          env: dict[str, str] | None = None) -> tuple[int, dict]:
-    result = lanes.cli("gate", candidate, "--control", "demo-h1", "--workload", workload, "--concurrency", "1",
-                       "--no-gpu", "--json", *extra, state=state, timeout=600,
-                       extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}", **(env or {})})
+    # In this process, but for a run whose PYTHONPATH must hide a package from lanectl's imports.
+    run = lanes.cli if env and "PYTHONPATH" in env else lanes.invoke
+    result = run("gate", candidate, "--control", "demo-h1", "--workload", workload, "--concurrency", "1",
+                 "--no-gpu", "--json", *extra, state=state, timeout=600,
+                 extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}", **(env or {})})
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)["data"]
 
 
 def active(lanes: LaneProject, state: Path) -> str | None:
-    return json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]["active"]
+    return json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]["active"]
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +114,7 @@ def kernel_log(state: Path):
 
 
 def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     # --until-decided: a loaded machine once left even a 2x lane's one control pair undecided in every cell.
     code, report = gate(lanes, state, "t-fast", "--promote", "--until-decided", "2", "--out", str(tmp_path / "results"),
                         workload="gate-pass")
@@ -135,7 +137,7 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     assert report["promoted"] == "t-fast" and active(lanes, state) == "t-fast"
     run_dir = Path(report["run_dir"])
     assert (run_dir / "ratios.png").stat().st_size > 1000
-    again = lanes.cli("report", str(run_dir), state=state, check=True)
+    again = lanes.invoke("report", str(run_dir), state=state, check=True)
     assert "verdict: PASS" in again.stdout
     # The verdict is the evidence's: `report` judges the per-request rates again and finds the record agrees.
     recorded = json.loads((run_dir / "results.json").read_text())
@@ -152,16 +154,16 @@ def test_a_faster_candidate_passes_and_promote_leaves_it_serving(lanes, state, t
     assert ("fidelity (teacher-forced on control-1's outputs, every position): pass: 0 confident flips (bar 0), "
             "weighted divergence 0.000 (bar 0.000) over 128 positions of 4 prompts") in shown
     assert "  code: 0 confident flips (bar 0), weighted 0.000 (bar 0.000)" in shown
-    history = lanes.cli("history", "--json", state=state, check=True)
+    history = lanes.invoke("history", "--json", state=state, check=True)
     gates = [r for r in json.loads(history.stdout)["data"]["records"] if r["kind"] == "gate"]
     assert gates and gates[-1]["verdict"] == "pass" and gates[-1]["promoted"] == "t-fast"
 
 
 def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     # --until-decided: on a loaded machine one control pair may be too far apart to decide even t-fast; the claim
     # here is which candidate may be promoted, so more rounds may decide t-fast (never spent on t-flip, which failed).
-    result = lanes.cli("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
+    result = lanes.invoke("gate", "t-flip", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
                        "--concurrency", "1", "--no-gpu", "--json", "--promote", "--until-decided", "2",
                        "--out", str(tmp_path / "results"), state=state, timeout=600,
                        extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
@@ -179,15 +181,15 @@ def test_two_candidates_share_one_bracket_and_promote_picks_the_one_that_passed(
     assert active(lanes, state) == "t-fast"
     run_dir = Path(report["run_dir"])
     assert run_dir.name.endswith("gate-t-flip+t-fast") and (run_dir / "ratios.png").stat().st_size > 1000
-    shown = lanes.cli("report", str(run_dir), state=state, check=True).stdout.splitlines()
+    shown = lanes.invoke("report", str(run_dir), state=state, check=True).stdout.splitlines()
     assert f"bracket: PASS (order {order}, 2 candidates; best that passed: t-fast); promoted t-fast" in shown, shown
 
 
 def test_a_candidate_that_cannot_come_up_fails_alone_and_the_others_are_still_judged(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     # --until-decided: on a loaded machine one control pair may be too far apart to decide even t-fast; the
     # claim here is who is judged, so more rounds may decide it (and are never spent on the candidate that failed).
-    result = lanes.cli("gate", "t-crash", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
+    result = lanes.invoke("gate", "t-crash", "t-fast", "--control", "demo-h1", "--workload", "gate-one",
                        "--concurrency", "1", "--no-gpu", "--json", "--promote", "--until-decided", "2",
                        state=state, timeout=600, extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     assert result.returncode == 0, result.stderr + result.stdout
@@ -203,18 +205,18 @@ def test_a_candidate_that_cannot_come_up_fails_alone_and_the_others_are_still_ju
 
 
 def test_a_lane_not_built_is_refused_before_the_bracket_switches_anything(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("gate", "t-fast", "t-hang", "--control", "demo-h1", "--workload", "gate-test",
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.invoke("gate", "t-fast", "t-hang", "--control", "demo-h1", "--workload", "gate-test",
                        "--concurrency", "1", "--no-gpu", state=state, timeout=120)
     assert result.returncode == 1
     assert "t-hang: image " in result.stderr and "is not built; run `lanectl build t-hang` first" in result.stderr
     assert active(lanes, state) == "demo-h1"
-    history = json.loads(lanes.cli("history", "--json", state=state, check=True).stdout)["data"]["records"]
+    history = json.loads(lanes.invoke("history", "--json", state=state, check=True).stdout)["data"]["records"]
     assert not [r for r in history if r["kind"] == "intent" and r.get("to") == "t-fast"]
 
 
 def test_a_fatal_engine_line_in_the_candidate_arm_fails_the_gate_whatever_the_speed(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     code, report = gate(lanes, state, "t-fatal", "--promote")  # cells do not matter
     assert code == 1 and report["verdict"] == "fail"
     assert any("fatal engine line" in reason and "illegal memory access" in reason for reason in report["reasons"])
@@ -222,7 +224,7 @@ def test_a_fatal_engine_line_in_the_candidate_arm_fails_the_gate_whatever_the_sp
 
 
 def test_altered_tokens_show_confident_flips_and_fail_fidelity(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     code, report = gate(lanes, state, "t-flip")
     assert report["fidelity"]["confident_flips"] > report["fidelity"]["confident_flips_bar"] == 0
     assert code == 1 and report["verdict"] == "fail"
@@ -236,7 +238,7 @@ def first_divergence_passes(control: dict[str, list[str]], candidate: dict[str, 
 
 
 def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passed_it(lanes, state):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     code, report = gate(lanes, state, "t-late", "--order", "ABBA")
     assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate-1", "candidate-2", "control-2"]
     greedy = {a["arm"]: a["greedy"] for a in report["arms"]}
@@ -253,8 +255,8 @@ def test_a_late_prefill_fault_fails_teacher_forcing_where_first_divergence_passe
 
 def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candidate_stays_unpromoted(
         lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    result = lanes.cli("gate", "demo-h1", "--calibrate", "--arms", "3", "--workload", "gate-test", "--concurrency",
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.invoke("gate", "demo-h1", "--calibrate", "--arms", "3", "--workload", "gate-test", "--concurrency",
                        "1", "--no-gpu", "--json", state=state, timeout=600,
                        extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     assert result.returncode in (0, 1), result.stdout + result.stderr
@@ -293,7 +295,7 @@ def test_until_decided_adds_arms_until_a_4_percent_faster_lane_passes(lanes, sta
     arms). (At one stream the stub's arms agree to 0.03 %, so a
     single pair decides there: no real engine is that quiet.) No calibration: only the bracket's own arms count.
     Here, on a real engine: the rounds run as they should, and stop once the bracket is decided."""
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     code, report = gate(lanes, state, "t-4pct", "--until-decided", "8", "--concurrency", "4", workload="gate-one")
     rounds = report["rounds"]
     # How many rounds it takes is the machine's noise (on a quiet machine, usually 2-4; once in a while the first
@@ -317,7 +319,7 @@ def test_a_context_beyond_max_model_len_is_refused_before_any_arm(lanes, state, 
     workload = tmp_path / "long.yaml"
     workload.write_text((Path(__file__).parent / "data" / "gate-workload.yaml").read_text()
                         + "context_lengths: [0, 4096]\n")
-    result = lanes.cli("gate", "t-short", "--control", "demo-h1", "--workload", str(workload), "--no-gpu",
+    result = lanes.invoke("gate", "t-short", "--control", "demo-h1", "--workload", str(workload), "--no-gpu",
                        state=state)
     assert result.returncode == 2
     assert f"{workload}:14:22: context_lengths[1]: 4096 tokens + max_tokens 32 exceed t-short's --max-model-len 2048" \
@@ -326,8 +328,8 @@ def test_a_context_beyond_max_model_len_is_refused_before_any_arm(lanes, state, 
 
 
 def test_bench_measures_the_serving_lane(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-    text = lanes.cli("bench", "--workload", "gate-test", "--concurrency", "1,4", "--out", str(tmp_path / "text"),
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    text = lanes.invoke("bench", "--workload", "gate-test", "--concurrency", "1,4", "--out", str(tmp_path / "text"),
                      state=state, check=True, timeout=300,
                      extra_env={"LANECTL_KERNEL_LOG": f"file:{state.parent / 'kern.log'}"})
     [run_dir] = (tmp_path / "text").iterdir()
@@ -350,7 +352,7 @@ def test_bench_measures_the_serving_lane(lanes, state, tmp_path):
           for key in ("prose@1", "prose@4", "code@1", "code@4")),
     ]
     assert text.stderr.splitlines()[-1 - len(measured["notes"]):] == [*measured["notes"], f"results in {run_dir}"]
-    other = lanes.cli("bench", "t-fast", "--workload", "gate-test", state=state)
+    other = lanes.invoke("bench", "t-fast", "--workload", "gate-test", state=state)
     assert other.returncode == 2 and "is not the serving lane" in other.stderr
 
 
@@ -361,7 +363,7 @@ def host_url(lanes: LaneProject, lane: str) -> str:
 
 def test_every_probe_passes_on_the_healthy_stub_lane_and_fails_on_its_fault(lanes, state):
     """The demo probes straight against one running lane; each fault switched on through the stub's admin route."""
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     url = host_url(lanes, "demo-h1")
     probes = {name: load_probe(REPO / "recipes" / "workloads" / "probes" / f"{name}.yaml").probe
               for name in DEMO_PROBES}
@@ -377,7 +379,7 @@ def test_every_probe_passes_on_the_healthy_stub_lane_and_fails_on_its_fault(lane
 
 
 def test_a_candidate_failing_one_probe_fails_the_gate_naming_it(lanes, state, tmp_path):
-    lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
     code, report = gate(lanes, state, "t-leak", "--out", str(tmp_path / "results"), workload="gate-probes")
     assert code == 1 and report["verdict"] == "fail"
     probe_reasons = [r for r in report["reasons"] if "probe" in r]
@@ -387,13 +389,13 @@ def test_a_candidate_failing_one_probe_fails_the_gate_naming_it(lanes, state, tm
     assert {arm: p["ok"] for arm, p in thinking.items()} == {"control-1": True, "candidate": False,
                                                              "control-2": True}
     assert all(p["ok"] and p["seconds"]["needle"] > 0 for p in needle.values()), needle  # timed, however long
-    text = lanes.cli("report", report["run_dir"], state=state, check=True).stdout
+    text = lanes.invoke("report", report["run_dir"], state=state, check=True).stdout
     assert "probe quick            control-1 1/1  candidate 0/1 FAIL  control-2 1/1" in text, text
     assert "probe needle-4k        control-1 1/1 in " in text
 
 
 def test_a_needle_beyond_the_lanes_context_is_refused_before_any_arm(lanes, state):
-    result = lanes.cli("gate", "t-short", "--control", "demo-h1", "--workload", "gate-probes", "--no-gpu",
+    result = lanes.invoke("gate", "t-short", "--control", "demo-h1", "--workload", "gate-probes", "--no-gpu",
                        state=state)
     assert result.returncode == 2
     assert result.stderr.strip().endswith(

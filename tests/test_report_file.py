@@ -7,21 +7,23 @@ import copy
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lanectl.bench.stats import POINT_PRIOR_MODEL
+from tests.cli_in_process import run_cli
 from tests.test_plot_extra import REPORT
 from tests.test_release_note import DATA, promoted_bracket
 
 
+def lanectl_report(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`lanectl report RUN_DIR` in this process (tests/cli_in_process.py: a traceback fails the test)."""
+    return run_cli("report", str(run_dir), *extra, cwd=Path.cwd(), env={**os.environ, "COLUMNS": "200"}, timeout=120)
+
+
 def report(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "lanectl", "report", str(run_dir)], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+    return lanectl_report(run_dir)
 
 
 def gate_with(change) -> bytes:
@@ -139,8 +141,7 @@ def test_a_bracket_that_contradicts_itself_is_a_clear_error(tmp_path: Path, cont
 
 
 def report_json(run_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    result = subprocess.run([sys.executable, "-m", "lanectl", "report", str(run_dir), "--json"], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    result = lanectl_report(run_dir, "--json")
     assert result.returncode == 0, result.stderr
     return result, json.loads(result.stdout)["data"]
 
@@ -206,8 +207,7 @@ def test_one_edited_sample_changes_the_recomputed_cell_and_the_report_says_where
     assert f"demo-h2 code@1 verdict: recorded pass, recomputed {cell['verdict']}" in data["differences"]
     # The other cells were not touched: they recompute as recorded.
     assert not [d for d in data["differences"] if d.startswith("demo-h2 prose@")]
-    text = subprocess.run([sys.executable, "-m", "lanectl", "report", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    text = lanectl_report(tmp_path)
     assert f"recomputed from the per-request rates: {len(data['differences'])} figure(s) differ from the record:" \
         in text.stdout.splitlines()
     assert "the recorded figures differ from its per-request rates" in text.stderr

@@ -65,7 +65,7 @@ LANES = ["demo-h1", "demo-h2", "demo-broken", "t-wakefail", "t-altered", "t-slow
 def lanes(tmp_path_factory: pytest.TempPathFactory):
     project = make_lane_project(tmp_path_factory.mktemp("standby"), standby=True, extra_lanes=fault_lanes())
     state = tmp_path_factory.mktemp("build-state")
-    project.cli("build", *LANES, state=state, check=True, timeout=600)
+    project.invoke("build", *LANES, state=state, check=True, timeout=600)
     yield project
     remove_everything(project)
 
@@ -80,19 +80,19 @@ def state(lanes: LaneProject, tmp_path: Path):
 
 
 def up(lanes: LaneProject, state: Path, lane: str, *args: str, code: int = 0):
-    result = lanes.cli("up", lane, "--no-gpu", *args, state=state)
+    result = lanes.invoke("up", lane, "--no-gpu", *args, state=state)
     assert result.returncode == code, f"{result.stdout}\n{result.stderr}"
     return result
 
 
 def rollback(lanes: LaneProject, state: Path, code: int = 0):
-    result = lanes.cli("rollback", "--no-gpu", state=state)
+    result = lanes.invoke("rollback", "--no-gpu", state=state)
     assert result.returncode == code, f"{result.stdout}\n{result.stderr}"
     return result
 
 
 def status(lanes: LaneProject, state: Path) -> dict:
-    return json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+    return json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]
 
 
 def row(data: dict, lane: str) -> dict:
@@ -115,7 +115,7 @@ def is_sleeping(lanes: LaneProject, lane: str) -> bool:
 
 
 def records(lanes: LaneProject, state: Path) -> list[dict]:
-    return json.loads(lanes.cli("history", "-n", "500", "--json", state=state, check=True).stdout)["data"]["records"]
+    return json.loads(lanes.invoke("history", "-n", "500", "--json", state=state, check=True).stdout)["data"]["records"]
 
 
 def serving(data: dict, lane: str) -> bool:
@@ -139,7 +139,7 @@ def test_a_switch_leaves_a_standby_and_a_rollback_wakes_it(lanes, state):
     assert standby is not None and standby["alive"] and standby["resident_gib"] == 1.0 and standby["seconds"] >= 0
     assert [c["status"] for c in row(data, "demo-h1")["containers"]] == ["running", "running"]
     assert is_sleeping(lanes, "demo-h1")
-    text = lanes.cli("status", state=state, check=True).stdout
+    text = lanes.invoke("status", state=state, check=True).stdout
     assert "standby " in text and "1 GiB resident" in text
 
     back = rollback(lanes, state)
@@ -176,7 +176,7 @@ def test_a_request_to_a_sleeping_lane_waits_and_is_served_once_it_is_woken(lanes
     assert httpx.get(url + "/health", timeout=5).status_code == 200
     waiting = re.search(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", httpx.get(url + "/metrics").text, re.M)
     assert waiting and float(waiting.group(1)) == 1, "queued, as vLLM queues it"
-    assert "requests to it wait unanswered until a wake" in lanes.cli("status", state=state, check=True).stdout
+    assert "requests to it wait unanswered until a wake" in lanes.invoke("status", state=state, check=True).stdout
     rollback(lanes, state)
     request.join(30)
     assert [a.status_code for a in answers] == [200]
@@ -214,7 +214,7 @@ def test_a_standby_that_dies_asleep_is_dropped_and_the_rollback_says_it_starts_c
     while client.api.inspect_container(lanes.container("t-dies"))["State"]["Running"]:
         assert time.monotonic() < deadline, "the stub never died asleep"
         time.sleep(0.2)
-    check = lanes.cli("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
+    check = lanes.invoke("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
     assert check.returncode == 0, check.stdout + check.stderr
     assert ("the standby of t-dies is gone: its primary container exited while asleep (exit code 70: the engine "
             "exited 0 unasked, as vLLM does when its engine core dies; lanectl's exit guard made it 70)"
@@ -232,7 +232,7 @@ def test_a_standby_that_dies_asleep_is_dropped_and_the_rollback_says_it_starts_c
 def test_the_watchdog_leaves_a_sleeping_lane_alone(lanes, state):
     up(lanes, state, "demo-h1")
     up(lanes, state, "demo-h2")
-    check = lanes.cli("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
+    check = lanes.invoke("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
     assert check.returncode == 0, check.stdout + check.stderr
     assert is_sleeping(lanes, "demo-h1")
     assert not [r for r in records(lanes, state) if r["kind"] == "watchdog" and r.get("lane") == "demo-h1"]
@@ -290,7 +290,7 @@ def test_requests_in_flight_when_a_lane_falls_asleep_finish_before_it_sleeps(lan
 def test_down_stops_the_standbys_too(lanes, state):
     up(lanes, state, "demo-h1")
     up(lanes, state, "demo-h2")
-    down = lanes.cli("down", state=state)
+    down = lanes.invoke("down", state=state)
     assert down.returncode == 0, down.stderr
     assert "demo-h2 stopped; demo-h1 (standby) stopped" in down.stdout
     data = status(lanes, state)
@@ -302,10 +302,10 @@ def test_down_stops_the_standbys_too(lanes, state):
 
 def test_dry_run_shows_the_sleep_and_the_wake(lanes, state):
     up(lanes, state, "demo-h1")
-    plan = lanes.cli("up", "demo-h2", "--dry-run", "--no-gpu", state=state, check=True).stdout
+    plan = lanes.invoke("up", "demo-h2", "--dry-run", "--no-gpu", state=state, check=True).stdout
     assert f"would put {lanes.container('demo-h1')} (primary of demo-h1) to sleep" in plan
     up(lanes, state, "demo-h2")
-    plan = lanes.cli("rollback", "--dry-run", "--no-gpu", state=state, check=True).stdout
+    plan = lanes.invoke("rollback", "--dry-run", "--no-gpu", state=state, check=True).stdout
     assert "would wake demo-h1 (every container at once)" in plan
     assert "not left asleep: the lane it rolls back to needs all of its GPU memory back" in plan
 
@@ -348,7 +348,7 @@ def test_a_rollback_to_a_sleeping_standby_whose_container_changed_starts_it_cold
                         f"            - {{container: 8001, host: {new_port}, host_ip: 127.0.0.1}}\n")
     else:
         lanes.edit_lane("demo-h1", "    engine:\n      shm_size: 1g\n")
-    dry_run = json.loads(lanes.cli("rollback", "--dry-run", "--no-gpu", "--json", state=state, check=True).stdout)
+    dry_run = json.loads(lanes.invoke("rollback", "--dry-run", "--no-gpu", "--json", state=state, check=True).stdout)
     planned = dry_run["data"]["keys"]
 
     back = rollback(lanes, state)
