@@ -34,11 +34,12 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 if [ ! -x .venv/bin/lanectl ] || [ pyproject.toml -nt .venv/.installed ]; then
-  echo "setup: creating .venv and installing lanectl with its plot and test extras"
+  echo "setup: creating .venv and installing lanectl with its plot, test and docs extras"
   python3 -m venv .venv
-  # The plot extra too: the gate tests draw the plot (lanectl itself runs without matplotlib).
-  .venv/bin/pip install -q -e '.[plot,test]'
-  touch .venv/.installed
+  # The plot extra too: the gate tests draw the plot (lanectl itself runs without matplotlib). The docs extra
+  # in the same install, so that `make docs` can build beside the tests without installing into their venv.
+  .venv/bin/pip install -q -e '.[plot,test,docs]'
+  touch .venv/.installed .venv/.docs-installed
 fi
 
 bash images/base/make-base-images.sh
