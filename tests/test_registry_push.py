@@ -25,6 +25,7 @@ from lanectl.fleet.rollout import pushed_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.state.pushes import PushStore
+from tests.cli_in_process import run_cli
 from tests.conftest import REPO
 from tests.lane_fixtures import free_port
 from tests.registry_server import Registry, start_registry
@@ -45,10 +46,10 @@ class Demo:
         return f"lanectl/{self.recipe_id}"
 
     def cli(self, *args: str, state: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """lanectl in this process (tests/cli_in_process.py); the terminal test below runs the real command."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}
         env.update(LANECTL_STATE_DIR=str(state or self.state), COLUMNS="200")
-        return subprocess.run([sys.executable, "-m", "lanectl", *args], cwd=self.root, capture_output=True,
-                              text=True, timeout=timeout, env=env)
+        return run_cli(*args, cwd=self.root, env=env, timeout=timeout)
 
     def build_json(self, *args: str, state: Path | None = None) -> tuple[int, dict[str, dict]]:
         result = self.cli("build", *args, "--json", state=state)
