@@ -1,3 +1,3 @@
-from lanectl.cli.app import main
+from lanectl.cli import main
 
 main()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from lanectl import __version__
+from lanectl.cli import version_line
 from lanectl.errors import LanectlError, RecipeInvalid
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def _completion_project(ctx: typer.Context) -> "Project":
 def _print_version(value: bool) -> None:
     # Eager, so it answers before click asks for a command ("Missing command", exit 2).
     if value:
-        sys.stdout.write(f"lanectl {__version__}\n")
+        sys.stdout.write(version_line())
         raise typer.Exit(0)
 
 
