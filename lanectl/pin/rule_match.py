@@ -119,6 +119,7 @@ def _words(regex: str) -> tuple[str, ...]:
     return tuple(WORD.findall(re.sub(r"\\.", " ", regex)))
 
 
+@cache  # every lane on one release asks it of the same calls and mostly the same rules
 def can_print(regex: str, call: LogCall) -> bool:
     """Whether some message of `call` (its holes filled with values) contains a match of the rule `regex`."""
     words = _words(regex)
