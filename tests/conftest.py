@@ -19,16 +19,19 @@ collect_ignore = ["contract"]
 # engine-restart test alone. The groups share no lanes and no state (each test module builds its own project under
 # a unique recipe id, its own state folder and engine-lock folder), so they can run at once on one engine; most of
 # their time is spent waiting on containers, so two cores carry them. What each holds:
-#   gate      the A/B/A gate on lanes, the load generator and probes against stub processes
-#   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, drains, builds
+#   gate      the A/B/A gate on lanes, the load generator and probes against stub processes, registry pushes
+#   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, drains, builds,
+#             and the installed wheel
 #   watchdog  the watchdog and standbys on lanes, and the watchdog's hostile state files
-#   fleet     what mostly waits: the two-node Swarm, registry pushes, the installed wheel, a real cron
+#   fleet     the two-node Swarm (its module is the suite's longest) and a real cron
 #   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
 #   solo      the test that restarts the Docker engine every other test uses: alone, last
-FLEET_FILES = {"test_fleet_swarm.py", "test_registry_push.py", "test_installed_wheel.py", "test_watchdog_install.py"}
-SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_drain_docker.py", "test_build_docker.py"}
+FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py"}
+SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_drain_docker.py", "test_build_docker.py",
+                "test_installed_wheel.py"}
 WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_watchdog_hostile_state.py"}
-GATE_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py"}
+GATE_FILES = {"test_loadgen_stub.py", "test_health_gate_stub.py", "test_endpoint_probe.py", "test_alerts.py",
+              "test_registry_push.py"}
 # It stops and starts the one dockerd every other test uses.
 SOLO_FILES = {"test_lanes_engine_restart.py"}
 
