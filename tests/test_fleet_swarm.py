@@ -15,6 +15,7 @@ import docker
 import httpx
 import pytest
 
+from lanectl.fleet.rollout import MONITOR_SECONDS_ENV
 from lanectl.health.engine_exit import EXIT_UNASKED
 from tests.lane_fixtures import LOCAL_LANE, LaneProject, free_port, make_fleet_project, remove_everything
 from tests.registry_server import start_tls_registry
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.docker
 SWARM_LANES = ["demo-h1", "demo-h2", "t-unhealthy", "t-hang", "t-spare"]
 LOST_FROM_REGISTRY = "t-spare"  # pushed, then deleted from the registry: node 2 cannot pull it, this engine has it
 NEVER_PUSHED = "t-slow"  # a Swarm lane of the recipe that was never built or pushed
+# Swarm watches each new task 1 s after its first healthy answer, not the 8 s the test lanes' health check implies:
+# the module runs about 25 updates and rollbacks, and none of its lanes falls over after that answer (t-unhealthy
+# never gives one, t-spare's task never starts), so the window only waited.
+MONITOR = {MONITOR_SECONDS_ENV: "1"}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +88,7 @@ def service_of(project: LaneProject, role: str, node: str) -> dict:
 
 def up(project: LaneProject, state: Path, lane: str, *args: str, extra_env: dict[str, str] | None = None):
     return project.cli("up", lane, "--fleet", "--no-gpu", "--json", *args, state=state, timeout=400,
-                       extra_env=extra_env)
+                       extra_env={**MONITOR, **(extra_env or {})})
 
 
 def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
@@ -263,7 +268,7 @@ def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
 
 def test_rollback_fleet_is_swarms_rollback_node_by_node_and_does_not_flip_back(fleet):
     project, cluster, state, references = fleet
-    result = project.cli("rollback", "--fleet", "--json", state=state, timeout=400)
+    result = project.cli("rollback", "--fleet", "--json", state=state, timeout=400, extra_env=MONITOR)
     assert result.returncode == 0, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
     assert outcome["result"] == "ok" and outcome["lane"] == "demo-h1"
