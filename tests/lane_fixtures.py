@@ -183,6 +183,17 @@ def make_fleet_project(base: Path) -> LaneProject:
     path = project.root / "recipes" / "lanes.yaml"
     text = path.read_text()
     text = text.replace("\ndefaults:\n", "\ndefaults:\n  placement: {backend: swarm}\n", 1)
+    # The fault lanes' waits are Swarm's timers here, paid at every update and rollback. t-unhealthy's budget is
+    # its health check's start period, whose failures do not count: at 1.2 s Swarm finds it unhealthy at its
+    # third check (6 s) instead of its sixth. t-hang never finishes a request: its probes hang until its drain
+    # ends, so it drains 1 s (the least its stop timeout may leave), and its generation probe gives up after 1 s.
+    for old, new in (("      env: {STUB_FAULT: unhealthy}\n    health:\n      startup_budget_minutes: 0.1\n",
+                      "      env: {STUB_FAULT: unhealthy}\n    health:\n      startup_budget_minutes: 0.02\n"),
+                     ("      env: {STUB_FAULT: hang}\n",
+                      "      env: {STUB_FAULT: hang}\n      stop_timeout_seconds: 16\n"
+                      "    health:\n      generation_probe: {timeout_seconds: 1}\n")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
     local_port, local_rtx_port = free_port(), free_port()
     text += f"""
   {LOCAL_LANE}:

@@ -12,7 +12,7 @@ import pytest
 
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import OperationFailed
-from lanectl.fleet.rollout import FleetRollout
+from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
 from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
@@ -365,3 +365,15 @@ def test_what_swarm_cannot_carry_is_said_not_dropped(catalog, write_recipe):
     assert "note: primary: host_ip 127.0.0.1 is not carried: a host-mode port binds on every address of the node; " \
            "Swarm has no host IP for it" in plan_data(plan)["steps"]
     assert plan_fleet_up(catalog, snapshot_of(FakeSwarm(["s1"])), catalog.lane("f1")).notes == ()
+
+
+def test_the_monitor_seam_shortens_only_swarms_watch_after_the_first_healthy_answer(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    plan, outcome = up(catalog, swarm, journal, "f2", environ={MONITOR_SECONDS_ENV: "1.5"})
+    assert outcome.result == "ok", outcome.message
+    for name, spec in swarm.specs.items():
+        planned = next(s.service for s in plan.steps if s.container == name)
+        assert spec["UpdateConfig"] == {**planned["UpdateConfig"], "Monitor": 1_500_000_000}
+        assert spec["RollbackConfig"] == {**planned["RollbackConfig"], "Monitor": 1_500_000_000}
+        assert spec["TaskTemplate"] == planned["TaskTemplate"], "the health check is as planned"
+    assert planned["UpdateConfig"]["Monitor"] != 1_500_000_000, "the plan itself is unchanged"

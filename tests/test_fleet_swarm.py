@@ -15,6 +15,7 @@ import docker
 import httpx
 import pytest
 
+from lanectl.fleet.rollout import MONITOR_SECONDS_ENV
 from lanectl.health.engine_exit import EXIT_UNASKED
 from tests.lane_fixtures import LOCAL_LANE, LaneProject, free_port, make_fleet_project, remove_everything
 from tests.registry_server import start_tls_registry
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.docker
 SWARM_LANES = ["demo-h1", "demo-h2", "t-unhealthy", "t-hang", "t-spare"]
 LOST_FROM_REGISTRY = "t-spare"  # pushed, then deleted from the registry: node 2 cannot pull it, this engine has it
 NEVER_PUSHED = "t-slow"  # a Swarm lane of the recipe that was never built or pushed
+# Swarm watches each new task 1 s after its first healthy answer, not the 8 s the test lanes' health check implies:
+# the module runs about 25 updates and rollbacks, and none of its lanes falls over after that answer (t-unhealthy
+# never gives one, t-spare's task never starts), so the window only waited.
+MONITOR = {MONITOR_SECONDS_ENV: "1"}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, two_node_swarm: TwoNodeSwarm
 
 
 def fleet_status(project: LaneProject, state: Path) -> tuple[int, dict]:
-    result = project.cli("fleet", "status", "--json", state=state)
+    result = project.invoke("fleet", "status", "--json", state=state)
     assert result.stdout, result.stderr
     return result.returncode, json.loads(result.stdout)["data"]
 
@@ -83,7 +88,7 @@ def service_of(project: LaneProject, role: str, node: str) -> dict:
 
 def up(project: LaneProject, state: Path, lane: str, *args: str, extra_env: dict[str, str] | None = None):
     return project.cli("up", lane, "--fleet", "--no-gpu", "--json", *args, state=state, timeout=400,
-                       extra_env=extra_env)
+                       extra_env={**MONITOR, **(extra_env or {})})
 
 
 def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
@@ -95,13 +100,13 @@ def test_a_local_lane_starts_on_this_engine_beside_the_swarm(fleet):
 
 
 def dry_run_keys(project: LaneProject, state: Path, lane: str, *args: str) -> list[str]:
-    result = project.cli("up", lane, "--fleet", "--no-gpu", "--dry-run", "--json", *args, state=state)
+    result = project.invoke("up", lane, "--fleet", "--no-gpu", "--dry-run", "--json", *args, state=state)
     assert result.returncode == 0, result.stderr + result.stdout
     return list(json.loads(result.stdout)["data"]["keys"])
 
 
 def journaled(project: LaneProject, state: Path) -> list[dict]:
-    history = project.cli("history", "--fleet", "-n", "500", "--json", state=state, check=True)
+    history = project.invoke("history", "--fleet", "-n", "500", "--json", state=state, check=True)
     return list(json.loads(history.stdout)["data"]["records"])
 
 
@@ -141,12 +146,12 @@ def test_up_on_both_nodes_canary_first(fleet):
     assert lanes_by_node(data) == {cluster.worker_hostname: {"primary": "demo-h1", "rtx": "demo-h1"},
                                    cluster.manager_hostname: {"primary": "demo-h1", "rtx": "demo-h1"}}
 
-    history = project.cli("history", "--fleet", "--json", state=state, check=True)
+    history = project.invoke("history", "--fleet", "--json", state=state, check=True)
     steps = [r for r in json.loads(history.stdout)["data"]["records"] if r["kind"] == "step"]
     assert {r["node"] for r in steps} == {cluster.worker_hostname, cluster.manager_hostname}
     assert steps[0]["node"] == cluster.worker_hostname, "the canary is journaled first"
 
-    doctor = json.loads(project.cli("doctor", "--json", state=state).stdout)["data"]["findings"]
+    doctor = json.loads(project.invoke("doctor", "--json", state=state).stdout)["data"]["findings"]
     swarm = next(f for f in doctor if f["check"] == "swarm")
     assert (swarm["severity"], swarm["detail"]) == ("ok", "manager of 2 node(s)")
 
@@ -160,9 +165,9 @@ def test_a_lane_never_pushed_is_refused_before_any_change_with_the_command_that_
     assert f"`lanectl build {NEVER_PUSHED} --push --registry HOST:PORT`" in result.stderr
     after = service_of(project, "primary", cluster.manager_hostname)
     assert (after["Version"], after["Spec"]) == (before["Version"], before["Spec"]), "nothing changed"
-    history = json.loads(project.cli("history", "--fleet", "--json", state=state, check=True).stdout)["data"]
+    history = json.loads(project.invoke("history", "--fleet", "--json", state=state, check=True).stdout)["data"]
     assert not [r for r in history["records"] if r.get("to") == NEVER_PUSHED], "not even an intent"
-    dry = project.cli("up", NEVER_PUSHED, "--fleet", "--dry-run", state=state)
+    dry = project.invoke("up", NEVER_PUSHED, "--fleet", "--dry-run", state=state)
     assert dry.returncode == 1 and "has not been pushed" in dry.stderr
 
 
@@ -233,10 +238,12 @@ def test_no_stream_in_flight_is_cut_by_a_fleet_update_whose_drain_fits_the_stop_
     change_demo_h1(project, "    engine:\n      volumes: [{source: /tmp, target: /fleet-probe, read_only: true}]\n"
                             "    companions:\n      rtx:\n        engine:\n          env: {FLEET_DRIFT: \"2\"}\n"
                             "          stop_timeout_seconds: 40\n")
-    # 10 s of tokens against the canary's companion, whose engine drains 25 s of its 40 s stop grace period.
+    # 10 s of tokens against the canary's companion, whose engine drains 25 s of its 40 s stop grace period. Only
+    # that node is updated: the drain is the canary's, and the other node's update would add 12 s of Swarm's timers
+    # (the next test's switch updates it anyway).
     streams = Streams(f"http://{cluster.worker_addr}:{rtx_port(project)}", "demo-model-rtx", max_tokens=1000).start()
     streams.running()
-    result = up(project, state, "demo-h1", "--canary", cluster.worker_hostname)
+    result = up(project, state, "demo-h1", "--nodes", cluster.worker_hostname)
     assert result.returncode == 0, result.stderr + result.stdout
     assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
     assert all(s.tokens == 1000 and s.done for s in streams.streams)
@@ -261,7 +268,7 @@ def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):
 
 def test_rollback_fleet_is_swarms_rollback_node_by_node_and_does_not_flip_back(fleet):
     project, cluster, state, references = fleet
-    result = project.cli("rollback", "--fleet", "--json", state=state, timeout=400)
+    result = project.cli("rollback", "--fleet", "--json", state=state, timeout=400, extra_env=MONITOR)
     assert result.returncode == 0, result.stderr + result.stdout
     outcome = json.loads(result.stdout)["data"]
     assert outcome["result"] == "ok" and outcome["lane"] == "demo-h1"
@@ -400,7 +407,7 @@ def test_a_stopped_node_engine_shows_in_fleet_status_and_blocks_a_rollout_to_it(
 
 def test_the_local_lane_kept_running_on_this_engine_throughout(fleet):
     project, cluster, state, references = fleet
-    result = project.cli("status", "--json", state=state, check=True)
+    result = project.invoke("status", "--json", state=state, check=True)
     data = json.loads(result.stdout)["data"]
     row = next(r for r in data["lanes"] if r["lane"] == LOCAL_LANE)
     assert row["active"] and row["health"] == "ok"
