@@ -46,21 +46,21 @@ def test_lanes_survive_an_engine_restart_between_commands(tmp_path):
     lanes = make_lane_project(tmp_path)
     state = tmp_path / "state"
     try:
-        lanes.cli("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
-        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
-        lanes.cli("up", "demo-h2", "--no-gpu", state=state, check=True)
+        lanes.invoke("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+        lanes.invoke("up", "demo-h2", "--no-gpu", state=state, check=True)
         restart_dockerd()
-        data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+        data = json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]
         row = next(r for r in data["lanes"] if r["lane"] == "demo-h2")
         assert row["active"] and row["health"] is None
         assert {c["status"] for c in row["containers"]} == {"exited"}, "no restart policy: the engine stopped it"
 
-        again = lanes.cli("up", "demo-h2", "--no-gpu", state=state)
+        again = lanes.invoke("up", "demo-h2", "--no-gpu", state=state)
         assert again.returncode == 0, again.stderr
         assert "start " + lanes.container("demo-h2") in again.stderr
-        back = lanes.cli("rollback", "--no-gpu", state=state)
+        back = lanes.invoke("rollback", "--no-gpu", state=state)
         assert back.returncode == 0, back.stderr
-        data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+        data = json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]
         assert next(r for r in data["lanes"] if r["lane"] == "demo-h1")["health"] == "ok"
     finally:
         docker.from_env().ping()
@@ -74,8 +74,8 @@ def test_watchdog_run_survives_an_engine_restart_and_brings_the_lane_back(tmp_pa
     kernel_log.write_text("")
     run = None
     try:
-        lanes.cli("build", "demo-h1", state=state, check=True, timeout=600)
-        lanes.cli("up", "demo-h1", "--no-gpu", state=state, check=True)
+        lanes.invoke("build", "demo-h1", state=state, check=True, timeout=600)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
         run = subprocess.Popen([sys.executable, "-m", "lanectl", "watchdog", "run", "--kernel-log",
                                 f"file:{kernel_log}"], cwd=lanes.root, env=lanes.env(state),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -87,13 +87,13 @@ def test_watchdog_run_survives_an_engine_restart_and_brings_the_lane_back(tmp_pa
         action = None
         while time.monotonic() < deadline and action is None:
             time.sleep(0.5)
-            status = lanes.cli("watchdog", "status", "--json", state=state)
+            status = lanes.invoke("watchdog", "status", "--json", state=state)
             if status.returncode == 0:
                 action = json.loads(status.stdout)["data"]["last_action"]
         assert run.poll() is None, "the watchdog must outlive the engine restart"
         assert action is not None, "the watchdog took no action after the engine restart"
         assert (action["action"], action["outcome"]) == ("restart", "demo-h1 restarted and passed its gate"), action
-        data = json.loads(lanes.cli("status", "--json", state=state, check=True).stdout)["data"]
+        data = json.loads(lanes.invoke("status", "--json", state=state, check=True).stdout)["data"]
         assert next(r for r in data["lanes"] if r["lane"] == "demo-h1")["health"] == "ok"
     finally:
         if run is not None:
