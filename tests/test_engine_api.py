@@ -338,14 +338,12 @@ def test_a_build_stream_is_read_whatever_its_chunks(recording):
             yield text[at:at + 7]
 
     engine = recording(answer)
-    log = ContainerEngine(EngineAPI(engine.url)).build(b"tar-bytes", "lanectl/x:h2", {"io.lanectl.lane": "h2"},
-                                                        no_cache=False)
+    log = ContainerEngine(EngineAPI(engine.url)).build(b"tar-bytes", "lanectl/x:h2", no_cache=False)
     assert (log.steps_total, log.steps_cached, log.image_id, log.error) == (2, 1, "sha256:abc", None)
     assert log.lines[-1] == "é"
     request = engine.requests[0]
     assert request.body == b"tar-bytes" and request.headers["Content-Type"] == "application/x-tar"
-    assert request.said()[2] == {"t": "lanectl/x:h2", "labels": {"io.lanectl.lane": "h2"}, "rm": True,
-                                 "forcerm": True, "nocache": False, "pull": False}
+    assert request.said()[2] == {"t": "lanectl/x:h2", "rm": True, "forcerm": True, "nocache": False, "pull": False}
 
 
 def test_events_stream_until_closed(recording):

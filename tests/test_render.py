@@ -6,9 +6,11 @@ then read the diff before committing it.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
+import tarfile
 
 import pytest
 
@@ -81,6 +83,18 @@ def test_kernel_stage_comes_first_and_does_not_see_serve_flags(shipped):
     assert "--served-model-name" not in kernel_stage and "VLLM_DSV41" not in kernel_stage
     assert "patching.py" not in kernel_stage
     assert final_stage.index("COPY --from=kernel-flashmla-splitkv") < final_stage.index("patching.py")
+
+
+def test_the_labels_go_into_the_built_dockerfile_as_one_line_that_docker_reads_back_verbatim(project, write_recipe):
+    write_recipe(GOOD)
+    plan = plan_image(load_catalog(Project.locate()).lane("a"))
+    labels = {"io.lanectl.patches": '{"a.patch": "x"}', "io.lanectl.lane": "a", "odd": 'a $HOME \\ "q"'}
+    with tarfile.open(fileobj=io.BytesIO(plan.context_tar(labels))) as tar:
+        sent = tar.extractfile("Dockerfile").read().decode()  # type: ignore[union-attr]
+    assert sent == plan.dockerfile.rstrip("\n") + "\n" + (
+        'LABEL "io.lanectl.lane"="a" "io.lanectl.patches"="{\\"a.patch\\": \\"x\\"}" '
+        '"odd"="a \\$HOME \\\\ \\"q\\""\n')
+    assert plan.context_tar() != plan.context_tar(labels) and "LABEL" not in plan.dockerfile
 
 
 def test_input_hash_changes_with_inputs_and_only_then(project, write_recipe):

@@ -111,15 +111,16 @@ class DockerEngine:
         image = self._image(ref)
         return None if image is None else str(image["Id"])
 
-    def build(self, context_tar: bytes, tag: str, labels: dict[str, str], *, no_cache: bool,
+    def build(self, context_tar: bytes, tag: str, *, no_cache: bool,
               on_progress: Callable[[BuildLog], None] = lambda log: None) -> BuildLog:
-        """Build from a tar context; never pulls (hosts here reach no registry, and bases are pinned)."""
+        """Build from a tar context; never pulls (hosts here reach no registry, and bases are pinned). The image's
+        labels are in its Dockerfile (lanectl.image.render.label_line), one build step for them all."""
         log = BuildLog()
         headers = {"Content-Type": "application/x-tar"}
         logins = registry_config()
         if logins:
             headers["X-Registry-Config"] = logins
-        params = {"t": tag, "labels": labels, "rm": True, "forcerm": True, "nocache": no_cache, "pull": False}
+        params = {"t": tag, "rm": True, "forcerm": True, "nocache": no_cache, "pull": False}
         try:
             stream = self.api.stream("POST", "/build", params=params, body=context_tar, headers=headers)
         except EngineError as exc:

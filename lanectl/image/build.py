@@ -175,7 +175,7 @@ def _build(engine: DockerEngine, lane: Lane, plan: ImagePlan, *, no_cache: bool,
                             message=f"{plan.tag} is up to date; inputs unchanged, nothing built")
     if plan.fetched_trees:
         plan = plan_image(lane, fetch_kernel_sources(lane, cache_dir or default_cache_dir(), say))
-    log = engine.build(plan.context_tar(), plan.tag, labels, no_cache=no_cache,
+    log = engine.build(plan.context_tar(labels), plan.tag, no_cache=no_cache,
                        on_progress=lambda log: on_progress(lane.name, log))
     if log.error is not None:
         return BuildOutcome(lane.name, plan.tag, "failed", log.steps_total, log.steps_run,

@@ -97,18 +97,22 @@ class ImagePlan:
     def moving_tag(self) -> str:
         return f"{self.repository}:{self.lane}"
 
-    def context_tar(self) -> bytes:
+    def context_tar(self, labels: Mapping[str, str] | None = None) -> bytes:
+        """The build context; with `labels`, its Dockerfile ends in one LABEL line that sets them all."""
         missing = [tree.kernel for tree in self.fetched_trees if tree.path is None]
         if missing:
             raise ValueError(f"kernel sources not fetched: {', '.join(missing)}")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for item in self.files:
+                content = item.content
+                if item.path == "Dockerfile" and labels:
+                    content = content.rstrip(b"\n") + b"\n" + label_line(labels).encode()
                 info = tarfile.TarInfo(item.path)
-                info.size = len(item.content)
+                info.size = len(content)
                 info.mode = item.mode
                 info.mtime = FIXED_MTIME
-                tar.addfile(info, io.BytesIO(item.content))
+                tar.addfile(info, io.BytesIO(content))
             for tree in self.fetched_trees:
                 assert tree.path is not None
                 _add_tree(tar, tree.path, tree.prefix)
@@ -130,6 +134,14 @@ def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
                     tar.addfile(info, handle)
             elif info.issym():
                 tar.addfile(info)
+
+
+def label_line(labels: Mapping[str, str]) -> str:
+    """An image's labels as one LABEL instruction, after everything else. One instruction is one build step:
+    the engine's own `labels` build parameter adds a step per label, each a container created and committed,
+    and the labels that name the recipe and the inputs differ from one project to the next, so those steps
+    never come from the cache."""
+    return "LABEL " + " ".join(f"{env_value(key)}={env_value(value)}" for key, value in sorted(labels.items())) + "\n"
 
 
 def env_value(value: str) -> str:
