@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite as five pytest processes at once, one per group (gate, switches, watchdog, fleet,
-# side: see tests/conftest.py), then the test that restarts the Docker engine, alone. Each group's output goes to
-# its own log; at the end one line per group says how it went and how long it took, and every failing group's log
-# follows it whole: the failures and pytest's summary of them. Exit status: the first failing group's.
+# `make test`: the whole suite as six pytest processes at once, one per group (gate, switches, watchdog, fleet,
+# traffic, side: see tests/conftest.py), then the test that restarts the Docker engine, alone. Each group's output
+# goes to its own log; at the end one line per group says how it went and how long it took, and every failing
+# group's log follows it whole: the failures and pytest's summary of them. Exit status: the first failing group's.
 # Extra arguments go to every run (e.g. -x, -k EXPR).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=.venv/bin/pytest
 logs=$(mktemp -d /tmp/lanectl-tests.XXXXXX)
-groups=(gate switches watchdog fleet side)
+groups=(gate switches watchdog fleet traffic side)
 pids=()
 
 run_group() {  # NAME MARKER-EXPRESSION ARGS...: run it, then leave "STATUS SECONDS" in NAME.rc
