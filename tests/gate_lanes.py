@@ -52,7 +52,9 @@ CANDIDATES = """
 
 def gate_project(tmp_path_factory: pytest.TempPathFactory, lanes: list[str]) -> Iterator[LaneProject]:
     """A lane project with the gate's candidate lanes, workloads and probes; `lanes` built."""
-    project = make_lane_project(tmp_path_factory.mktemp("gate"))
+    # Primaries alone: the gate's arms are switches, and no claim here is about companions (a companion failing
+    # its gate is tests/test_switch_docker.py's).
+    project = make_lane_project(tmp_path_factory.mktemp("gate"), companions=False)
     recipe = project.root / "recipes" / "lanes.yaml"
     recipe.write_text(recipe.read_text().rstrip() + "\n" + CANDIDATES)
     workloads = project.root / "recipes" / "workloads"

@@ -120,6 +120,8 @@ class LaneProject:
 DEMO_PORTS = {"demo-h1": (18000, 18001), "demo-h2": (18010, 18011), "demo-h2-8": (18040, 18041),
               "demo-broken": (18020, 18021)}
 DEMO_GPUS = re.compile(r"^(?:    # As h1-REF/h2-REF: GPU .*\n)?\s+gpus: \{device_ids: \[\"[01]\"\]\}\n", re.MULTILINE)
+# A `companions:` key and every line indented deeper than it (the defaults' and each lane's).
+COMPANIONS_BLOCK = re.compile(r"^(?P<indent> *)companions:\n(?:(?P=indent) +\S.*\n)*", re.MULTILINE)
 STANDBY_BLOCK = re.compile(r"^  # standby: begin\n.*^  # standby: end\n", re.MULTILINE | re.DOTALL)
 
 
@@ -129,10 +131,11 @@ TEST_STOP_TIMEOUT_SECONDS = 18
 
 
 def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = FAULT_LANES,
-                      stop_timeout_seconds: int = TEST_STOP_TIMEOUT_SECONDS) -> LaneProject:
+                      stop_timeout_seconds: int = TEST_STOP_TIMEOUT_SECONDS, companions: bool = True) -> LaneProject:
     """The demo recipe for tests. Without `standby`, its standby block is cut out and every lane publishes the
     same two host ports, so lanes switch stop-first exactly as before standbys existed; with it, each demo
-    lane keeps its own ports (a sleeping lane holds its port)."""
+    lane keeps its own ports (a sleeping lane holds its port). Without `companions`, every lane is its primary
+    alone: for tests whose claim is not about companions, half the containers to start and stop."""
     unique = uuid.uuid4().hex[:8]
     root = base / "lanes-project"
     for part in ("images", "kernels", "patches"):
@@ -170,6 +173,9 @@ def make_lane_project(base: Path, *, standby: bool = False, extra_lanes: str = F
             .replace("max_restarts: 3", "max_restarts: 2")
             .replace("backoff_initial_seconds: 1", "backoff_initial_seconds: 0"))
     assert f"host: {primary_port}" in text and f"lt-{unique}" in text
+    if not companions:
+        text, cut = COMPANIONS_BLOCK.subn("", text)
+        assert cut >= 1 and "rtx" not in text.split("\nlanes:", 1)[1], "every companions block is cut"
     (root / "recipes" / "lanes.yaml").write_text(text.rstrip() + "\n" + extra_lanes)
     return LaneProject(root=root, recipe_id=f"lt-{unique}", prefix=f"lt-{unique}")
 
