@@ -264,7 +264,9 @@ def test_reset_prefix_cache_fails_while_blocks_are_held(spawn) -> None:
     p = spawn(env={**DEV, "STUB_DECODE_TOKENS_PER_S": "20"}, args=SLEEP_MODE)
     events: list = []
     stream = _stream_in_background(p.url, 400, events)
-    p.wait_line(r'"POST /v1/completions HTTP/1\.1" 200')
+    # Running, so holding blocks: a token came. The access line is written once the response starts, which can be
+    # before the engine scheduled the request (a waiting request holds no block, and the reset then succeeds).
+    wait_until(lambda: any(isinstance(e, dict) and e.get("choices") for e in events))
     held = _post(p.url, "/reset_prefix_cache")
     assert (held.status_code, held.json()) == (200, {"success": False})
     preempted = _post(p.url, "/reset_prefix_cache?reset_running_requests=true")
