@@ -77,20 +77,22 @@ def test_until_decided_adds_arms_until_a_4_percent_faster_lane_passes(lanes, sta
     single pair decides there: no real engine is that quiet.) No calibration: only the bracket's own arms count.
     Here, on a real engine: the rounds run as they should, and stop once the bracket is decided."""
     lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
-    code, report = gate(lanes, state, "t-4pct", "--until-decided", "8", "--concurrency", "4", workload="gate-one")
+    code, report = gate(lanes, state, "t-4pct", "--until-decided", "5", "--concurrency", "4", workload="gate-one")
     rounds = report["rounds"]
     # How many rounds it takes is the machine's noise (on a quiet machine, usually 2-4; once in a while the first
     # pair already decides): every round before the last was undecided, and the rounds stop at the first that
-    # passes. With busy loops on both cores beside the whole suite, 8 rounds were once not enough to decide 4 %:
-    # then every round is undecided and all 8 ran. Never a FAIL: the lane is faster.
+    # passes. On a loaded machine 5 rounds may not be enough to decide 4 % (with busy loops on both cores beside
+    # the whole suite, once not even 8): then every round is undecided and all 5 ran, each round adding arms as it
+    # should. Never a FAIL: the lane is faster. (5, not more: the suite's load decides how many run, and each
+    # round is two arms.)
     verdicts = [r["verdict"] for r in rounds]
     decided = verdicts[-1] == "pass"
     assert verdicts == ["inconclusive"] * (len(rounds) - 1) + [verdicts[-1]], rounds
     assert (code, report["verdict"]) == ((0, "pass") if decided else (1, "inconclusive")), (rounds, report["reasons"])
-    assert decided or len(rounds) == 1 + 8, rounds
+    assert decided or len(rounds) == 1 + 5, rounds
     taken = len(rounds) - 1
     assert [a["arm"] for a in report["arms"]] == ["control-1", "candidate", "control-2"] + [
         name for n in range(2, taken + 2) for name in (f"candidate-{n}", f"control-{n + 1}")]
     assert [(r["candidate_arms"], r["control_arms"]) for r in rounds] == [(n, n + 1) for n in range(1, taken + 2)]
-    assert report["order"] == "AB" * (taken + 1) + "A" and report["until_decided"] == 8
+    assert report["order"] == "AB" * (taken + 1) + "A" and report["until_decided"] == 5
     assert report["noise_prior"] is None and active(lanes, state) == "demo-h1"
