@@ -150,9 +150,9 @@ def test_an_in_process_run_leaves_the_environment_folder_and_signal_handlers_as_
     assert after == before
     # Nor the consoles made for a run: text printed after it is coloured (or not) as this process's own would be.
     from lanectl.cli.app import err, out
-    from lanectl.cli.terminal import TerminalConsole
+    from lanectl.cli.rich_console import TerminalConsole
 
-    assert out().color_system == err().color_system == TerminalConsole().color_system
+    assert out().is_terminal == err().is_terminal == TerminalConsole().is_terminal
     # The next run sees its own environment, not the last run's: no recipes folder here without the variable.
     missing = lanectl("validate", cwd=elsewhere)
     assert missing.returncode == 2 and "no recipes folder at" in missing.stderr

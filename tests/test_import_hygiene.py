@@ -30,6 +30,8 @@ NEVER = {"matplotlib", "jinja2", "tenacity", "lanectl.lanes.switcher", "lanectl.
 CACHED_CATALOG = {"yaml", "lanectl.recipe.yaml_source"}
 # What `status` does not watch with: the Xid tables (the recipe model's default Xid lists are made at validation).
 STATUS = {"lanectl.host.xid"}
+# Output that is not a terminal (cron, CI, a pipe; here, a capture) shows no styles: it is printed without rich.
+PLAIN_OUTPUT = {"rich", "lanectl.cli.rich_console"}
 # --help, --version and the completion of command names touch neither the engine nor the recipes, and print
 # through click alone: not rich (nor typer's rich help, with its Markdown parser), no command's module.
 HELP = {"docker", "httpx", "pydantic", "yaml", "rich", "typer.rich_utils", "markdown_it", "lanectl.recipe",
@@ -39,7 +41,8 @@ HELP = {"docker", "httpx", "pydantic", "yaml", "rich", "typer.rich_utils", "mark
 
 def imported(*args: str, cwd: Path, env: dict[str, str]) -> set[str]:
     """Every module the CLI imported (and each package above it); fails on a non-zero exit below 2."""
-    environment = {**{k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}, **env}
+    environment = {**{k: v for k, v in os.environ.items()
+                      if not k.startswith("LANECTL_") and k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}, **env}
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "lanectl", *args], cwd=cwd, env=environment,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode in (0, 1), result.stderr[-3000:]
@@ -84,7 +87,7 @@ def test_status_imports_no_heavy_module_and_a_cached_catalog_no_yaml(lane_projec
     first = imported("status", cwd=project, env=env)
     assert "yaml" in first  # the first run validates the recipes: the check below can see the difference
     again = imported("status", cwd=project, env=env)
-    assert again & (NEVER | CACHED_CATALOG | STATUS) == set()
+    assert again & (NEVER | CACHED_CATALOG | STATUS | PLAIN_OUTPUT) == set()
 
 
 @pytest.mark.docker
@@ -100,5 +103,5 @@ def test_watchdog_check_imports_no_heavy_module(lane_project, tmp_path: Path) ->
     LaneStateStore(tmp_path / "state" / "state.json").update(lambda s: s.with_active("demo-h1"))
     imported("validate", cwd=project, env=env)
     modules = imported("watchdog", "check", "--kernel-log", f"file:{kernel_log}", cwd=project, env=env)
-    assert modules & (NEVER | CACHED_CATALOG) == set()
+    assert modules & (NEVER | CACHED_CATALOG | PLAIN_OUTPUT) == set()
     assert {"lanectl.watchdog.runner", "lanectl.health.probe", "lanectl.dockerapi.engine_api"} <= modules  # it watched

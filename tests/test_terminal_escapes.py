@@ -142,3 +142,49 @@ def test_a_failed_lanes_log_tail_is_escaped_by_the_cli_renderer(capsys: pytest.C
         assert char not in captured.out + captured.err
     assert f'  (APIServer pid=7) INFO:     127.0.0.1:5 - "GET /{ESCAPED_LINE} HTTP/1.1" 404 Not Found' in (
         captured.err.splitlines())
+
+
+LINES = [[("ok", "green"), ": ", HOSTILE], ["  ", ("✗ red", "bold red"), "  trailing  "], [], [("x", "dim")]]
+
+
+@pytest.mark.parametrize("stderr", [False, True])
+def test_the_plain_console_prints_what_rich_prints_without_a_terminal(stderr: bool,
+                                                                      capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """Where styles would not show, lanectl prints without rich: the same characters rich would print there."""
+    from lanectl.cli.rich_console import TerminalConsole
+    from lanectl.cli.terminal import PlainConsole, console
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(name, raising=False)
+    rich = TerminalConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
+    plain = console(stderr=stderr)
+    assert isinstance(plain, PlainConsole) and not rich.is_terminal  # pytest's capture is no terminal
+
+    def printed(target) -> str:
+        target.lines(LINES)
+        target.print(f"lanectl: {HOSTILE} [bold]not markup[/bold]\nsecond line", markup=False)
+        captured = capsys.readouterr()
+        return captured.err if stderr else captured.out
+
+    expected = printed(rich)
+    assert printed(plain) == expected
+    assert_no_raw_controls(subprocess.CompletedProcess([], 0, expected, ""))
+    assert f"ok: {ESCAPED_LINE}" in expected.splitlines()
+
+
+@pytest.mark.parametrize(("environment", "terminal"), [
+    ({}, False), ({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": ""}, False), ({"TTY_COMPATIBLE": "1"}, True),
+    ({"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"}, False)])
+def test_styles_go_through_rich_exactly_where_rich_would_show_them(environment: dict[str, str], terminal: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch):
+    from lanectl.cli.rich_console import TerminalConsole
+    from lanectl.cli.terminal import console
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    chosen = console(stderr=False)
+    assert isinstance(chosen, TerminalConsole) is terminal
+    assert TerminalConsole().is_terminal is terminal  # rich's own verdict for the same stream and environment

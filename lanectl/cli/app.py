@@ -16,7 +16,7 @@ from lanectl.errors import LanectlError, RecipeInvalid
 
 if TYPE_CHECKING:
     from lanectl.cli.progress import ConsoleReporter
-    from lanectl.cli.terminal import TerminalConsole
+    from lanectl.cli.terminal import Console
     from lanectl.output import Result
     from lanectl.project import Project
     from lanectl.recipe.catalog import Catalog
@@ -64,23 +64,21 @@ app.add_typer(fleet_app, name="fleet")
 
 
 # Engine text (container logs, engine and webhook errors, health details) reaches these consoles:
-# it is printed as `Text` or with markup=False, never parsed as rich markup. No emoji codes either:
-# "recipes/r.yaml:100:7" would print as "recipes/r.yaml💯7", and `:fire:` in a log line stays `:fire:`.
-# Its control characters are printed escaped (lanectl.cli.terminal). Made on first use, so that `--help`,
-# `--version` and completion never import rich, and one per run (_LanectlGroup.invoke); each prints to the
-# sys.stdout or sys.stderr of the moment.
+# it is printed as parts or with markup=False, never parsed as rich markup, and with its control characters
+# escaped (lanectl.cli.terminal). Made on first use, so that `--help`, `--version` and completion never
+# import them, and one per run (_LanectlGroup.invoke): rich's where styles show, a plain one elsewhere.
 @cache
-def out() -> "TerminalConsole":
-    from lanectl.cli.terminal import TerminalConsole
+def out() -> "Console":
+    from lanectl.cli.terminal import console
 
-    return TerminalConsole(highlight=False, soft_wrap=True, emoji=False)
+    return console(stderr=False)
 
 
 @cache
-def err() -> "TerminalConsole":
-    from lanectl.cli.terminal import TerminalConsole
+def err() -> "Console":
+    from lanectl.cli.terminal import console
 
-    return TerminalConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    return console(stderr=True)
 
 
 def _project(recipes: Path | None) -> "Project":
@@ -143,20 +141,15 @@ def show(result: "Result", as_json: bool = False) -> None:
 
         sys.stdout.write(render_json(result))
     else:
-        from rich.text import Text
-
-        from lanectl.cli.terminal import shown
         from lanectl.cli.views import render_text
 
         lines = render_text(result)
-        # One print per run of lines on the same stream: the order within each stream is the view's.
+        # One print per run of lines on the same stream: the order within each stream is the view's. A span is
+        # one line's part: a newline in it (from a log, a reason) is shown escaped.
         start = 0
         for end in range(1, len(lines) + 1):
             if end == len(lines) or lines[end].err != lines[start].err:
-                # A span is one line's part: a newline in it (from a log, a reason) is shown escaped.
-                text = Text("\n").join(Text.assemble(*((shown(part), style) for part, style in lines[i].spans))
-                                       for i in range(start, end))
-                (err() if lines[start].err else out()).print(text, highlight=False)
+                (err() if lines[start].err else out()).lines(lines[i].spans for i in range(start, end))
                 start = end
     if result.exit_code:
         raise typer.Exit(result.exit_code)

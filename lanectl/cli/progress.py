@@ -1,7 +1,7 @@
 """Progress of long work, drawn for people on stderr: the reporters the CLI hands to commands.
 
-Text from outside lanectl (step names, engine build steps, log lines) is printed as `Text` or with
-markup=False, never parsed as rich markup.
+Text from outside lanectl (step names, engine build steps, log lines) is printed as parts or with
+markup=False, never parsed as rich markup. Only the build's bars on a terminal import rich.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
-
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from lanectl.cli.terminal import Console
     from lanectl.commands.build import BuildReporter
     from lanectl.dockerapi.containers import BuildLog, PushProgress
     from lanectl.health.gate import GateProgress
@@ -34,11 +32,11 @@ class ConsoleReporter:
     def step(self, text: str, *, ok: bool = True) -> None:
         if not self.quiet:
             mark = ("✓", "green") if ok else ("✗", "red")
-            self.console.print(Text.assemble(mark, " ", text), highlight=False)
+            self.console.lines([(mark, " ", text)])
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(Text.assemble(("!", "yellow"), " ", text), highlight=False)
+            self.console.lines([(("!", "yellow"), " ", text)])
 
     def gate(self, progress: GateProgress) -> None:
         if self.quiet:
@@ -81,6 +79,9 @@ def build_reporter(console: Console, *, live: bool) -> Iterator[BuildReporter]:
     if live and console.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from lanectl.cli.rich_console import TerminalConsole
+
+        assert isinstance(console, TerminalConsole)  # what lanectl.cli.terminal.console gives a terminal
         columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[amount]}"),
                    TimeElapsedColumn(), TextColumn("[dim]{task.fields[step]}"))
         with Progress(*columns, console=console, transient=False) as progress:
