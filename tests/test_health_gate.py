@@ -594,7 +594,7 @@ def test_an_exit_with_code_0_is_reported_as_the_engine_death_it_is() -> None:
                              "before the lane was ready")
 
 
-# -- a companion's readiness, once the primary passed --------------------------------------------------------------
+# -- a companion's readiness, beside the primary's gate --------------------------------------------------------------
 
 def companion_gate(clock: FakeClock, engine: FakeEngine, budget: float, log: Sequence[tuple[float, str]] = (),
                    container: FakeContainer | None = None) -> CompanionGate:
@@ -607,7 +607,7 @@ def test_a_companion_passes_at_the_first_poll_that_finds_its_health_200() -> Non
     engine = FakeEngine(clock, listening_at=7)
     result = companion_gate(clock, engine, budget=60).wait()
     assert (result.passed, result.seconds, result.missing) == (True, 10, ())
-    assert result.detail == "rtx: ready 10 s after the primary (/health answered 200)"
+    assert result.detail == "rtx: ready after 10 s (/health answered 200)"
     assert engine.health_calls == [0, 5, 10]
 
 

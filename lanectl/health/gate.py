@@ -19,9 +19,10 @@ Each poll, in this order:
    waiting out a budget that may be 20 minutes long.
 5. When the budget runs out first, the gate fails and lists what it was still waiting for: the
    readiness conditions not met, or, once the lane looked ready, the generated token.
-6. Once the primary passed, each companion (`CompanionGate`) must answer `/health` 200 within what is left
-   of the budget; its fatal lines and its exit fail it at once. Until then the lane does not serve: a switch
-   away from it would find a companion that cannot sleep.
+6. Each companion (`CompanionGate`), polled beside the primary from the start, must answer `/health` 200
+   within the budget; its fatal lines and its exit fail it at once. The lane passes when the primary and
+   every companion have: until then it does not serve, since a switch away from it would find a companion
+   that cannot sleep.
 
 Checks run every `poll_interval_seconds`, the last one exactly at the end of the budget.
 """
@@ -339,12 +340,12 @@ class HealthEndpoint(Protocol):
 
 
 class CompanionGate:
-    """A companion's part of its lane's gate, run once the primary passed: the companion is its own `vllm serve`
-    (on the station's second GPU), and the lane serves only when it does too. Ready is vLLM's own word for it,
-    `/health` 200, which it answers only once its engine is up; the generation and model checks stay the
-    primary's, whose served model the recipe's health block names. A fatal engine line or a container that
-    exits fails it at once, as they fail the primary's gate; otherwise it waits at most `budget_seconds` (what
-    the primary left of the lane's startup budget), polling on the recipe's interval, and checks at least once.
+    """A companion's part of its lane's gate: the companion is its own `vllm serve` (on the station's second
+    GPU), and the lane serves only when it does too. Ready is vLLM's own word for it, `/health` 200, which it
+    answers only once its engine is up; the generation and model checks stay the primary's, whose served model
+    the recipe's health block names. A fatal engine line or a container that exits fails it at once, as they
+    fail the primary's gate; otherwise it waits at most `budget_seconds`, polling on the recipe's interval,
+    and checks at least once.
     """
 
     def __init__(self, role: str, health: Health, endpoint: HealthEndpoint, logs: LogSource,
@@ -395,7 +396,7 @@ class CompanionGate:
             probe = self.endpoint.health_ok()
             now = self.clock.monotonic()
             if probe.ok:
-                return result(None, f"ready {_seconds(now - start)} s after the primary ({probe.detail})")
+                return result(None, f"ready after {_seconds(now - start)} s ({probe.detail})")
             if now >= deadline:
                 return result(STARTUP_BUDGET, f"after {_seconds(self.budget)} s more, still waiting for "
                               f"{self.requirement}. Last answer: {probe.detail}")

@@ -19,7 +19,15 @@ from typing import Protocol
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.dockerapi.engine_api import NotFound, Stream
 from lanectl.health.engine_exit import exit_detail
-from lanectl.health.gate import CompanionGate, ContainerStatus, GateProgress, GateResult, HealthGate
+from lanectl.health.gate import (
+    INTERRUPTED,
+    STARTUP_BUDGET,
+    CompanionGate,
+    ContainerStatus,
+    GateProgress,
+    GateResult,
+    HealthGate,
+)
 from lanectl.health.probe import EndpointProbe, probe_base_url
 from lanectl.lanes.standby import (
     DEFAULT_DRAIN_SECONDS,
@@ -35,7 +43,7 @@ from lanectl.recipe.shutdown import drain_seconds
 
 class EngineCalls(Protocol):
     def gate(self, lane: Lane, budget_seconds: float, since: float | None) -> GateResult:
-        """Hold the lane's primary to its health gate, then each companion to its readiness, within
+        """Hold the lane's primary to its health gate and each companion, beside it, to its readiness, within
         `budget_seconds`, judging their logs from `since` (a UNIX time; None: from the start of the primary's
         current run)."""
         ...
@@ -70,39 +78,78 @@ class LaneEngines:
         if since is None:
             # A container an earlier, killed run started: its startup lines predate this command and count.
             state = self.engine.container(name)
-            started = state.started_epoch if state else None
-            since = started - 1.0 if started else time.time()
+            started_epoch = state.started_epoch if state else None
+            since = started_epoch - 1.0 if started_epoch else time.time()
         health = lane.spec.health.model_copy(update={"startup_budget_minutes": budget_seconds / 60})
-        log = FollowedLog(self.engine, name, since)
-        try:
-            gate = HealthGate(health, EndpointProbe(probe_base_url(lane), health), log, log, _Clock(self.pause),
-                              self.on_gate, interrupted=self.interrupted)
-            primary = gate.wait()
-        finally:
-            log.close()
+        began = time.monotonic()
+        # The companions start right after the primary and load beside it, so they are polled beside it too:
+        # one after the other, each would begin with a poll that finds it still loading and wait an interval.
+        # A companion that dies starting fails the lane at once, not after the primary's load.
+        companions = lane.roles[1:]
+        stop = threading.Event()  # ends the companions' waits: the primary failed, or the gate was left
+        died: list[GateResult] = []
+
+        def companion_gate(role: str) -> GateResult:
+            result = self._companion_gate(lane, role, health, budget_seconds, since, stop)
+            if not result.passed and result.failed_check not in (STARTUP_BUDGET, INTERRUPTED):
+                died.append(result)
+            return result
+
+        def primary_interrupted() -> str | None:
+            return self.interrupted() or ("a companion failed its gate" if died else None)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(companions))) as pool:
+            try:
+                pending = [pool.submit(companion_gate, role) for role in companions]
+                primary = self._primary_gate(lane, health, since, primary_interrupted)
+                if not primary.passed:
+                    stop.set()
+                ready = [future.result() for future in pending]
+            finally:
+                stop.set()
+        if died and self.interrupted() is None:
+            return replace(died[0], seconds=time.monotonic() - began)
         if not primary.passed:
             return primary
-        # The companions started right after the primary, so they have mostly had its time to load: waiting
-        # for them one after another costs about the slowest one's lag.
-        ready = []
-        for role in lane.roles[1:]:
-            companion = self._companion_gate(lane, role, health, budget_seconds - primary.seconds, since)
-            if not companion.passed:
-                return replace(companion, seconds=primary.seconds + companion.seconds)
-            ready.append(companion)
-        return replace(primary, companions=tuple(c.detail for c in ready),
-                       seconds=primary.seconds + sum(c.seconds for c in ready))
+        for i, companion in enumerate(ready):
+            if companion.failed_check == STARTUP_BUDGET and primary.seconds > budget_seconds:
+                # The lane's budget ran out while a cold primary's grew (a stall's cold minutes): the companion
+                # gets one more check now, as a lane's last check always comes at the end of its budget.
+                ready[i] = self._companion_gate(lane, companions[i], health, 0.0, since, threading.Event())
+            if not ready[i].passed:
+                return replace(ready[i], seconds=time.monotonic() - began)
+        return replace(primary, companions=tuple(c.detail for c in ready), seconds=time.monotonic() - began)
+
+    def _primary_gate(self, lane: Lane, health: Health, since: float,
+                      interrupted: Callable[[], str | None]) -> GateResult:
+        log = FollowedLog(self.engine, lane.container_name(), since)
+        try:
+            return HealthGate(health, EndpointProbe(probe_base_url(lane), health), log, log, _Clock(self.pause),
+                              self.on_gate, interrupted=interrupted).wait()
+        finally:
+            log.close()
 
     def _companion_gate(self, lane: Lane, role: str, health: Health, budget_seconds: float,
-                        since: float) -> GateResult:
+                        since: float, stop: threading.Event) -> GateResult:
         try:
             url = role_base_url(lane, role)
         except StandbyError:
             return GateResult(True, None, f"{role}: not checked (it publishes no port)", 0.0, (), ())
+
+        def interrupted() -> str | None:
+            return "the primary's gate ended" if stop.is_set() else self.interrupted()
+
+        def pause(seconds: float) -> None:
+            # In slices: a signal (which ends the primary's wait at once) or the end of the gate ends it too.
+            end = time.monotonic() + seconds
+            while not stop.is_set() and self.interrupted() is None and (left := end - time.monotonic()) > 0:
+                stop.wait(min(left, 0.1))
+
         log = FollowedLog(self.engine, lane.container_name(role), since)
         try:
-            return CompanionGate(role, health, EndpointProbe(url, health), log, log, _Clock(self.pause),
-                                 budget_seconds, self.on_gate, interrupted=self.interrupted).wait()
+            # Its progress is the primary's to report: one line per poll interval, not one per engine.
+            return CompanionGate(role, health, EndpointProbe(url, health), log, log, _Clock(pause),
+                                 budget_seconds, interrupted=interrupted).wait()
         finally:
             log.close()
 
