@@ -43,7 +43,7 @@ def restart_dockerd() -> None:
 
 
 def test_lanes_survive_an_engine_restart_between_commands(tmp_path):
-    lanes = make_lane_project(tmp_path)
+    lanes = make_lane_project(tmp_path, companions=False)  # the engine's restart is the claim, not the roles
     state = tmp_path / "state"
     try:
         lanes.invoke("build", "demo-h1", "demo-h2", state=state, check=True, timeout=600)
@@ -68,7 +68,7 @@ def test_lanes_survive_an_engine_restart_between_commands(tmp_path):
 
 
 def test_watchdog_run_survives_an_engine_restart_and_brings_the_lane_back(tmp_path):
-    lanes = make_lane_project(tmp_path)
+    lanes = make_lane_project(tmp_path, companions=False)  # the engine's restart is the claim, not the roles
     state = tmp_path / "state"
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("")

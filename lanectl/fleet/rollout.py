@@ -16,7 +16,7 @@ Each node is leased (a node label) while it changes.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import os
 import signal
 import time
@@ -44,12 +44,14 @@ from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import (
     INTERRUPTED,
     PROBE_ACCESS_LINE,
+    Clock,
     CompanionGate,
     ContainerStatus,
     GateResult,
     HealthGate,
     MonotonicClock,
 )
+from lanectl.health.lane_gate import gate_lane
 from lanectl.image.render import plan_image
 from lanectl.lanes.execute import Reporter, StepSeams, announce_notes
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
@@ -163,33 +165,29 @@ def node_base_url(lane: Lane, node: NodeInfo) -> str:
 
 def gate_on_node(swarm: SwarmEngine, lane: Lane, node: NodeInfo, service_id: str, reporter: Reporter,
                  interrupted: Callable[[], str | None] = lambda: None) -> GateResult:
-    """The box's gate on the node: the primary's checks against its published port and the log of the service's
-    current task, then each companion's (the lane serves only once its companions answer), as `LaneEngines.gate`
-    runs them on the box."""
+    """The box's gate on the node (`gate_lane`): the primary's checks against its published port and the log of
+    the service's current task, and beside them each companion's (the lane serves only once its companions
+    answer)."""
     from lanectl.health.probe import EndpointProbe
 
     health = lane.spec.health
-    primary = HealthGate(health, EndpointProbe(node_base_url(lane, node), health), SwarmLogSource(swarm, service_id),
-                         SwarmTaskWatch(swarm, service_id), MonotonicClock(), reporter.gate,
-                         interrupted=interrupted).wait()
-    if not primary.passed:
-        return primary
-    ready = []
-    for role in lane.roles[1:]:
+
+    def primary(stop: Callable[[], str | None]) -> GateResult:
+        return HealthGate(health, EndpointProbe(node_base_url(lane, node), health),
+                          SwarmLogSource(swarm, service_id), SwarmTaskWatch(swarm, service_id), MonotonicClock(),
+                          reporter.gate, interrupted=stop).wait()
+
+    def companion(role: str, budget_seconds: float, clock: Clock, stop: Callable[[], str | None]) -> GateResult:
         engine = lane.spec.companions[role].engine
-        companion = swarm.service(service_name(lane, role, node.hostname))
-        if not engine.ports or companion is None:
-            ready.append(GateResult(True, None, f"{role}: not checked (it publishes no port)", 0.0, (), ()))
-            continue
+        service = swarm.service(service_name(lane, role, node.hostname))
+        if not engine.ports or service is None:
+            return GateResult(True, None, f"{role}: not checked (it publishes no port)", 0.0, (), ())
         url = engine_url(node.addr, engine.ports[0].published)
-        result = CompanionGate(role, health, EndpointProbe(url, health), SwarmLogSource(swarm, companion.id),
-                               SwarmTaskWatch(swarm, companion.id), MonotonicClock(),
-                               health.startup_budget_minutes * 60 - primary.seconds, reporter.gate,
-                               interrupted=interrupted).wait()
-        if not result.passed:
-            return result
-        ready.append(result)
-    return dataclasses.replace(primary, companions=tuple(c.detail for c in ready))
+        return CompanionGate(role, health, EndpointProbe(url, health), SwarmLogSource(swarm, service.id),
+                             SwarmTaskWatch(swarm, service.id), clock, budget_seconds, interrupted=stop).wait()
+
+    return gate_lane(primary, [functools.partial(companion, role) for role in lane.roles[1:]],
+                     health.startup_budget_minutes * 60, interrupted)
 
 
 class NodeGate(Protocol):

@@ -13,21 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.dockerapi.engine_api import NotFound, Stream
 from lanectl.health.engine_exit import exit_detail
-from lanectl.health.gate import (
-    INTERRUPTED,
-    STARTUP_BUDGET,
-    CompanionGate,
-    ContainerStatus,
-    GateProgress,
-    GateResult,
-    HealthGate,
-)
+from lanectl.health.gate import Clock, CompanionGate, ContainerStatus, GateProgress, GateResult, HealthGate
+from lanectl.health.lane_gate import gate_lane
 from lanectl.health.probe import EndpointProbe, probe_base_url
 from lanectl.lanes.standby import (
     DEFAULT_DRAIN_SECONDS,
@@ -81,44 +74,10 @@ class LaneEngines:
             started_epoch = state.started_epoch if state else None
             since = started_epoch - 1.0 if started_epoch else time.time()
         health = lane.spec.health.model_copy(update={"startup_budget_minutes": budget_seconds / 60})
-        began = time.monotonic()
-        # The companions start right after the primary and load beside it, so they are polled beside it too:
-        # one after the other, each would begin with a poll that finds it still loading and wait an interval.
-        # A companion that dies starting fails the lane at once, not after the primary's load.
-        companions = lane.roles[1:]
-        stop = threading.Event()  # ends the companions' waits: the primary failed, or the gate was left
-        died: list[GateResult] = []
-
-        def companion_gate(role: str) -> GateResult:
-            result = self._companion_gate(lane, role, health, budget_seconds, since, stop)
-            if not result.passed and result.failed_check not in (STARTUP_BUDGET, INTERRUPTED):
-                died.append(result)
-            return result
-
-        def primary_interrupted() -> str | None:
-            return self.interrupted() or ("a companion failed its gate" if died else None)
-
-        with ThreadPoolExecutor(max_workers=max(1, len(companions))) as pool:
-            try:
-                pending = [pool.submit(companion_gate, role) for role in companions]
-                primary = self._primary_gate(lane, health, since, primary_interrupted)
-                if not primary.passed:
-                    stop.set()
-                ready = [future.result() for future in pending]
-            finally:
-                stop.set()
-        if died and self.interrupted() is None:
-            return replace(died[0], seconds=time.monotonic() - began)
-        if not primary.passed:
-            return primary
-        for i, companion in enumerate(ready):
-            if companion.failed_check == STARTUP_BUDGET and primary.seconds > budget_seconds:
-                # The lane's budget ran out while a cold primary's grew (a stall's cold minutes): the companion
-                # gets one more check now, as a lane's last check always comes at the end of its budget.
-                ready[i] = self._companion_gate(lane, companions[i], health, 0.0, since, threading.Event())
-            if not ready[i].passed:
-                return replace(ready[i], seconds=time.monotonic() - began)
-        return replace(primary, companions=tuple(c.detail for c in ready), seconds=time.monotonic() - began)
+        log_since = since  # a float from here: the closures below see it so
+        return gate_lane(lambda interrupted: self._primary_gate(lane, health, log_since, interrupted),
+                         [partial(self._companion_gate, lane, role, health, log_since) for role in lane.roles[1:]],
+                         budget_seconds, self.interrupted)
 
     def _primary_gate(self, lane: Lane, health: Health, since: float,
                       interrupted: Callable[[], str | None]) -> GateResult:
@@ -129,27 +88,17 @@ class LaneEngines:
         finally:
             log.close()
 
-    def _companion_gate(self, lane: Lane, role: str, health: Health, budget_seconds: float,
-                        since: float, stop: threading.Event) -> GateResult:
+    def _companion_gate(self, lane: Lane, role: str, health: Health, since: float, budget_seconds: float,
+                        clock: Clock, interrupted: Callable[[], str | None]) -> GateResult:
         try:
             url = role_base_url(lane, role)
         except StandbyError:
             return GateResult(True, None, f"{role}: not checked (it publishes no port)", 0.0, (), ())
-
-        def interrupted() -> str | None:
-            return "the primary's gate ended" if stop.is_set() else self.interrupted()
-
-        def pause(seconds: float) -> None:
-            # In slices: a signal (which ends the primary's wait at once) or the end of the gate ends it too.
-            end = time.monotonic() + seconds
-            while not stop.is_set() and self.interrupted() is None and (left := end - time.monotonic()) > 0:
-                stop.wait(min(left, 0.1))
-
         log = FollowedLog(self.engine, lane.container_name(role), since)
         try:
             # Its progress is the primary's to report: one line per poll interval, not one per engine.
-            return CompanionGate(role, health, EndpointProbe(url, health), log, log, _Clock(pause),
-                                 budget_seconds, interrupted=interrupted).wait()
+            return CompanionGate(role, health, EndpointProbe(url, health), log, log, clock, budget_seconds,
+                                 interrupted=interrupted).wait()
         finally:
             log.close()
 
