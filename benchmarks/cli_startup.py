@@ -5,6 +5,9 @@
   `lanectl watchdog check` on a healthy lane: CPU time of the process (`python -c pass` shown beside it)
   `lanectl up` and `lanectl rollback` between two lanes with kept containers: wall time over the raw Docker
           sequence (stop, start, poll /health at the recipe's poll interval), as benchmarks/lanes.py does it
+Then where `status` and `watchdog check` spend their imports, by package (`python -X importtime`, self times
+summed, median of 5 runs; a standard library module counts for the package that imported it; the option adds its
+own overhead, so the sum is above the start-up it explains).
 Medians of interleaved runs: a noisy moment slows the command and its baseline alike. The CLI is run as
 `python -m lanectl` from this checkout, with bytecode written as an installed package has it.
 """
@@ -79,6 +82,54 @@ def overhead_line(run: Runs, baseline: Runs, target_ms: int) -> str:
             f"(CPU {run.cpu_s() * 1000:.0f} ms, baseline {baseline.cpu_s() * 1000:.0f} ms)")
 
 
+# Packages by what they are to lanectl; the first prefix that matches names a module's group.
+IMPORT_GROUPS = (
+    ("pydantic (the models' base)", ("pydantic", "pydantic_core", "annotated_types", "typing_inspection",
+                                     "typing_extensions")),
+    ("lanectl's pydantic models", ("lanectl.recipe.model", "lanectl.recipe.kernel", "lanectl.state",
+                                   "lanectl.watchdog.state")),
+    ("lanectl, the rest", ("lanectl",)),
+    ("typer and click", ("typer", "click", "shellingham")),
+    ("rich", ("rich", "markdown_it", "pygments", "mdurl")),
+    ("the rest: Python's own start", ("",)),
+)
+
+
+def import_groups(stderr: str) -> dict[str, float]:
+    """Milliseconds of import (self times) per IMPORT_GROUPS group in one `-X importtime` report. A standard
+    library module counts for the package that first imported it (`http.client` for lanectl's engine client,
+    `inspect` for click): the time that would go if that package were not imported."""
+    rows = []
+    for row in stderr.splitlines():
+        if not row.startswith("import time:") or row.endswith("| imported package"):
+            continue
+        self_us, _, module = row.removeprefix("import time:").split("|")
+        rows.append((int(self_us) / 1000, len(module) - len(module.lstrip()), module.strip()))
+
+    def group_of(module: str) -> str:
+        return next(name for name, prefixes in IMPORT_GROUPS
+                    if any(p == "" or module == p or module.startswith(p + ".") for p in prefixes))
+
+    totals = dict.fromkeys((name for name, _ in IMPORT_GROUPS), 0.0)
+    # The report lists a module's imports before it, one level deeper: the importer is the next row less deep.
+    for i, (ms, depth, module) in enumerate(rows):
+        group = group_of(module)
+        for _, outer_depth, outer in rows[i + 1:]:
+            if group != IMPORT_GROUPS[-1][0]:
+                break
+            if outer_depth < depth:
+                group, depth = group_of(outer), outer_depth
+        totals[group] += ms
+    return totals
+
+
+def import_breakdown(label: str, run: Callable[[], str]) -> None:
+    reports = [import_groups(run()) for _ in range(5)]
+    medians = {name: statistics.median(report[name] for report in reports) for name, _ in IMPORT_GROUPS}
+    print(f"{label} imports by package (-X importtime self times, median of 5): " + "; ".join(
+        f"{name} {ms:.0f} ms" for name, ms in medians.items()) + f"; in all {sum(medians.values()):.0f} ms")
+
+
 def main() -> int:
     def python_pass() -> None:
         subprocess.run([sys.executable, "-c", "pass"], check=True)
@@ -115,6 +166,12 @@ def main() -> int:
             print(f"{check_runs.label:<30} {check_runs.cpu_s():6.3f} CPU-s   baseline `python -c pass` "
                   f"{baseline.cpu_s():5.3f} CPU-s   ({check_runs.wall_ms():.0f} ms wall)   "
                   f"target {CHECK_CPU_TARGET_S} CPU-s: {verdict(check_runs.cpu_s() <= CHECK_CPU_TARGET_S)}")
+            importtime = {"PYTHONPROFILEIMPORTTIME": "1"}  # -X importtime
+            import_breakdown(status_runs.label, lambda: lanes.cli("status", state=state, check=True,
+                                                                   extra_env=importtime).stderr)
+            import_breakdown(check_runs.label, lambda: lanes.cli(
+                "watchdog", "check", "--kernel-log", f"file:{kernel_log}", state=state, check=True,
+                extra_env=importtime).stderr)
 
             catalog = load_catalog(Project.locate(lanes.root / "recipes"))
             a, b = catalog.lane("demo-h1"), catalog.lane("demo-h2")
