@@ -4,6 +4,7 @@ ContainerEngine. No Docker: what only Docker can show stays in the Docker tests.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -86,7 +87,7 @@ class Box:
         return self
 
     def active(self, lane: str | None, *known_good: str) -> Box:
-        self.state = self.state.model_copy(update={"active": lane, "known_good": tuple(known_good)})
+        self.state = dataclasses.replace(self.state, active=lane, known_good=tuple(known_good))
         return self
 
     def asleep(self, lane: str) -> Box:

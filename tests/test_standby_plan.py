@@ -3,6 +3,7 @@ done when a sleep or a wake fails."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -58,7 +59,7 @@ def test_a_lane_that_is_not_active_is_stopped_not_put_to_sleep(catalog):
 def test_an_active_lane_that_cannot_sleep_safely_is_stopped_with_the_reason(catalog, change, why):
     box = h1_serving(catalog)
     if change == "no fingerprint":
-        box.standby = box.standby.model_copy(update={"fingerprints": {}})
+        box.standby = dataclasses.replace(box.standby, fingerprints={})
     box.host_memory_gib = {"little memory": 1.5, "memory unknown": None}.get(change, box.host_memory_gib)
     target = catalog.lane("demo-h2")
     plan = plan_rollback(catalog, box.snapshot(), target) if change == "rollback" else \

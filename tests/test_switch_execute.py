@@ -3,6 +3,7 @@ files. What only Docker shows is in tests/test_lanes_docker.py and tests/test_sw
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Callable
 from dataclasses import replace
@@ -208,7 +209,7 @@ def test_the_switch_leaves_the_new_lane_serving_the_old_one_asleep_and_the_watch
 
 def test_a_failed_gate_takes_the_way_back_and_brings_the_previous_lane_back(catalog, tmp_path):
     box = h1_serving(catalog).active("demo-h1", "demo-h1")
-    box.standby = box.standby.model_copy(update={"fingerprints": {}})  # demo-h1 is stopped, not left asleep
+    box.standby = dataclasses.replace(box.standby, fingerprints={})  # demo-h1 is stopped, not left asleep
     run = Run(catalog, box, tmp_path)
     run.engines.failing_gates.add("demo-h2")
     outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
@@ -222,7 +223,7 @@ def test_a_failed_gate_takes_the_way_back_and_brings_the_previous_lane_back(cata
 
 def test_without_a_way_back_the_failed_lane_is_stopped_for_debugging(catalog, tmp_path):
     box = h1_serving(catalog)
-    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    box.standby = dataclasses.replace(box.standby, fingerprints={})
     run = Run(catalog, box, tmp_path)
     run.engines.failing_gates.add("demo-h2")
     outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2"), rollback_on_failure=False))
@@ -267,7 +268,7 @@ def test_a_wake_whose_output_differs_from_the_fingerprint_takes_the_cold_path(ca
 def test_a_signal_mid_switch_lets_the_step_finish_then_goes_back_re_arms_and_says_what_serves(catalog, tmp_path,
                                                                                               signum):
     box = h1_serving(catalog).active("demo-h1", "demo-h1")
-    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    box.standby = dataclasses.replace(box.standby, fingerprints={})
     run = Run(catalog, box, tmp_path)
     run.engine.on_call[f"start:{H2}"] = lambda: run.interrupt.arrived(signum)  # as the signal handler does
     outcome = run.run(plan_up(catalog, box.snapshot(), catalog.lane("demo-h2")))
@@ -284,7 +285,7 @@ def test_a_signal_mid_switch_lets_the_step_finish_then_goes_back_re_arms_and_say
 
 def test_a_second_signal_stops_at_once_and_leaves_the_switch_for_the_next_command(catalog, tmp_path):
     box = h1_serving(catalog).active("demo-h1", "demo-h1")
-    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    box.standby = dataclasses.replace(box.standby, fingerprints={})
     run = Run(catalog, box, tmp_path)
     run.engine.on_call[f"start:{H2}"] = lambda: run.interrupt.arrived(signal.SIGINT)
     run.engine.on_call[f"stop:{H2}"] = lambda: run.interrupt.arrived(signal.SIGINT)  # during the way back
@@ -296,7 +297,7 @@ def test_a_second_signal_stops_at_once_and_leaves_the_switch_for_the_next_comman
 
 def test_a_state_file_that_cannot_be_written_after_a_passed_gate_leaves_the_new_lane_serving(catalog, tmp_path):
     box = h1_serving(catalog).active("demo-h1", "demo-h1")
-    box.standby = box.standby.model_copy(update={"fingerprints": {}})
+    box.standby = dataclasses.replace(box.standby, fingerprints={})
     run = Run(catalog, box, tmp_path)
 
     def fill_the_disk(lane):

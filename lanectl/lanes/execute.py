@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -461,8 +461,11 @@ class Executor:
             run.slept.append(lane.name)
             resident = resident_gib(self.engine.logs(step.container, since=started - 1))
             if resident is not None:
-                self._standbys(lambda s: s.with_standby(s.standby(lane.name).model_copy(  # type: ignore[union-attr]
-                    update={"resident_gib": resident})) if s.standby(lane.name) else s)
+                def with_resident(s: StandbyState) -> StandbyState:
+                    record = s.standby(lane.name)
+                    return s if record is None else s.with_standby(replace(record, resident_gib=resident))
+
+                self._standbys(with_resident)
                 return f"{drained}; {resident:g} GiB still in use on the GPU"
         return drained
 
@@ -509,8 +512,8 @@ class Executor:
             message = f"no wake-check fingerprint for {lane.name} ({exc}): it will be stopped, not left asleep"
             self.reporter.note(message)
             self.journal.append("note", lane=lane.name, message=message)
-            self._standbys(lambda s: s.serving(lane.name).model_copy(
-                update={"fingerprints": {k: v for k, v in s.fingerprints.items() if k != lane.name}}))
+            self._standbys(lambda s: replace(s.serving(lane.name),
+                                             fingerprints={k: v for k, v in s.fingerprints.items() if k != lane.name}))
             return "no fingerprint"
         fingerprint = Fingerprint(prompt=check.prompt, max_tokens=check.max_tokens, text=text,
                                   recorded=self.standbys.timestamp())

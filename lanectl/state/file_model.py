@@ -1,4 +1,5 @@
-"""What every state file's model shares: strict pydantic, timestamps, and how a file that fails reads.
+"""What every state file shares: strict records (`lanectl.state.strict`), timestamps, and how a file that
+fails reads.
 
 State files are written by lanectl and read back by later commands and by the cron watchdog, so a
 value of the wrong type must be refused where it is read, not surface later as a crash. Strict: no
@@ -13,21 +14,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
-
 from lanectl.errors import OperationFailed
 from lanectl.state.atomic import write_atomically
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+from lanectl.state.strict import Check, Invalid, MaxLength, read_record
 
 # How many of a file's errors a report names; the rest are counted.
 SHOWN_ERRORS = 5
-
-
-class StateFileModel(BaseModel):
-    # cache_strings="keys": pydantic caches every short string it parses from JSON by default, and the
-    # watchdog reads its state every pass, each time with new timestamps: the cache filled with them, and
-    # `watchdog run` grew by ~1 MiB over its first 10 minutes. Keys are a fixed set.
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, cache_strings="keys")
 
 
 def _timestamp(text: str) -> str:
@@ -38,20 +31,18 @@ def _timestamp(text: str) -> str:
 
 
 # ISO 8601 with a timezone, kept as written (`utc_timestamp` writes them).
-Timestamp = Annotated[str, Field(max_length=64), AfterValidator(_timestamp)]
+Timestamp = Annotated[str, MaxLength(64), Check(_timestamp)]
 
 
-def describe_invalid(error: ValidationError) -> str:
+def describe_invalid(error: Invalid) -> str:
     """`field.path: what is wrong` for each error, `; `-joined: the detail a refused state file is reported with."""
-    problems = []
-    for item in error.errors(include_url=False, include_input=False)[:SHOWN_ERRORS]:
-        where = ".".join(str(part) for part in item["loc"]) or "(the whole file)"
-        problems.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
-    more = error.error_count() - len(problems)
+    problems = [f"{'.'.join(str(part) for part in loc) or '(the whole file)'}: {message}"
+                for loc, message in error.errors[:SHOWN_ERRORS]]
+    more = len(error.errors) - len(problems)
     return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
 
 
-Model = TypeVar("Model", bound=BaseModel)
+Model = TypeVar("Model")
 
 
 class NewerVersion(ValueError):
@@ -86,9 +77,8 @@ def parse_state_file(raw: bytes, model: type[Model], limit: int, what: str, *, v
         if type(found) is not int or found != version:
             raise ValueError(f"version must be {version}, got {found!r}")
     try:
-        # From the text, not `data`: strict JSON-mode validation takes a list for a tuple field.
-        return model.model_validate_json(text)
-    except ValidationError as exc:
+        return read_record(model, data)
+    except Invalid as exc:
         raise ValueError(describe_invalid(exc)) from None
 
 

@@ -21,14 +21,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Annotated, Any, BinaryIO, ClassVar
 
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.state.atomic import fsync_directory
 from lanectl.state.file_model import describe_invalid
 from lanectl.state.paths import check_state_file, create_state_dir
+from lanectl.state.strict import Invalid, Key, read_record
 
 RESERVED_FIELDS = ("ts", "who", "pid", "kind")
 # lanectl writes records of a few hundred bytes (a log tail at most some KiB): a longer line is not
@@ -246,8 +245,9 @@ class Journal:
 # counts an intent's steps, a switch finishes one from its `from` and `to`. Header fields are checked
 # when present (readers show '?' for a missing one); the fields of a switch record are required.
 # Records stay the dicts they were read as: the models only judge them.
-class _Record(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+@dataclass(frozen=True, kw_only=True)
+class _Record:
+    ALLOWS_EXTRA: ClassVar[bool] = True
 
     # The defaults are never used: a missing header field is allowed, a present one must have its type.
     ts: str = ""
@@ -256,20 +256,23 @@ class _Record(BaseModel):
     kind: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
 class _Intent(_Record):
     switch: str
     action: str
-    from_: str | None = Field(alias="from")
+    from_: Annotated[str | None, Key("from")]
     to: str | None
     why: str
     steps: list[str]
 
 
+@dataclass(frozen=True, kw_only=True)
 class _Step(_Record):
     switch: str
     step: str
 
 
+@dataclass(frozen=True, kw_only=True)
 class _Outcome(_Record):
     switch: str
     result: str
@@ -283,8 +286,8 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
     kind = record.get("kind")
     shape = _RECORD_SHAPES.get(kind, _Record) if isinstance(kind, str) else _Record  # a list kind is unhashable
     try:
-        shape.model_validate(record)
-    except ValidationError as exc:
+        read_record(shape, record)
+    except Invalid as exc:
         return describe_invalid(exc)
     return None
 

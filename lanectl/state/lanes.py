@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
 from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import NewerVersion, StateFileModel, Timestamp, load_state_file
+from lanectl.state.file_model import NewerVersion, Timestamp, load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import check_state_file, create_state_dir
+from lanectl.state.strict import record_data
 
 STATE_VERSION: Literal[1] = 1
 MAX_STATE_BYTES = 1024 * 1024  # a few lane names and a lease; anything bigger was not written by lanectl
@@ -30,7 +32,8 @@ MAX_DISARM_SECONDS = 366 * 86400
 SWITCH_LEASE_PREFIX = "switch to "
 
 
-class WatchdogLease(StateFileModel):
+@dataclass(frozen=True)
+class WatchdogLease:
     """The watchdog is disarmed until `until` (ISO UTC), because `reason`, as asked by `by`."""
 
     until: Timestamp
@@ -38,7 +41,8 @@ class WatchdogLease(StateFileModel):
     by: str
 
 
-class LaneState(StateFileModel):
+@dataclass(frozen=True)
+class LaneState:
     """state.json, as `LaneStateStore` writes it and checks it on reading; its transitions return new states."""
 
     version: Literal[1] = STATE_VERSION
@@ -49,16 +53,16 @@ class LaneState(StateFileModel):
     updated: str | None = None
 
     def with_active(self, lane: str) -> LaneState:
-        return self.model_copy(update={"active": lane})
+        return replace(self, active=lane)
 
     def with_inactive(self) -> LaneState:
-        return self.model_copy(update={"active": None})
+        return replace(self, active=None)
 
     def with_known_good(self, lane: str) -> LaneState:
-        return self.model_copy(update={"known_good": (*(known for known in self.known_good if known != lane), lane)})
+        return replace(self, known_good=(*(known for known in self.known_good if known != lane), lane))
 
     def armed(self) -> LaneState:
-        return self.model_copy(update={"watchdog_armed": True, "watchdog_lease": None})
+        return replace(self, watchdog_armed=True, watchdog_lease=None)
 
     def disarmed_for(self, seconds: float, reason: str, by: str, now: datetime) -> LaneState:
         # A disarm always ends: a forgotten one would leave the box unguarded until someone notices.
@@ -74,7 +78,7 @@ class LaneState(StateFileModel):
             # reader of state.json accepts, so every later command would fail on the file.
             raise BadInput("the disarm reason is not UTF-8 text; give it as UTF-8") from None
         lease = WatchdogLease(until=utc_timestamp(now + timedelta(seconds=seconds)), reason=reason, by=by)
-        return self.model_copy(update={"watchdog_armed": False, "watchdog_lease": lease})
+        return replace(self, watchdog_armed=False, watchdog_lease=lease)
 
     def lease_expired(self, now: datetime) -> bool:
         """True when there is a lease and `now` has reached its end; False with no lease at all."""
@@ -141,8 +145,8 @@ class LaneStateStore:
         return self._write(change(self.load()))
 
     def _write(self, state: LaneState) -> LaneState:
-        stamped = state.model_copy(update={"updated": utc_timestamp(self.now())})
-        text = json.dumps(stamped.model_dump(mode="json"), indent=2) + "\n"
+        stamped = replace(state, updated=utc_timestamp(self.now()))
+        text = json.dumps(record_data(stamped), indent=2) + "\n"
         try:
             create_state_dir(self.path.parent)
             check_state_file(self.path)

@@ -28,16 +28,15 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
-
-from pydantic import Field, ValidationError
 
 from lanectl.errors import OperationFailed
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import StateFileModel, Timestamp
+from lanectl.state.file_model import Timestamp
 from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import (
     NotAStateFile,
@@ -47,6 +46,7 @@ from lanectl.state.paths import (
     read_state_file,
     refuse_link,
 )
+from lanectl.state.strict import Bounds, read_record, record_data
 
 POLL_SECONDS = 0.1
 MAX_HOLDER_BYTES = 64 * 1024
@@ -77,10 +77,11 @@ def _group_of(socket_path: str | None) -> int | None:
         return None
 
 
-class LockHolder(StateFileModel):
+@dataclass(frozen=True)
+class LockHolder:
     """host.lock.json: who holds the lock."""
 
-    pid: int = Field(gt=0)
+    pid: Annotated[int, Bounds(gt=0)]
     command: str
     since: Timestamp
     host: str
@@ -148,8 +149,8 @@ class HostLock:
             left = self._read_holder()
             if left is not None:
                 self.took_over_from = {**left, "reason": f"pid {left['pid']} ended without releasing the lock"}
-            holder = LockHolder(pid=os.getpid(), command=self.command, since=utc_timestamp(self.now()),
-                                host=socket.gethostname()).model_dump()
+            holder = record_data(LockHolder(pid=os.getpid(), command=self.command, since=utc_timestamp(self.now()),
+                                            host=socket.gethostname()))
             write_atomically(self.holder_path, json.dumps(holder).encode(), mode=self._mode)
         except OSError as exc:
             os.close(fd)  # lets the flock go, if we had it
@@ -225,8 +226,8 @@ class HostLock:
         """The details file, None when there is none or it is not one lanectl wrote."""
         try:
             raw = read_state_file(self.holder_path, MAX_HOLDER_BYTES, shared=self.group is not None)
-            return None if raw is None else LockHolder.model_validate_json(raw).model_dump()
-        except (OSError, NotAStateFile, ValidationError):
+            return None if raw is None else record_data(read_record(LockHolder, json.loads(raw)))
+        except (OSError, NotAStateFile, ValueError, RecursionError):  # ValueError: not JSON, or not a holder
             return None
 
 

@@ -11,55 +11,56 @@ Callers hold the `HostLock` for load-change-save, as for `state.json`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
 from lanectl.state.atomic import write_atomically
 from lanectl.state.file_model import Timestamp, load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
 from lanectl.state.paths import check_state_file, create_state_dir
+from lanectl.state.strict import Bounds, record_data
 
 MAX_STANDBY_BYTES = 1024 * 1024
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class Fingerprint(_Record):
+@dataclass(frozen=True)
+class Fingerprint:
     """Greedy output of the lane's wake-check prompt, recorded when it last passed its gate."""
 
     prompt: str
-    max_tokens: Annotated[int, Field(ge=1)]
+    max_tokens: Annotated[int, Bounds(ge=1)]
     text: str
     recorded: Timestamp
 
 
-class StandbyRecord(_Record):
+@dataclass(frozen=True)
+class StandbyRecord:
     lane: str
     since: Timestamp  # ISO UTC: when it was put to sleep
     fingerprint: Fingerprint
     # GPU memory it still holds asleep, as the engine logged it.
-    resident_gib: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    resident_gib: Annotated[float, Bounds(ge=0)] | None = None
 
 
-class DroppedStandby(_Record):
+@dataclass(frozen=True)
+class DroppedStandby:
     """Why a lane's standby was given up (it died asleep, a switch stopped it): the next rollback says so."""
 
     reason: str
     at: Timestamp
 
 
-class StandbyState(_Record):
+@dataclass(frozen=True)
+class StandbyState:
     version: Literal[1] = 1
     standbys: tuple[StandbyRecord, ...] = ()
-    fingerprints: dict[str, Fingerprint] = {}
-    dropped: dict[str, DroppedStandby] = {}
+    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
+    dropped: dict[str, DroppedStandby] = field(default_factory=dict)
 
     def standby(self, lane: str) -> StandbyRecord | None:
         return next((record for record in self.standbys if record.lane == lane), None)
@@ -67,7 +68,7 @@ class StandbyState(_Record):
     def with_standby(self, record: StandbyRecord) -> StandbyState:
         others = tuple(r for r in self.standbys if r.lane != record.lane)
         dropped = {k: v for k, v in self.dropped.items() if k != record.lane}
-        return self.model_copy(update={"standbys": (*others, record), "dropped": dropped})
+        return replace(self, standbys=(*others, record), dropped=dropped)
 
     def without(self, lane: str, reason: str | None, now: datetime) -> StandbyState:
         """`lane` no longer waits asleep; a `reason` is kept for the next command that looks for it."""
@@ -76,16 +77,15 @@ class StandbyState(_Record):
         dropped = dict(self.dropped)
         if reason is not None:
             dropped[lane] = DroppedStandby(reason=reason, at=utc_timestamp(now))
-        return self.model_copy(update={"standbys": tuple(r for r in self.standbys if r.lane != lane),
-                                       "dropped": dropped})
+        return replace(self, standbys=tuple(r for r in self.standbys if r.lane != lane), dropped=dropped)
 
     def serving(self, lane: str) -> StandbyState:
         """`lane` serves again: it is nobody's standby and nothing about its old one matters any more."""
-        return self.model_copy(update={"standbys": tuple(r for r in self.standbys if r.lane != lane),
-                                       "dropped": {k: v for k, v in self.dropped.items() if k != lane}})
+        return replace(self, standbys=tuple(r for r in self.standbys if r.lane != lane),
+                       dropped={k: v for k, v in self.dropped.items() if k != lane})
 
     def with_fingerprint(self, lane: str, fingerprint: Fingerprint) -> StandbyState:
-        return self.model_copy(update={"fingerprints": {**self.fingerprints, lane: fingerprint}})
+        return replace(self, fingerprints={**self.fingerprints, lane: fingerprint})
 
 
 class StandbyFileCorrupt(OperationFailed):
@@ -114,7 +114,7 @@ class StandbyStore:
         try:
             create_state_dir(self.path.parent)
             check_state_file(self.path)
-            write_atomically(self.path, (state.model_dump_json(indent=2) + "\n").encode())
+            write_atomically(self.path, (json.dumps(record_data(state), indent=2) + "\n").encode())
         except OSError as exc:
             raise OperationFailed(f"could not write {self.path}: {exc.strerror or exc}") from exc
         return state

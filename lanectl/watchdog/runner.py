@@ -139,8 +139,8 @@ class Watchdog:
             # Both or neither: an unguarded box that its journal does not explain is worse than a refused
             # disarm. Only the watchdog's own fields go back, so a pass that ran meanwhile keeps its changes.
             if had_file:
-                self.lanes.update(lambda s: s.model_copy(update={"watchdog_armed": before.watchdog_armed,
-                                                                 "watchdog_lease": before.watchdog_lease}))
+                self.lanes.update(lambda s: replace(s, watchdog_armed=before.watchdog_armed,
+                                                    watchdog_lease=before.watchdog_lease))
             else:
                 self.lanes.path.unlink(missing_ok=True)
             raise

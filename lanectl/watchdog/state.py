@@ -20,11 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
-
 from lanectl.state.atomic import write_atomically
-from lanectl.state.file_model import StateFileModel, Timestamp, parse_state_file
+from lanectl.state.file_model import Timestamp, parse_state_file
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
+from lanectl.state.strict import Bounds, Matches, MaxLength, record_data
 from lanectl.watchdog.policy import WatchdogMemory
 
 WATCHDOG_STATE_VERSION = 1
@@ -36,41 +35,45 @@ MAX_COUNT = 2**53
 MAX_UNIX_SECONDS = 1e11
 
 
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-UnixSeconds = Annotated[float, Field(ge=0, le=MAX_UNIX_SECONDS, allow_inf_nan=False)]
-Text = Annotated[str, Field(max_length=4096)]
+Count = Annotated[int, Bounds(ge=0, le=MAX_COUNT)]
+UnixSeconds = Annotated[float, Bounds(ge=0, le=MAX_UNIX_SECONDS)]
+Text = Annotated[str, MaxLength(4096)]
+LongText = Annotated[str, MaxLength(65536)]
 
 
-class MemoryFile(StateFileModel):
+@dataclass(frozen=True)
+class MemoryFile:
     lane: Text | None = None
     consecutive_failures: Count = 0
-    restarts: tuple[Timestamp, ...] = Field(default=(), max_length=10_000)
+    restarts: Annotated[tuple[Timestamp, ...], MaxLength(10_000)] = ()
     ready_since_start: bool = False
 
 
-class LastActionFile(StateFileModel):
+@dataclass(frozen=True)
+class LastActionFile:
     ts: Timestamp
     action: Text
-    reason: Annotated[str, Field(max_length=65536)]
-    outcome: Annotated[str, Field(max_length=65536)]
+    reason: LongText
+    outcome: LongText
 
 
-class WatchdogFile(StateFileModel):
-    """watchdog.json as written by `WatchdogStateStore.save`."""
+@dataclass(frozen=True)
+class WatchdogFile:
+    """watchdog.json as written by `WatchdogStateStore.save`: what its reading checks."""
 
-    version: Annotated[int, Field(ge=WATCHDOG_STATE_VERSION, le=WATCHDOG_STATE_VERSION)] = WATCHDOG_STATE_VERSION
+    version: Annotated[int, Bounds(ge=WATCHDOG_STATE_VERSION, le=WATCHDOG_STATE_VERSION)] = WATCHDOG_STATE_VERSION
     memory: MemoryFile = MemoryFile()
     log_since: UnixSeconds | None = None
     kernel_cursor: Text | None = None
     last_generation_probe: UnixSeconds | None = None
     last_pass: Timestamp | None = None
-    last_pass_result: Annotated[str, Field(max_length=65536)] | None = None
-    last_pass_seconds: Annotated[float, Field(ge=0, le=MAX_UNIX_SECONDS, allow_inf_nan=False)] = 0.0
+    last_pass_result: LongText | None = None
+    last_pass_seconds: UnixSeconds = 0.0
     last_action: LastActionFile | None = None
     heartbeat: Timestamp | None = None
-    restarts_total: dict[Text, Count] = {}
+    restarts_total: dict[Text, Count] = field(default_factory=dict)
     rollbacks_total: Count = 0
-    xid_total: dict[Annotated[str, Field(pattern=r"^\d{1,6}$")], Count] = {}
+    xid_total: dict[Annotated[str, Matches(r"^\d{1,6}$")], Count] = field(default_factory=dict)
     xid_hardware_total: Count = 0
 
 
@@ -95,7 +98,7 @@ class WatchdogRecord:
 def parse_watchdog_file(raw: bytes) -> WatchdogRecord:
     """The record in `raw`; ValueError saying where and what when it is not a valid watchdog.json."""
     parsed = parse_state_file(raw, WatchdogFile, MAX_STATE_BYTES, "watchdog.json")
-    data = parsed.model_dump()
+    data = record_data(parsed)
     remembered = data.pop("memory")
     memory = WatchdogMemory(**{**remembered, "restarts": tuple(remembered["restarts"])})
     return replace(WatchdogRecord(**data), memory=memory)
