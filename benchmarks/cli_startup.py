@@ -86,7 +86,7 @@ def overhead_line(run: Runs, baseline: Runs, target_ms: int) -> str:
 IMPORT_GROUPS = (
     ("pydantic (the models' base)", ("pydantic", "pydantic_core", "annotated_types", "typing_inspection",
                                      "typing_extensions")),
-    ("lanectl's pydantic models", ("lanectl.recipe.model", "lanectl.recipe.kernel", "lanectl.state",
+    ("lanectl's recipe and state models", ("lanectl.recipe.model", "lanectl.recipe.kernel", "lanectl.state",
                                    "lanectl.watchdog.state")),
     ("lanectl, the rest", ("lanectl",)),
     ("typer and click", ("typer", "click", "shellingham")),
