@@ -69,11 +69,11 @@ def no_signal() -> str | None:
 
 def test_a_companion_is_polled_beside_the_primary_so_the_lane_passes_with_its_slower_engine() -> None:
     log: list[str] = []
-    result = gate_lane(primary_ready_after(0.3, log), [companion_ready_after(0.2, log)], 60, no_signal)
+    result = gate_lane(primary_ready_after(1.0, log), [companion_ready_after(0.2, log)], 60, no_signal)
     assert result.passed and len(result.companions) == 1
     # Checked while the primary still loaded: one after the other, the companion's gate would begin after it.
     assert log == ["companion done with budget 60", "primary done"]
-    assert result.seconds >= 0.3
+    assert result.seconds >= 1.0
 
 
 def test_a_companion_that_dies_starting_fails_the_lane_at_once_and_stops_the_primarys_wait() -> None:
@@ -114,14 +114,14 @@ def test_a_signal_stops_both_and_the_lane_reports_the_interruption_not_a_compani
 
 def test_a_companion_out_of_budget_while_a_cold_primarys_grew_gets_one_more_check_after_it() -> None:
     log: list[str] = []
-    # The primary takes 0.4 s of a 0.2 s budget (a cold start's allowance); the companion is ready at 0.3 s.
-    result = gate_lane(primary_ready_after(0.4, log), [companion_ready_after(0.3, log)], 0.2, no_signal)
+    # The primary takes 1.2 s of a 0.2 s budget (a cold start's allowance); the companion is ready at 0.6 s.
+    result = gate_lane(primary_ready_after(1.2, log), [companion_ready_after(0.6, log)], 0.2, no_signal)
     assert log == ["companion out of budget 0.2", "primary done", "companion done with budget 0"]
     assert result.passed
 
 
 def test_a_companion_out_of_budget_beside_a_primary_within_it_fails_the_lane() -> None:
     log: list[str] = []
-    result = gate_lane(primary_ready_after(0.1, log), [companion_ready_after(30, log)], 0.3, no_signal)
+    result = gate_lane(primary_ready_after(0.1, log), [companion_ready_after(30, log)], 1.0, no_signal)
     assert (result.passed, result.failed_check) == (False, STARTUP_BUDGET)
-    assert log == ["primary done", "companion out of budget 0.3"]
+    assert log == ["primary done", "companion out of budget 1"]
