@@ -114,7 +114,7 @@ class GateResult:
     log_tail: tuple[str, ...]
     missing: tuple[str, ...]
     exit_code: int | None = None
-    companions: tuple[str, ...] = ()  # how each companion came ready, once the primary passed
+    companions: tuple[str, ...] = ()  # how each companion came ready, gated beside the primary
 
 
 class HealthGate:
