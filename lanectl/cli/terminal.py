@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Console", "PlainConsole", "console", "has_controls", "shown"]
 
+
 class Console(Protocol):
     """What lanectl prints through: strings (newlines kept: a block), or lines of parts, each plain text or
     text and its style name (newlines escaped: a part cannot start a line of its own)."""

@@ -18,7 +18,7 @@ from typing import Annotated, TypeVar
 from lanectl.errors import OperationFailed
 from lanectl.state.atomic import write_atomically
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
-from lanectl.state.strict import Check, Invalid, MaxLength, read_record
+from lanectl.state.strict import Check, Invalid, MaxLength, error_lines, read_record
 
 # How many of a file's errors a report names; the rest are counted.
 SHOWN_ERRORS = 5
@@ -37,8 +37,7 @@ Timestamp = Annotated[str, MaxLength(64), Check(_timestamp)]
 
 def describe_invalid(error: Invalid) -> str:
     """`field.path: what is wrong` for each error, `; `-joined: the detail a refused state file is reported with."""
-    problems = [f"{'.'.join(str(part) for part in loc) or '(the whole file)'}: {message}"
-                for loc, message in error.errors[:SHOWN_ERRORS]]
+    problems = error_lines(error.errors[:SHOWN_ERRORS])
     more = len(error.errors) - len(problems)
     return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
 

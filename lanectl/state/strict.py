@@ -67,9 +67,13 @@ class Invalid(ValueError):
     """The data is not a valid record: `errors` lists `(location, message)`, in the order found."""
 
     def __init__(self, errors: list[tuple[Loc, str]]):
-        super().__init__("; ".join(f"{'.'.join(map(str, loc)) or '(the whole file)'}: {message}"
-                                   for loc, message in errors))
+        super().__init__("; ".join(error_lines(errors)))
         self.errors = errors
+
+
+def error_lines(errors: list[tuple[Loc, str]]) -> list[str]:
+    """`field.path: what is wrong`, one per error."""
+    return [f"{'.'.join(map(str, loc)) or '(the whole file)'}: {message}" for loc, message in errors]
 
 
 def read_record(cls: type[Record], data: Any) -> Record:
