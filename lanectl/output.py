@@ -32,6 +32,8 @@ class Message:
 
 @dataclass(frozen=True)
 class Result:
+    """What a command returns: the `--json` envelope's command and data, and the messages shown beside them."""
+
     command: str
     """The envelope's `command`, and the name of the text view."""
     data: Mapping[str, Any]

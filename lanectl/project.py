@@ -27,6 +27,8 @@ BUILTIN_IMAGES_DIR = Path(str(importlib.resources.files("lanectl") / "image" / "
 
 @dataclass(frozen=True)
 class Project:
+    """A recipes project: its root folder (templates, patches, kernels) and its recipes folder."""
+
     root: Path
     recipes_dir: Path
 

@@ -32,13 +32,13 @@ def repo_catalog() -> Catalog:
 def with_lane(catalog: Catalog, name: str, **spec_changes: Any) -> Catalog:
     """The catalog with one lane's spec changed (`engine=…`, `companions=…`): a recipe edited since."""
     lane = catalog.lanes[name]
-    changed = replace(lane, spec=lane.spec.model_copy(update=spec_changes))
+    changed = replace(lane, spec=replace(lane.spec, **spec_changes))
     return replace(catalog, lanes={**catalog.lanes, name: changed})
 
 
 def with_engine(catalog: Catalog, name: str, **engine_changes: Any) -> Catalog:
     lane = catalog.lanes[name]
-    return with_lane(catalog, name, engine=lane.spec.engine.model_copy(update=engine_changes))
+    return with_lane(catalog, name, engine=replace(lane.spec.engine, **engine_changes))
 
 
 def fingerprint(text: str = "2, 3, 5, 7, 11") -> Fingerprint:

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -24,9 +24,8 @@ SETTINGS = Health(
     served_model_name="demo-model",
     generation_probe=GenerationProbe(prompt="Say OK.", max_tokens=2, timeout_seconds=10),
 )
-SHORT = SETTINGS.model_copy(update={
-    "request_timeout_seconds": 1.5, "generation_probe": GenerationProbe(prompt="Say OK.", max_tokens=2,
-                                                                      timeout_seconds=2.5)})
+SHORT = replace(SETTINGS, request_timeout_seconds=1.5,
+                generation_probe=GenerationProbe(prompt="Say OK.", max_tokens=2, timeout_seconds=2.5))
 NEVER = 600.0  # a handler's delay that outlasts every test: the request is never answered
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from lanectl.health.gate import ContainerStatus, GateProgress, GateResult, HealthGate, MonotonicClock
 from lanectl.health.probe import EndpointProbe
-from lanectl.recipe.model import GenerationProbe, Health, StartupLog, StartupStall
+from lanectl.recipe.model import GenerationProbe, Health, StartupLog, StartupStall, validated
 from tests.stub_engine.stubproc import MODEL_NAME, STUB_DIR, StubProcess, free_port
 
 EXPECT = [r"^GPU KV cache size: [0-9,]+ tokens", r"^\[Autotuner\]: Loaded [0-9]+ configs from "]
@@ -70,7 +70,7 @@ def run_gate() -> Iterator[RunGate]:
     def run(
         env: Mapping[str, str], budget_minutes: float = BUDGET_S / 60, **health: object
     ) -> tuple[GateResult, list[GateProgress]]:
-        settings = Health.model_validate(
+        settings = validated(Health,
             {
                 "startup_budget_minutes": budget_minutes,
                 "poll_interval_seconds": 0.2,

@@ -9,6 +9,9 @@ each of them its import time whether it is used or not. The real CLI runs in a s
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -26,8 +29,9 @@ from tests.conftest import REPO
 NEVER = {"matplotlib", "jinja2", "tenacity", "lanectl.lanes.switcher", "lanectl.state.lock", "lanectl.bench",
          "lanectl.fleet", "lanectl.image.build", "lanectl.watchdog.alerts", "docker", "requests", "urllib3",
          "httpx"}
-# The recipes are parsed and validated once; later commands load the validated catalog from the cache.
-CACHED_CATALOG = {"yaml", "lanectl.recipe.yaml_source"}
+# The recipes are parsed and validated once; later commands load the validated catalog from the cache, plain
+# dataclasses that pydantic validated and that need no pydantic to be read.
+CACHED_CATALOG = {"yaml", "lanectl.recipe.yaml_source", "lanectl.recipe.validation", "pydantic", "pydantic_core"}
 # What `status` does not watch with: the Xid tables (the recipe model's default Xid lists are made at validation).
 STATUS = {"lanectl.host.xid"}
 # Output that is not a terminal (cron, CI, a pipe; here, a capture) shows no styles: it is printed without rich.
@@ -48,6 +52,19 @@ def imported(*args: str, cwd: Path, env: dict[str, str]) -> set[str]:
     assert result.returncode in (0, 1), result.stderr[-3000:]
     names = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     return {prefix for name in names for prefix in _prefixes(name)}
+
+
+def undocumented_dataclasses(modules: set[str]) -> list[str]:
+    """lanectl's dataclasses among `modules` without a docstring of their own. Python 3.11 writes one from
+    `inspect.signature` for each such class as it is created, which doubles what the class costs to import
+    (0.8 ms against 0.45 ms for six fields, measured here); the quick commands create about seventy."""
+    found = []
+    for name in sorted(m for m in modules if m.startswith("lanectl.") and not m.endswith("__main__")):
+        for cls in vars(importlib.import_module(name)).values():
+            if inspect.isclass(cls) and cls.__module__ == name and dataclasses.is_dataclass(cls) and (
+                    cls.__doc__ is None or cls.__doc__.startswith(cls.__name__ + "(")):
+                found.append(f"{name}.{cls.__qualname__}")
+    return found
 
 
 def _prefixes(name: str) -> list[str]:
@@ -88,6 +105,7 @@ def test_status_imports_no_heavy_module_and_a_cached_catalog_no_yaml(lane_projec
     assert "yaml" in first  # the first run validates the recipes: the check below can see the difference
     again = imported("status", cwd=project, env=env)
     assert again & (NEVER | CACHED_CATALOG | STATUS | PLAIN_OUTPUT) == set()
+    assert undocumented_dataclasses(again) == [], "give each a docstring"
 
 
 @pytest.mark.docker
@@ -104,4 +122,5 @@ def test_watchdog_check_imports_no_heavy_module(lane_project, tmp_path: Path) ->
     imported("validate", cwd=project, env=env)
     modules = imported("watchdog", "check", "--kernel-log", f"file:{kernel_log}", cwd=project, env=env)
     assert modules & (NEVER | CACHED_CATALOG | PLAIN_OUTPUT) == set()
+    assert undocumented_dataclasses(modules) == [], "give each a docstring"
     assert {"lanectl.watchdog.runner", "lanectl.health.probe", "lanectl.dockerapi.engine_api"} <= modules  # it watched

@@ -20,6 +20,7 @@ from lanectl.errors import RecipeInvalid
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.recipe.jm_import import import_jm
+from lanectl.recipe.model import as_data
 from lanectl.recipe.yaml_source import load_yaml
 from tests.conftest import REPO
 from tests.test_cli import lanectl
@@ -74,9 +75,9 @@ def imported_project(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_gb300_recipe_is_the_import_of_its_jm_recipe_except_where_deliberate(tmp_path):
-    shipped = flat(load_catalog(Project.locate(REPO / "recipes")).lane("h1-REF").spec.model_dump(mode="json"))
+    shipped = flat(as_data(load_catalog(Project.locate(REPO / "recipes")).lane("h1-REF").spec))
     recipes = imported_project(tmp_path, import_jm_recipe(FIXTURE, lane="h1-REF").text)
-    imported = flat(load_catalog(Project.locate(recipes)).lane("h1-REF").spec.model_dump(mode="json"))
+    imported = flat(as_data(load_catalog(Project.locate(recipes)).lane("h1-REF").spec))
 
     shipped_args, shipped_schedule = without_speculative(shipped.pop("engine.args"))
     imported_args, imported_schedule = without_speculative(imported.pop("engine.args"))

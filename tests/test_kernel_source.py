@@ -11,6 +11,7 @@ import pytest
 
 from lanectl.image.kernel_source import KernelSourceError, cached_source, fetch_source, source_dir
 from lanectl.recipe.kernel import KernelSpec
+from lanectl.recipe.model import validated
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -48,7 +49,7 @@ def upstream(tmp_path: Path) -> dict[str, str]:
 
 
 def kernel(url: str, commit: str, submodules: tuple[str, ...] = ("csrc/cutlass",)) -> KernelSpec:
-    return KernelSpec.model_validate({
+    return validated(KernelSpec, {
         "schema": "lanectl-kernel/v1", "name": "flashmla-splitkv",
         "source": {"git": url, "commit": commit, "submodules": list(submodules)},
         "build": ["true"], "install": {"package": "vllm", "module": "_flashmla_splitkv_C", "beside": "_flashmla_C"},

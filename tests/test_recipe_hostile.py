@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from lanectl.image.render import plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.recipe.kernel import KernelSpec
-from lanectl.recipe.model import LaneSpec, RecipeFile
+from lanectl.recipe.model import LaneSpec, RecipeFile, is_record, record_fields
 
 Slot = tuple[str, ...]
 
@@ -167,11 +165,11 @@ STANDBY_LANE = {
 GIT_SOURCE = {"git": "https://example.invalid/k.git", "commit": "0" * 40}
 
 
-def string_slots(model: type[BaseModel], prefix: Slot = ()) -> list[Slot]:
-    """Every place in a model where a string goes: fields, list items, mapping keys and values."""
+def string_slots(model: type[Any], prefix: Slot = ()) -> list[Slot]:
+    """Every place in a record where a string goes: fields, list items, mapping keys and values."""
     found: list[Slot] = []
-    for name, info in model.model_fields.items():
-        for slot in _slots(info.annotation, (*prefix, info.alias or name)):
+    for _, key, annotation in record_fields(model):
+        for slot in _slots(annotation, (*prefix, key)):
             if slot not in found:
                 found.append(slot)
     return found
@@ -191,7 +189,7 @@ def _slots(annotation: Any, path: Slot) -> list[Slot]:
         return _slots(args[0], (*path, "[]"))
     if origin is dict:
         return _slots(args[0], (*path, "<key>")) + _slots(args[1], (*path, "<value>"))
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if is_record(annotation):
         return string_slots(annotation, path)
     return []  # numbers, booleans, Literal choices
 
@@ -221,8 +219,8 @@ def _place(model: Any, data: Any, slot: Slot, value: str) -> Any:
         if part == "<key>":
             return {**(data or {}), value: _example(value_type)}
         return {**(data or {}), "k": _place(value_type, _example(value_type), rest, value)}
-    field = next(f for n, f in annotation.model_fields.items() if part in (n, f.alias))
-    return {**(data or {}), part: _place(field.annotation, (data or {}).get(part), rest, value)}
+    field = next(a for n, key, a in record_fields(annotation) if part in (n, key))
+    return {**(data or {}), part: _place(field, (data or {}).get(part), rest, value)}
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -231,14 +229,14 @@ def _unwrap(annotation: Any) -> Any:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
         structured = [a for a in members if typing.get_origin(_unwrap(a)) in (list, dict)
-                      or (isinstance(a, type) and issubclass(a, BaseModel))]
+                      or is_record(a)]
         return _unwrap((structured or members)[0])
     return annotation
 
 
 def _example(annotation: Any) -> Any:
     annotation = _unwrap(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if is_record(annotation):
         return json.loads(json.dumps(EXAMPLES.get(annotation.__name__, {})))
     return "v"
 

@@ -121,8 +121,8 @@ def test_a_standby_lost_to_its_companions_change_is_stopped_before_its_cold_star
     sleeping engine to a generation probe it never answers."""
     box = Box(catalog).run("demo-h1").run("demo-h2").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
     rtx = catalog.lane("demo-h1").spec.companions["rtx"]
-    edited = with_lane(catalog, "demo-h1", companions={"rtx": rtx.model_copy(update={"engine": rtx.engine.model_copy(
-        update={"ports": [rtx.engine.ports[0].model_copy(update={"host": 30077})]})})})
+    edited = with_lane(catalog, "demo-h1", companions={"rtx": replace(rtx, engine=replace(
+        rtx.engine, ports=[replace(rtx.engine.ports[0], host=30077)]))})
     plan = plan_rollback(edited, box.snapshot(catalog=edited), None)
     assert keys(plan)[:11] == ["disarm:demo-h1", "forget-standby:demo-h1", f"stop:{H2}-rtx", f"stop:{H2}",
                                f"stop:{H1}-rtx", f"stop:{H1}", f"start:{H1}", f"set-aside:{H1}-rtx",
@@ -162,8 +162,7 @@ def test_a_shared_host_port_stops_the_lane_it_would_block(catalog):
     """Validation refuses this within a recipe; across recipes the plan still must not leave a port taken."""
     h1 = catalog.lane("demo-h1")
     h2 = catalog.lane("demo-h2")
-    same_port = replace(h2, spec=h2.spec.model_copy(update={"engine": h2.spec.engine.model_copy(
-        update={"ports": h1.spec.engine.ports})}))
+    same_port = replace(h2, spec=replace(h2.spec, engine=replace(h2.spec.engine, ports=h1.spec.engine.ports)))
     snapshot = h1_serving(catalog).snapshot()
     assert standby_refusal(h1, same_port, snapshot, rollback=False) == (
         "demo-h2 publishes its host port 18000/tcp, which a sleeping lane keeps")

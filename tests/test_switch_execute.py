@@ -93,9 +93,8 @@ class Kind(NamedTuple):
 
 def h1_rtx_port_changed(catalog: Catalog) -> Catalog:
     rtx = catalog.lanes["demo-h1"].spec.companions["rtx"]
-    ports = [rtx.engine.ports[0].model_copy(update={"host": 30077})]
-    return with_lane(catalog, "demo-h1", companions={"rtx": rtx.model_copy(
-        update={"engine": rtx.engine.model_copy(update={"ports": ports})})})
+    ports = [replace(rtx.engine.ports[0], host=30077)]
+    return with_lane(catalog, "demo-h1", companions={"rtx": replace(rtx, engine=replace(rtx.engine, ports=ports))})
 
 
 def h1_shm_changed(catalog: Catalog) -> Catalog:

@@ -66,22 +66,21 @@ def _engine(field: str, value: object) -> Callable[[Catalog], Catalog]:
 def _port(**change: object) -> Callable[[Catalog], Catalog]:
     def edit(catalog: Catalog) -> Catalog:
         ports = catalog.lanes["h2-REF"].spec.engine.ports
-        return with_engine(catalog, "h2-REF", ports=[ports[0].model_copy(update=change), *ports[1:]])
+        return with_engine(catalog, "h2-REF", ports=[replace(ports[0], **change), *ports[1:]])
     return edit
 
 
 def _companion(**change: object) -> Callable[[Catalog], Catalog]:
     def edit(catalog: Catalog) -> Catalog:
         rtx = catalog.lanes["h2-REF"].spec.companions["rtx"]
-        return with_lane(catalog, "h2-REF", companions={"rtx": rtx.model_copy(
-            update={"engine": rtx.engine.model_copy(update=change)})})
+        return with_lane(catalog, "h2-REF", companions={"rtx": replace(rtx, engine=replace(rtx.engine, **change))})
     return edit
 
 
 def _volumes(catalog: Catalog) -> Catalog:
     engine = catalog.lanes["h2-REF"].spec.engine
-    return with_engine(catalog, "h2-REF", volumes=[*engine.volumes, engine.volumes[0].model_copy(
-        update={"target": "/extra", "read_only": True})])
+    return with_engine(catalog, "h2-REF", volumes=[*engine.volumes, replace(engine.volumes[0], source="/srv/extra",
+                                                                                  target="/extra", read_only=True)])
 
 
 # One edit per field a container's digest covers (README: "Exact to the recipe"), each reaching the container.
@@ -297,9 +296,8 @@ def test_lanes_conflict_by_gpu_or_host_port(catalog):
     # The demo lanes each have their own loopback port (a sleeping lane keeps its port) and share GPU 0 and 1.
     assert lanes_conflict(catalog.lane("demo-h1"), catalog.lane("demo-h2")), "same GPUs"
     assert lanes_conflict(catalog.lane("demo-h1"), catalog.lane("h1-REF")), "both ask for GPU 0"
-    elsewhere = catalog.lane("demo-h1").spec.model_copy(update={"engine": catalog.lane("demo-h1").spec.engine
-                                                                .model_copy(update={"gpus": None}),
-                                                                "companions": {}})
+    spec = catalog.lane("demo-h1").spec
+    elsewhere = replace(spec, engine=replace(spec.engine, gpus=None), companions={})
     assert not lanes_conflict(replace(catalog.lane("demo-h1"), spec=elsewhere), catalog.lane("h1-REF")), \
         "no shared GPU or port"
 

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from lanectl.host.xid import parse_xid
-from lanectl.recipe.model import WatchdogPolicy
+from lanectl.recipe.model import WatchdogPolicy, validated
 from lanectl.watchdog.policy import Observation, WatchdogMemory, backoff_seconds, decide
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-POLICY = WatchdogPolicy.model_validate({"failures_before_action": 3, "restart": {
+POLICY = validated(WatchdogPolicy, {"failures_before_action": 3, "restart": {
     "max_restarts": 3, "window_minutes": 30, "backoff_initial_seconds": 10, "backoff_max_seconds": 60}})
 BUDGET = 600.0
 

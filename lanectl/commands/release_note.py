@@ -12,6 +12,7 @@ from lanectl.bench.verdict import Rechecked, candidates_of
 from lanectl.errors import BadInput
 from lanectl.output import Message, Result, info, warning
 from lanectl.recipe.catalog import Catalog
+from lanectl.recipe.model import as_data
 
 
 def note_inputs(catalog: Catalog | None, results: dict[str, Any], run_name: str,
@@ -34,7 +35,7 @@ def note_inputs(catalog: Catalog | None, results: dict[str, Any], run_name: str,
         if name in known:
             lane = known[name]
             lanes[name] = {"containers": [lane.container_name(role) for role in lane.roles],
-                           "standby": lane.spec.standby.model_dump(mode="json") if lane.spec.standby else None}
+                           "standby": as_data(lane.spec.standby) if lane.spec.standby else None}
     return NoteInputs(run_name=run_name, shipped=shipped, lanes=lanes, earlier_gates=earlier_gates,
                       image_ids=image_ids or {})
 

@@ -42,6 +42,8 @@ class EngineUnanswered(Exception):
 
 @dataclass(frozen=True)
 class EngineAnswer:
+    """An engine's HTTP answer: its status code and body."""
+
     status: int
     body: bytes
 

@@ -29,6 +29,8 @@ def probe_base_url(lane: Lane) -> str:
 
 @dataclass(frozen=True)
 class ProbeResult:
+    """One probe of an endpoint: whether it passed, why not, and how long it took."""
+
     ok: bool
     detail: str
     seconds: float

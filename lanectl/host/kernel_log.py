@@ -44,6 +44,8 @@ COMMAND_TIMEOUT_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class KernelLogLine:
+    """A line of the kernel log, with the cursor that reads on from it."""
+
     text: str
     cursor: str  # pass back to the same source to read what came after this line
     # The syslog facility the line was logged under (0: the kernel), None when the source cannot tell.
@@ -134,6 +136,8 @@ def write_kmsg(text: str, path: str = KMSG_PATH) -> None:
 
 @dataclass(frozen=True)
 class _KmsgRecord:
+    """A record of /dev/kmsg: its sequence number, text and syslog facility."""
+
     seq: int
     text: str
     facility: int

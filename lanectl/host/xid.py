@@ -129,6 +129,8 @@ _UNKNOWN = {"<unknown>", "'<unknown>'", ""}
 
 @dataclass(frozen=True)
 class XidEvent:
+    """An NVIDIA Xid error as the kernel log reported it."""
+
     code: int
     pci: str | None  # "0000:01:00" (domain:bus:device), as the driver printed it
     gpu_instance: int | None  # MIG GPU instance (GPU-I)

@@ -22,7 +22,7 @@ from lanectl.dockerapi.containers import ContainerSpec
 from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
 from lanectl.image.render import EXIT_GUARD, ImagePlan
 from lanectl.recipe.catalog import ROLE_PRIMARY, Lane
-from lanectl.recipe.model import Engine
+from lanectl.recipe.model import Engine, as_data
 
 # What a container's digest covers, in the order a change is named (README: "Exact to the recipe").
 SPEC_FIELDS = ("image_id", "command", "entrypoint", "env", "secret_env", "ports", "volumes", "gpus", "shm_size",
@@ -162,9 +162,9 @@ def _spec(lane: Lane, role: str, engine: Engine, image_ref: str, command: list[s
         entrypoint=entrypoint,
         env=env,
         secret_env=list(engine.secret_env),
-        ports=[p.model_dump() | {"host": p.published} for p in engine.ports],
-        volumes=[v.model_dump(exclude_none=True) for v in engine.volumes],
-        gpus=engine.gpus.model_dump(exclude_none=True) if engine.gpus else None,
+        ports=[as_data(p) | {"host": p.published} for p in engine.ports],
+        volumes=[as_data(v, exclude_none=True) for v in engine.volumes],
+        gpus=as_data(engine.gpus, exclude_none=True) if engine.gpus else None,
         shm_size=engine.shm_size,
         ipc=engine.ipc,
         init=engine.init,

@@ -25,6 +25,7 @@ from lanectl.errors import BadInput
 from lanectl.project import BUILTIN_IMAGES_DIR, CacheFolder, leaves, template_dir
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.kernel import KernelSpec
+from lanectl.recipe.model import as_data
 
 if TYPE_CHECKING:
     from jinja2.sandbox import SandboxedEnvironment
@@ -56,6 +57,8 @@ FIXED_MTIME = 0
 
 @dataclass(frozen=True)
 class ContextFile:
+    """A file of an image's build context."""
+
     path: str
     content: bytes
     mode: int = 0o644
@@ -366,7 +369,7 @@ def _kernel_context(kernel: KernelSpec, lane: Lane, context_dir: str) -> dict[st
     build_script = "\n".join([*preflight, 'mkdir -p "$LANECTL_KERNEL_OUT"', *kernel.build, guard])
     install_dir = lane.spec.image.python_site.rstrip("/") + "/" + kernel.install.package.replace(".", "/")
     smoke = {"dir": install_dir, "module": kernel.install.module, "beside": kernel.install.beside,
-             **dict(kernel.smoke.op_schema)}  # its fields, str all: no serializer to build
+             **as_data(kernel.smoke.op_schema)}
     return {
         "name": kernel.name,
         "builder": kernel.builder.image or lane.spec.image.base,

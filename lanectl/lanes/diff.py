@@ -15,7 +15,7 @@ from typing import Any
 
 from lanectl.image.render import ImagePlan
 from lanectl.recipe.catalog import Lane
-from lanectl.recipe.model import Engine
+from lanectl.recipe.model import Engine, as_data
 
 # Serve flags grouped by what the release note calls them when they did not change.
 SAME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -83,7 +83,7 @@ def _engine_inputs(engine: Engine) -> dict[str, Any]:
         "secret_env": sorted(engine.secret_env),
         "ports": [f"{p.host_ip}:{p.published}->{p.container}/{p.protocol}" for p in engine.ports],
         "volumes": [f"{v.source or v.volume}:{v.target}{':ro' if v.read_only else ''}" for v in engine.volumes],
-        "gpus": (engine.gpus.model_dump(exclude_none=True) if engine.gpus else None),
+        "gpus": (as_data(engine.gpus, exclude_none=True) if engine.gpus else None),
         "settings": {"entrypoint": engine.entrypoint, "ipc": engine.ipc, "shm_size": engine.shm_size,
                      "init": engine.init, "user": engine.user, "stop_timeout_seconds": engine.stop_timeout_seconds},
     }
@@ -106,10 +106,10 @@ def lane_inputs(lane: Lane, plan: ImagePlan, patch_texts: Mapping[str, str]) -> 
     roles = {role: _engine_inputs(engine) for role, engine in spec.engines()}
     for role, companion in spec.companions.items():
         roles[role]["image"] = companion.image
-    standby = spec.standby.model_dump(mode="json") if spec.standby else None
+    standby = as_data(spec.standby) if spec.standby else None
     return LaneInputs(name=lane.name, image=plan.tag, base=spec.image.base, local_base=spec.image.local_base,
                       kernels=kernels, patches=patches, roles=roles,
-                      health=spec.health.model_dump(mode="json"), standby=standby)
+                      health=as_data(spec.health), standby=standby)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from typing import Protocol
 
@@ -73,7 +74,7 @@ class LaneEngines:
             state = self.engine.container(name)
             started_epoch = state.started_epoch if state else None
             since = started_epoch - 1.0 if started_epoch else time.time()
-        health = lane.spec.health.model_copy(update={"startup_budget_minutes": budget_seconds / 60})
+        health = replace(lane.spec.health, startup_budget_minutes=budget_seconds / 60)
         log_since = since  # a float from here: the closures below see it so
         return gate_lane(lambda interrupted: self._primary_gate(lane, health, log_since, interrupted),
                          [partial(self._companion_gate, lane, role, health, log_since) for role in lane.roles[1:]],

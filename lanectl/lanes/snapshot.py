@@ -33,6 +33,8 @@ class EngineListing(Protocol):
 
 @dataclass(frozen=True)
 class Snapshot:
+    """What the box holds at one moment: containers, lane state, standbys and an unfinished switch."""
+
     containers: tuple[ListedContainer, ...]
     state: LaneState
     standby: StandbyState

@@ -31,6 +31,7 @@ from lanectl.recipe.model import (
     RecipeFile,
     flag_value,
     merge,
+    validated,
 )
 from lanectl.recipe.shutdown import check_shutdown, with_shutdown_timeouts
 
@@ -43,6 +44,8 @@ ROLE_PRIMARY = "primary"
 
 @dataclass(frozen=True)
 class Recipe:
+    """One recipe file's own settings, shared by its lanes."""
+
     id: str
     file: Path
     project_root: Path
@@ -53,6 +56,8 @@ class Recipe:
 
 @dataclass(frozen=True)
 class Lane:
+    """A validated lane: its merged spec, its recipe and the kernels it builds."""
+
     name: str
     recipe: Recipe
     spec: LaneSpec
@@ -73,6 +78,8 @@ class Lane:
 
 @dataclass(frozen=True)
 class Catalog:
+    """Every validated lane of a project, by name."""
+
     project: Project
     lanes: dict[str, Lane] = field(default_factory=dict)
 
@@ -237,7 +244,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
     if isinstance(raw.get("lanes"), dict):
         raw["lanes"] = {name: ({} if body is None else body) for name, body in raw["lanes"].items()}
     try:
-        recipe_file = RecipeFile.model_validate(raw)
+        recipe_file = validated(RecipeFile, raw)
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, doc, RecipeFile))
         return []
@@ -257,7 +264,7 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
         # File references are checked even when the lane has type errors, so one run lists both.
         lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels, inputs)
         try:
-            spec = LaneSpec.model_validate(merged)
+            spec = validated(LaneSpec, merged)
         except ValidationError as exc:
             problems.extend(lane_problems)
             problems.extend(problems_from_validation(exc, doc, LaneSpec, locate))
@@ -507,7 +514,7 @@ class _KernelLoader:
             self.problems.append(exc.problem)
             return _INVALID
         try:
-            kernel = KernelSpec.model_validate(doc.data if isinstance(doc.data, dict) else {})
+            kernel = validated(KernelSpec, doc.data if isinstance(doc.data, dict) else {})
         except ValidationError as exc:
             self.problems.extend(problems_from_validation(exc, doc, KernelSpec))
             return _INVALID

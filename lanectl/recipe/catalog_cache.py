@@ -25,7 +25,7 @@ from typing import Any
 
 from lanectl.project import CacheFolder
 
-FORMAT = 1
+FORMAT = 2  # 2: the catalog holds dataclasses, not pydantic models
 KEEP_ENTRIES = 32  # one per project folder; the least recently used beyond this are removed
 
 Fingerprint = tuple[str, str, str]
@@ -56,14 +56,18 @@ def fingerprints(paths: Iterable[Path]) -> tuple[tuple[str, Fingerprint], ...]:
 
 def code_stamp() -> str:
     """The code that validated an entry: a changed model or check makes every entry stale."""
-    from pydantic.version import VERSION as PYDANTIC_VERSION
+    from importlib.util import find_spec
 
     from lanectl import __version__
 
     here = Path(__file__).parent
     code = [here / name for name in sorted(os.listdir(here)) if name.endswith(".py")]
     code += [here.parent / name for name in ("__init__.py", "project.py", "errors.py")]
-    digest = hashlib.sha256(f"{FORMAT}\0{__version__}\0{PYDANTIC_VERSION}\0{sys.version}\0".encode())
+    # pydantic's version file, read rather than imported: a command served from the cache never imports pydantic.
+    pydantic = find_spec("pydantic")
+    if pydantic is not None and pydantic.origin is not None:
+        code.append(Path(pydantic.origin).with_name("version.py"))
+    digest = hashlib.sha256(f"{FORMAT}\0{__version__}\0{sys.version}\0".encode())
     for path in code:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

@@ -1,18 +1,104 @@
-"""The recipe format `lanectl/v1` as pydantic models.
+"""The recipe format `lanectl/v1` as frozen dataclasses, validated by pydantic.
 
 Unknown keys are errors everywhere (`extra="forbid"`): a misspelt key silently ignored is a
 lane that serves with a default nobody chose. Field descriptions become the JSON Schema that
 `lanectl schema` prints for editors.
+
+The records are stdlib dataclasses rather than pydantic models so that a command that reads the validated,
+cached catalog (`status`, the watchdog's cron pass, `up`) imports neither pydantic nor builds its model
+classes, about a third of such a command's start-up (`make bench ONLY=cli_startup`). What a field accepts
+is still written once, here: its annotation and its `Field(...)` rules, which pydantic reads when
+`validated()` checks a file (a `TypeAdapter` of the dataclass). A check of a single field is an `After`
+marker in its annotation, so that its error names the field; a check across fields is `__post_init__`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated, Any, Literal
-
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 from lanectl.dockerapi.sizes import size_in_bytes
+
+if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler
+    from pydantic_core import CoreSchema
+
+Record = TypeVar("Record")
+
+
+def Field(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,  # noqa: N802
+          **rules: Any) -> Any:
+    """A dataclass field with pydantic's Field arguments (description, ge, le, gt, pattern, min_length,
+    max_length, alias) as its metadata: pydantic applies them when it validates the record."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=rules)
+
+
+class After:
+    """In an annotation, `check(value)` after the type's own checks and the field's rules; its ValueError is
+    the field's error. pydantic is imported only when a record is validated, never when one is read."""
+
+    def __init__(self, check: Callable[[Any], Any]):
+        self.check = check
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+
+class Bounds:
+    """In an annotation of `int` or `float`, inside a union where a field's own rules cannot reach it."""
+
+    def __init__(self, **limits: float):
+        self.limits = limits
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return {**handler(source), **self.limits}  # type: ignore[typeddict-item]
+
+
+class Strict:
+    """The base of every record: unknown keys are refused, and `.inf` and `.nan`, valid YAML floats, are
+    no budget, window or timeout."""
+
+    __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
+
+
+def validated(cls: type[Record], data: Any) -> Record:
+    """`data` as a `cls`, or pydantic's ValidationError naming every place that is wrong."""
+    return cast(Record, _adapter(cast(Any, cls)).validate_python(data))
+
+
+@cache
+def _adapter(cls: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+
+
+def record_fields(cls: type) -> list[tuple[str, str, Any]]:
+    """Each field of a record class: its name, its key in the file (the alias, where it has one) and its
+    annotation, markers included."""
+    import typing
+
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return [(f.name, f.metadata.get("alias", f.name), hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def is_record(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, Strict)
+
+
+def as_data(record: Any, *, exclude_none: bool = False) -> dict[str, Any]:
+    """A record as plain data (what it was validated from, with defaults filled in)."""
+    if exclude_none:
+        return dataclasses.asdict(record, dict_factory=lambda items: {k: v for k, v in items if v is not None})
+    return dataclasses.asdict(record)
 
 LANE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # Docker's name grammar for containers and volumes (daemon/names: RestrictedNamePattern).
@@ -28,7 +114,7 @@ GIT_COMMIT = r"^[0-9a-f]{40}$"
 SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
 # A vLLM release as PyPI names it: 0.31.0, 0.32.0.post1, 0.33.0rc1.
 VLLM_RELEASE = r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:(?:rc|\.post|\.dev)[0-9]{1,4})?$"
-PORT = Annotated[int, Field(ge=1, le=65535)]
+PORT = Annotated[int, Bounds(ge=1, le=65535)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
@@ -130,108 +216,143 @@ def _env_value(value: str) -> str:
     return value
 
 
-EnvName = Annotated[str, AfterValidator(_env_name)]
-PlainEnvName = Annotated[str, AfterValidator(_plain_env_name)]
-EnvValue = Annotated[str, AfterValidator(_env_value)]
-ImageReference = Annotated[str, AfterValidator(image_reference)]
-RegistryName = Annotated[str, AfterValidator(registry_name)]
-DockerfilePath = Annotated[str, AfterValidator(dockerfile_path)]
+EnvName = Annotated[str, After(_env_name)]
+PlainEnvName = Annotated[str, After(_plain_env_name)]
+EnvValue = Annotated[str, After(_env_value)]
+ImageReference = Annotated[str, After(image_reference)]
+RegistryName = Annotated[str, After(registry_name)]
+DockerfilePath = Annotated[str, After(dockerfile_path)]
 
 
-class Strict(BaseModel):
-    # `.inf` and `.nan` are valid YAML floats; no budget, window or timeout means either.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+
+def _ip_address(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)") from None
+    return value
 
 
+@dataclass(frozen=True, kw_only=True)
 class PortMapping(Strict):
+    """A port the engine listens on, and where the host publishes it."""
+
     container: PORT = Field(description="Port the engine listens on inside the container.")
     host: PORT | None = Field(None, description="Host port; defaults to the container port.")
-    host_ip: str = Field("0.0.0.0", description="Host address to publish on.")
+    host_ip: Annotated[str, After(_ip_address)] = Field("0.0.0.0", description="Host address to publish on.")
     protocol: Literal["tcp", "udp"] = "tcp"
-
-    @field_validator("host_ip")
-    @classmethod
-    def _ip_address(cls, value: str) -> str:
-        import ipaddress
-
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)") from None
-        return value
 
     @property
     def published(self) -> int:
         return self.host if self.host is not None else self.container
 
 
+def _mount_path(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/"):
+        raise ValueError(f"must be an absolute path starting with '/', got {value!r}")
+    # Docker joins a bind as `source:target:mode`; a colon would move the split.
+    if value is not None and (CONTROL_CHARACTER.search(value) or ":" in value):
+        raise ValueError(f"{value!r} holds a ':' or a control character; a mount path cannot")
+    return value
+
+
+def _volume_name(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(DOCKER_OBJECT_NAME, value):
+        raise ValueError(f"{value!r} is not a Docker volume name ({DOCKER_OBJECT_NAME})")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class Volume(Strict):
-    target: str = Field(description="Absolute path inside the container.")
-    source: str | None = Field(None, description="Absolute host path (bind mount).")
-    volume: str | None = Field(None, description="Named Docker volume, kept across lanes (e.g. the vLLM cache).")
+    """A mount into the container: a host path or a named volume."""
+
+    target: Annotated[str, After(_mount_path)] = Field(description="Absolute path inside the container.")
+    source: Annotated[str | None, After(_mount_path)] = Field(None, description="Absolute host path (bind mount).")
+    volume: Annotated[str | None, After(_volume_name)] = Field(
+        None, description="Named Docker volume, kept across lanes (e.g. the vLLM cache).")
     read_only: bool = False
 
-    @field_validator("target", "source")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"must be an absolute path starting with '/', got {value!r}")
-        # Docker joins a bind as `source:target:mode`; a colon would move the split.
-        if value is not None and (CONTROL_CHARACTER.search(value) or ":" in value):
-            raise ValueError(f"{value!r} holds a ':' or a control character; a mount path cannot")
-        return value
-
-    @field_validator("volume")
-    @classmethod
-    def _volume_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(DOCKER_OBJECT_NAME, value):
-            raise ValueError(f"{value!r} is not a Docker volume name ({DOCKER_OBJECT_NAME})")
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Volume:
+    def __post_init__(self) -> None:
         if (self.source is None) == (self.volume is None):
             raise ValueError("give exactly one of 'source' (a host path) or 'volume' (a named volume)")
-        return self
 
 
+def _gpu_count(value: int | str | None) -> int | str | None:
+    if isinstance(value, int) and value < 1:
+        raise ValueError(f"must be at least 1 or 'all', got {value}")
+    return value
+
+
+def _device_ids(value: list[str] | None) -> list[str] | None:
+    if value is None:
+        return value
+    if not value:
+        raise ValueError("must list at least one GPU; omit 'gpus' for a lane without GPUs")
+    for device in value:
+        if not re.fullmatch(r"[0-9]{1,4}|GPU-[0-9a-fA-F-]{8,64}", device):
+            raise ValueError(f"{device!r} is not a GPU index ('0') or UUID ('GPU-…')")
+    if len(set(value)) != len(value):
+        raise ValueError("lists a GPU twice")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class GpuRequest(Strict):
-    count: Annotated[int, Field(le=1024)] | Literal["all"] | None = Field(None, description="How many GPUs, or 'all'.")
-    device_ids: list[str] | None = Field(None, description="GPU indices ('0', '1') or UUIDs ('GPU-…').")
+    """The GPUs a container gets: a count or named devices."""
 
-    @field_validator("count")
-    @classmethod
-    def _positive(cls, value: int | str | None) -> int | str | None:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be at least 1 or 'all', got {value}")
-        return value
+    count: Annotated[Annotated[int, Bounds(le=1024)] | Literal["all"] | None, After(_gpu_count)] = Field(
+        None, description="How many GPUs, or 'all'.")
+    device_ids: Annotated[list[str] | None, After(_device_ids)] = Field(
+        None, description="GPU indices ('0', '1') or UUIDs ('GPU-…').")
 
-    @field_validator("device_ids")
-    @classmethod
-    def _device_ids(cls, value: list[str] | None) -> list[str] | None:
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("must list at least one GPU; omit 'gpus' for a lane without GPUs")
-        for device in value:
-            if not re.fullmatch(r"[0-9]{1,4}|GPU-[0-9a-fA-F-]{8,64}", device):
-                raise ValueError(f"{device!r} is not a GPU index ('0') or UUID ('GPU-…')")
-        if len(set(value)) != len(value):
-            raise ValueError("lists a GPU twice")
-        return value
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> GpuRequest:
+    def __post_init__(self) -> None:
         if (self.count is None) == (self.device_ids is None):
             raise ValueError("give exactly one of 'count' or 'device_ids'")
-        return self
 
 
+def _user(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(USER_SPEC, value):
+        raise ValueError(f"{value!r} is not a user: give name, uid, name:group or uid:gid")
+    return value
+
+
+def _shm_size(value: str | None) -> str | None:
+    if value is not None:
+        if not 2**20 <= size_in_bytes(value) <= 2**42:
+            raise ValueError(f"{value!r} must be between 1m and 4096g")
+    return value
+
+
+def _no_baked_secret(value: list[str] | None) -> list[str] | None:
+    for i, arg in enumerate(value or []):
+        flag, has_value, _ = arg.partition("=")
+        takes_next = i + 1 < len(value or []) and not (value or [])[i + 1].startswith("-")
+        secret = SECRET_FLAG.fullmatch(flag) or SECRET_FLAG_ABBREVIATED.fullmatch(flag)
+        if secret and (has_value or takes_next):
+            raise ValueError(
+                f"{flag} would bake a secret into the image and the container's config; drop its value, "
+                "list the variable the engine reads (e.g. VLLM_API_KEY, HF_TOKEN) under 'secret_env' and "
+                "set it in lanectl's environment"
+            )
+    return value
+
+
+def _splitkv_settings(env: dict[str, str]) -> dict[str, str]:
+    check_splitkv_env(env)
+    return env
+
+
+@dataclass(frozen=True, kw_only=True)
 class Engine(Strict):
-    entrypoint: list[str] | None = Field(
+    """One container of a lane: its command, environment, ports, mounts and GPUs."""
+
+    entrypoint: Annotated[list[str] | None, After(_no_baked_secret)] = Field(
         None, description="The engine command (exec form) in place of the template's; runs under lanectl's exit guard.")
-    args: list[str] = Field(default_factory=list, description="Arguments to the entrypoint: the serve flags.")
-    env: dict[PlainEnvName, EnvValue] = Field(
+    args: Annotated[list[str], After(_no_baked_secret)] = Field(
+        default_factory=list, description="Arguments to the entrypoint: the serve flags.")
+    env: Annotated[dict[PlainEnvName, EnvValue], After(_splitkv_settings)] = Field(
         default_factory=dict, description="Plain environment, baked into the image."
     )
     secret_env: list[EnvName] = Field(
@@ -241,57 +362,19 @@ class Engine(Strict):
     )
     ports: list[PortMapping] = Field(default_factory=list)
     volumes: list[Volume] = Field(default_factory=list)
-    shm_size: str | None = Field(None, pattern=SIZE, description="e.g. '16g'.")
+    shm_size: Annotated[str | None, After(_shm_size)] = Field(None, pattern=SIZE, description="e.g. '16g'.")
     ipc: Literal["host", "private", "shareable"] | None = None
     init: bool = Field(True, description="Run an init as PID 1 so SIGTERM reaches the engine promptly.")
     gpus: GpuRequest | None = None
-    user: str | None = Field(None, description="name, uid, name:group or uid:gid.")
+    user: Annotated[str | None, After(_user)] = Field(None, description="name, uid, name:group or uid:gid.")
     stop_timeout_seconds: int = Field(30, ge=0, le=3600)
 
-    @field_validator("user")
-    @classmethod
-    def _user(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(USER_SPEC, value):
-            raise ValueError(f"{value!r} is not a user: give name, uid, name:group or uid:gid")
-        return value
-
-    @field_validator("shm_size")
-    @classmethod
-    def _shm_size(cls, value: str | None) -> str | None:
-        if value is not None:
-            if not 2**20 <= size_in_bytes(value) <= 2**42:
-                raise ValueError(f"{value!r} must be between 1m and 4096g")
-        return value
-
-    @field_validator("entrypoint", "args")
-    @classmethod
-    def _no_baked_secret(cls, value: list[str] | None) -> list[str] | None:
-        for i, arg in enumerate(value or []):
-            flag, has_value, _ = arg.partition("=")
-            takes_next = i + 1 < len(value or []) and not (value or [])[i + 1].startswith("-")
-            secret = SECRET_FLAG.fullmatch(flag) or SECRET_FLAG_ABBREVIATED.fullmatch(flag)
-            if secret and (has_value or takes_next):
-                raise ValueError(
-                    f"{flag} would bake a secret into the image and the container's config; drop its value, "
-                    "list the variable the engine reads (e.g. VLLM_API_KEY, HF_TOKEN) under 'secret_env' and "
-                    "set it in lanectl's environment"
-                )
-        return value
-
-    @model_validator(mode="after")
-    def _distinct_mounts(self) -> Engine:
+    def __post_init__(self) -> None:
         for attribute, what in (("source", "host path"), ("volume", "volume"), ("target", "target")):
             seen = [getattr(v, attribute) for v in self.volumes if getattr(v, attribute) is not None]
             twice = sorted({x for x in seen if seen.count(x) > 1})
             if twice:
                 raise ValueError(f"volumes mount the {what} {twice[0]!r} twice; mount each once")
-        return self
-
-    @field_validator("env")
-    @classmethod
-    def _splitkv_settings(cls, env: dict[str, str]) -> dict[str, str]:
-        check_splitkv_env(env)
-        return env
 
     def gpu_memory_utilization(self) -> float | None:
         """The share of each GPU vLLM takes (`--gpu-memory-utilization`, vLLM 0.31.0's default 0.92); None if
@@ -304,6 +387,7 @@ class Engine(Strict):
         except ValueError:
             return None
         return value if 0 < value <= 1 else None
+
 
 
 GPU_MEMORY_UTILIZATION_FLAG = "--gpu-memory-utilization"
@@ -346,21 +430,26 @@ def _splitkv_splits_ok(splits: int) -> bool:
 
 
 
+def _digest_pinned(value: str | None) -> str | None:
+    if value is not None and not DIGEST_PIN.search(value):
+        raise ValueError(f"{value!r} must be pinned by digest (name@sha256:<64 hex>)")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class Companion(Strict):
-    image: ImageReference | None = Field(
+    """A container that runs beside the lane's primary (the `-rtx` role)."""
+
+    image: Annotated[ImageReference | None, After(_digest_pinned)] = Field(
         None, description="A prebuilt image pinned by digest, run as is; default: the lane's own image."
     )
     engine: Engine
 
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, value: str | None) -> str | None:
-        if value is not None and not DIGEST_PIN.search(value):
-            raise ValueError(f"{value!r} must be pinned by digest (name@sha256:<64 hex>)")
-        return value
 
-
+@dataclass(frozen=True, kw_only=True)
 class ImageSpec(Strict):
+    """How the lane's image is built: template, pinned base, engine site-packages and registry."""
+
     template: str = Field(pattern=TEMPLATE_NAME, description="Folder under images/ holding Dockerfile.j2.")
     base: ImageReference = Field(description="Base image, pinned by digest (name:tag@sha256:…).")
     local_base: bool = Field(
@@ -381,24 +470,21 @@ class ImageSpec(Strict):
         "on: FlashInfer's precompiled kernels, which vLLM otherwise downloads or compiles at every start); a vLLM "
         "without it skips the step. vllm template only.")
 
-    @model_validator(mode="after")
-    def _download_kernels_template(self) -> ImageSpec:
+    def __post_init__(self) -> None:
         if self.download_kernels and self.template != "vllm":
             raise ValueError(f"download_kernels runs `vllm download-kernels`, which the vllm template does; template "
                              f"{self.template!r} has no such step")
-        return self
-
-    @model_validator(mode="after")
-    def _pinned(self) -> ImageSpec:
         if not self.local_base and not DIGEST_PIN.search(self.base):
             raise ValueError(
                 f"base {self.base!r} must be pinned by digest (name:tag@sha256:<64 hex>), "
                 "or set local_base: true for an image built on this host"
             )
-        return self
 
 
+@dataclass(frozen=True, kw_only=True)
 class PatchRef(Strict):
+    """A backported patch the image applies, pinned by its sha256."""
+
     path: str = Field(pattern=r"^[^\x00-\x1f\x7f]+$", description="Patch file, relative to patches/.")
     sha256: str = Field(pattern=SHA256_HEX, description="sha256 of the patch file, so a reviewed patch cannot drift.")
 
@@ -411,7 +497,7 @@ def _regex(pattern: str) -> str:
     return pattern
 
 
-LogRegex = Annotated[str, AfterValidator(_regex)]
+LogRegex = Annotated[str, After(_regex)]
 
 
 def _anchored_regex(pattern: str) -> str:
@@ -427,9 +513,10 @@ def _anchored_regex(pattern: str) -> str:
     return pattern
 
 
-AnchoredLogRegex = Annotated[str, AfterValidator(_anchored_regex)]
+AnchoredLogRegex = Annotated[str, After(_anchored_regex)]
 
 
+@dataclass(frozen=True, kw_only=True)
 class StartupStall(Strict):
     """A phase of the start that must end within `minutes` once it began: flashinfer's autotuner logs
     `Autotuning process starts ...` on every start and `... ends` at once on a warm cache, while a cold one
@@ -459,16 +546,15 @@ class StartupStall(Strict):
     def label(self) -> str:
         return self.name or f"'{self.after}'"
 
-    @model_validator(mode="after")
-    def _cold_needs_warm(self) -> StartupStall:
+    def __post_init__(self) -> None:
         if self.cold_minutes is not None and self.warm is None:
             raise ValueError("cold_minutes needs `warm`, the record that tells a warm phase from a cold one")
         if self.cold_minutes is not None and self.cold_minutes < self.minutes:
             raise ValueError(f"cold_minutes ({self.cold_minutes:g}) is below minutes ({self.minutes:g}); a phase "
                              "without its cache is the slow one")
-        return self
 
 
+@dataclass(frozen=True, kw_only=True)
 class StartupLog(Strict):
     """Rules over the engine's own records (`[file.py:NNN] message`), searched in the message only: never in
     uvicorn's access lines nor in a request log's echo of a prompt, whose text a client chose."""
@@ -483,7 +569,10 @@ class StartupLog(Strict):
     )
 
 
+@dataclass(frozen=True, kw_only=True)
 class GenerationProbe(Strict):
+    """The liveness probe that generates a few tokens, beyond /health."""
+
     prompt: str = Field("Say OK.", max_length=4096)
     max_tokens: int = Field(3, ge=1, le=3, description="A real liveness probe generates 1-3 tokens.")
     timeout_seconds: float = Field(10, gt=0, le=600)
@@ -493,7 +582,10 @@ class GenerationProbe(Strict):
 URL_PATH = r"^/[!-~]{0,255}$"
 
 
+@dataclass(frozen=True, kw_only=True)
 class Health(Strict):
+    """What a lane must show to count as started, and how it is probed."""
+
     startup_budget_minutes: float = Field(
         gt=0, le=24 * 60, description="How long a start may take before it counts as failed (models load for minutes)."
     )
@@ -506,21 +598,22 @@ class Health(Strict):
     generation_probe: GenerationProbe = Field(default_factory=GenerationProbe)
 
 
+@dataclass(frozen=True, kw_only=True)
 class RestartPolicy(Strict):
+    """How often the watchdog may restart a lane, and how long it waits between restarts."""
+
     max_restarts: int = Field(3, ge=0, le=100)
     window_minutes: float = Field(30, gt=0, le=7 * 24 * 60)
     backoff_initial_seconds: float = Field(10, ge=0, le=3600)
     backoff_max_seconds: float = Field(300, ge=0, le=24 * 3600)
 
-    @model_validator(mode="after")
-    def _ordered(self) -> RestartPolicy:
+    def __post_init__(self) -> None:
         if self.backoff_max_seconds < self.backoff_initial_seconds:
             raise ValueError(f"backoff_max_seconds ({self.backoff_max_seconds:g}) is below backoff_initial_seconds "
                              f"({self.backoff_initial_seconds:g}); the backoff only grows")
-        return self
 
 
-XidCode = Annotated[int, Field(ge=1, le=999)]
+XidCode = Annotated[int, Bounds(ge=1, le=999)]
 
 
 # The Xid tables are imported when a recipe is validated, not with the model: a catalog loaded from the cache
@@ -537,6 +630,7 @@ def _default_hardware_codes() -> list[int]:
     return sorted(DEFAULT_HARDWARE_CODES)
 
 
+@dataclass(frozen=True, kw_only=True)
 class XidPolicy(Strict):
     """Which NVIDIA Xid codes restart the lane and which stop it; by default NVIDIA's Xid catalog's immediate actions
     (lanectl/host/xid.py XID_CATALOG). A code in neither list is recorded and counted, never acted on."""
@@ -544,22 +638,26 @@ class XidPolicy(Strict):
     application_codes: list[XidCode] = Field(default_factory=_default_application_codes)
     hardware_codes: list[XidCode] = Field(default_factory=_default_hardware_codes)
 
-    @model_validator(mode="after")
-    def _disjoint(self) -> XidPolicy:
+    def __post_init__(self) -> None:
         both = sorted(set(self.application_codes) & set(self.hardware_codes))
         if both:
             raise ValueError(f"Xid codes {both} are listed as both application and hardware faults")
-        return self
 
 
+@dataclass(frozen=True, kw_only=True)
 class Alert(Strict):
+    """Where the watchdog reports what it did: a webhook, node_exporter's textfile folder."""
+
     webhook_url_env: str | None = Field(
         "LANECTL_ALERT_WEBHOOK", pattern=ENV_NAME, description="Name of the variable holding the webhook URL."
     )
     textfile_dir: str | None = Field(None, description="node_exporter textfile collector folder.")
 
 
+@dataclass(frozen=True, kw_only=True)
 class WatchdogPolicy(Strict):
+    """When the watchdog acts on a failing lane, and how."""
+
     failures_before_action: int = Field(3, ge=1, le=100)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     gpu_memory_release_timeout_seconds: float = Field(120, ge=0, le=3600)
@@ -592,6 +690,7 @@ DEV_MODE_ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
 class WakeCheck(Strict):
     """After a wake, greedy output for this prompt must equal what the lane generated when it last passed its
     gate: wakes have answered 200 on /health while generating garbage (vllm#17103)."""
@@ -600,12 +699,22 @@ class WakeCheck(Strict):
     max_tokens: int = Field(8, ge=1, le=64, description="Tokens generated at temperature 0 and compared.")
 
 
+def _sleep_level_1(value: int) -> int:
+    if value != 1:
+        raise ValueError(f"level {value}: only level 1 is supported. Level 2 discards the weights, so a wake "
+                         "must reload them (a wake without a reload serves garbage, vllm#29341): no faster than "
+                         "a start")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class Standby(Strict):
     """Leave this lane asleep (vLLM sleep mode) instead of stopped when another lane takes its GPUs, so a
     rollback to it is a wake (seconds) rather than a start (minutes)."""
 
     mode: Literal["sleep"] = Field(description="'sleep': vLLM sleep mode (--enable-sleep-mode).")
-    level: int = Field(1, description="Sleep level; only 1 (weights kept in host memory).")
+    level: Annotated[int, After(_sleep_level_1)] = Field(
+        1, description="Sleep level; only 1 (weights kept in host memory).")
     weights_gib: float = Field(
         gt=0, le=65536, description="Host memory the weights take asleep (level 1 copies them to host RAM); "
         "checked against MemAvailable before the lane is put to sleep.")
@@ -623,31 +732,51 @@ class Standby(Strict):
         False, description="Allow the lane's ports on a non-loopback address although development mode mounts "
         "routes that put the engine to sleep and run engine methods (/collective_rpc) for anyone who reaches them.")
 
-    @field_validator("level")
-    @classmethod
-    def _level_1(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(f"level {value}: only level 1 is supported. Level 2 discards the weights, so a wake "
-                             "must reload them (a wake without a reload serves garbage, vllm#29341): no faster than "
-                             "a start")
-        return value
-
 
 NODE_HOSTNAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 NODE_LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
+def _hostnames(value: list[str]) -> list[str]:
+    for node in value:
+        if not re.fullmatch(NODE_HOSTNAME, node):
+            raise ValueError(f"{node!r} is not a node hostname")
+    if len(set(value)) != len(value):
+        raise ValueError("lists a node twice")
+    return value
+
+
+def _label_keys(value: dict[str, str]) -> dict[str, str]:
+    for key, label_value in value.items():
+        if not re.fullmatch(NODE_LABEL_KEY, key):
+            raise ValueError(f"{key!r} is not a node label key")
+        if CONTROL_CHARACTER.search(label_value) or "==" in label_value or "!=" in label_value:
+            raise ValueError(f"label {key}: {label_value!r} cannot be used in a placement constraint")
+    return value
+
+
+def _swarm_switch_given(data: Any) -> Any:
+    # A lane that says `backend: local` may inherit a Swarm placement's nodes from the recipe's defaults;
+    # nodes given without any backend are a Swarm placement missing its switch. Only the data as written
+    # tells the two apart, so this runs before the fields are read.
+    swarm_keys = ("nodes", "node_labels", "canary")
+    if isinstance(data, dict) and "backend" not in data and any(data.get(key) for key in swarm_keys):
+        raise ValueError("nodes, node_labels and canary place a lane on Swarm; add 'backend: swarm'")
+    return data
+
+
+@dataclass(frozen=True, kw_only=True)
 class Placement(Strict):
     """Where a lane runs: this box's engine, or Docker Swarm services across a fleet of boxes."""
 
     backend: Literal["local", "swarm"] = Field(
         "local", description="'local': containers on this engine. 'swarm': one Swarm service per role and node."
     )
-    nodes: list[str] = Field(
+    nodes: Annotated[list[str], After(_hostnames)] = Field(
         default_factory=list,
         description="Swarm node hostnames the lane runs on; default: every ready node matching node_labels.",
     )
-    node_labels: dict[str, str] = Field(
+    node_labels: Annotated[dict[str, str], After(_label_keys)] = Field(
         default_factory=dict, description="Swarm node labels a node must carry (node.labels.<key> == <value>)."
     )
     canary: str | None = Field(None, description="The node updated and gated first; default: the first node.")
@@ -656,37 +785,27 @@ class Placement(Strict):
         description="The generic resource kind the nodes advertise for their GPUs (dockerd --node-generic-resource).",
     )
 
-    @field_validator("nodes")
     @classmethod
-    def _hostnames(cls, value: list[str]) -> list[str]:
-        for node in value:
-            if not re.fullmatch(NODE_HOSTNAME, node):
-                raise ValueError(f"{node!r} is not a node hostname")
-        if len(set(value)) != len(value):
-            raise ValueError("lists a node twice")
-        return value
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        from pydantic_core import core_schema
 
-    @field_validator("node_labels")
-    @classmethod
-    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, label_value in value.items():
-            if not re.fullmatch(NODE_LABEL_KEY, key):
-                raise ValueError(f"{key!r} is not a node label key")
-            if CONTROL_CHARACTER.search(label_value) or "==" in label_value or "!=" in label_value:
-                raise ValueError(f"label {key}: {label_value!r} cannot be used in a placement constraint")
-        return value
+        return core_schema.no_info_before_validator_function(_swarm_switch_given, handler(source))
 
-    @model_validator(mode="after")
-    def _swarm_only(self) -> Placement:
-        # A lane that says `backend: local` may inherit a Swarm placement's nodes from the recipe's defaults;
-        # nodes given without any backend are a Swarm placement missing its switch.
-        if "backend" not in self.model_fields_set and (self.nodes or self.node_labels or self.canary):
-            raise ValueError("nodes, node_labels and canary place a lane on Swarm; add 'backend: swarm'")
+    def __post_init__(self) -> None:
         if self.canary is not None and self.nodes and self.canary not in self.nodes:
             raise ValueError(f"canary {self.canary!r} is not one of the lane's nodes {self.nodes}")
-        return self
 
 
+def _companion_roles(value: dict[str, Companion]) -> dict[str, Companion]:
+    for role in value:
+        if not re.fullmatch(ROLE_NAME, role):
+            raise ValueError(f"companion role {role!r} must match {ROLE_NAME}")
+        if role == "primary":
+            raise ValueError("'primary' is the lane's own container; name the companion otherwise")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaneSpec(Strict):
     """A lane after the recipe's defaults were merged in."""
 
@@ -695,7 +814,7 @@ class LaneSpec(Strict):
     kernels: list[str] = Field(default_factory=list, description="Names of kernels/<name>.yaml side extensions.")
     patches: list[PatchRef] = Field(default_factory=list)
     engine: Engine
-    companions: dict[str, Companion] = Field(default_factory=dict)
+    companions: Annotated[dict[str, Companion], After(_companion_roles)] = Field(default_factory=dict)
     health: Health
     watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
     placement: Placement = Field(default_factory=Placement)
@@ -720,55 +839,53 @@ class LaneSpec(Strict):
     def uses_gpus(self) -> bool:
         return any(engine.gpus is not None for _, engine in self.engines())
 
-    @field_validator("companions")
-    @classmethod
-    def _roles(cls, value: dict[str, Companion]) -> dict[str, Companion]:
-        for role in value:
-            if not re.fullmatch(ROLE_NAME, role):
-                raise ValueError(f"companion role {role!r} must match {ROLE_NAME}")
-            if role == "primary":
-                raise ValueError("'primary' is the lane's own container; name the companion otherwise")
-        return value
-
-    @model_validator(mode="after")
-    def _swarm_placeable(self) -> LaneSpec:
+    def __post_init__(self) -> None:
         if self.placement.backend != "swarm":
-            return self
+            return
         if not self.engine.ports:
             raise ValueError("a lane on Swarm must publish a port: lanectl gates each node through it")
-        for role, engine in [("primary", self.engine), *((r, c.engine) for r, c in self.companions.items())]:
+        for role, engine in self.engines():
             if engine.ipc is not None:
                 raise ValueError(f"{role}: Swarm services cannot set an IPC mode (Docker API 1.41); remove 'ipc' "
                                  "for a Swarm lane (shm_size still applies, as a tmpfs at /dev/shm)")
             if engine.gpus is not None and engine.gpus.count == "all":
                 raise ValueError(f"{role}: Swarm reserves GPUs by number; give gpus.count or gpus.device_ids, "
                                  "not 'all'")
-        return self
 
 
+def _container_name_template(value: str) -> str:
+    # Lane names and roles are themselves valid Docker names, so one stand-in checks every expansion.
+    expanded = value.replace("{container}", "a").replace("{lane}", "a").replace("{role}", "a")
+    if not re.fullmatch(DOCKER_OBJECT_NAME, expanded):
+        raise ValueError(f"{value!r} does not expand to a Docker container name ({DOCKER_OBJECT_NAME} "
+                         "with the placeholders {lane}, {container}, {role})")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class Naming(Strict):
-    container: str = Field("{lane}", description="Primary container name; must contain {lane}.")
-    companion: str = Field("{container}-{role}", description="Companion container name.")
+    """How a lane's containers are named."""
 
-    @model_validator(mode="after")
-    def _placeholders(self) -> Naming:
+    container: Annotated[str, After(_container_name_template)] = Field(
+        "{lane}", description="Primary container name; must contain {lane}.")
+    companion: Annotated[str, After(_container_name_template)] = Field(
+        "{container}-{role}", description="Companion container name.")
+
+    def __post_init__(self) -> None:
         if "{lane}" not in self.container:
             raise ValueError("naming.container must contain {lane}")
         if "{role}" not in self.companion:
             raise ValueError("naming.companion must contain {role}")
-        return self
-
-    @field_validator("container", "companion")
-    @classmethod
-    def _docker_name(cls, value: str) -> str:
-        # Lane names and roles are themselves valid Docker names, so one stand-in checks every expansion.
-        expanded = value.replace("{container}", "a").replace("{lane}", "a").replace("{role}", "a")
-        if not re.fullmatch(DOCKER_OBJECT_NAME, expanded):
-            raise ValueError(f"{value!r} does not expand to a Docker container name ({DOCKER_OBJECT_NAME} "
-                             "with the placeholders {lane}, {container}, {role})")
-        return value
 
 
+def _lane_names(value: dict[str, Any]) -> dict[str, Any]:
+    for name in value:
+        if not re.fullmatch(LANE_NAME, str(name)):
+            raise ValueError(f"lane name {name!r} must match {LANE_NAME}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecipeFile(Strict):
     """One YAML file: recipe-level defaults and the lanes that inherit them (maps merge, lists replace)."""
 
@@ -778,15 +895,7 @@ class RecipeFile(Strict):
     naming: Naming = Field(default_factory=Naming)
     keep_stopped_lanes: int = Field(3, ge=0, le=20)
     defaults: dict[str, Any] = Field(default_factory=dict, description="Lane fields every lane inherits.")
-    lanes: dict[str, dict[str, Any]] = Field(min_length=1)
-
-    @field_validator("lanes")
-    @classmethod
-    def _lane_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for name in value:
-            if not re.fullmatch(LANE_NAME, str(name)):
-                raise ValueError(f"lane name {name!r} must match {LANE_NAME}")
-        return value
+    lanes: Annotated[dict[str, dict[str, Any]], After(_lane_names)] = Field(min_length=1)
 
 
 def merge(defaults: Any, override: Any) -> Any:

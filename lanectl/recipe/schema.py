@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
@@ -19,9 +20,9 @@ def recipe_json_schema() -> dict[str, Any]:
     Keys are all optional at that level: a lane may override one field and inherit the rest,
     so "required" is checked by `lanectl validate` after the merge, not by the editor.
     """
-    schema = RecipeFile.model_json_schema(by_alias=True, schema_generator=_ModelDefaults)
-    lane = _without_required(LaneSpec.model_json_schema(by_alias=True, ref_template="#/$defs/{model}",
-                                                        schema_generator=_ModelDefaults))
+    schema = TypeAdapter(RecipeFile).json_schema(by_alias=True, schema_generator=_ModelDefaults)
+    lane = _without_required(TypeAdapter(LaneSpec).json_schema(by_alias=True, ref_template="#/$defs/{model}",
+                                                               schema_generator=_ModelDefaults))
     definitions = {**schema.pop("$defs", {}), **lane.pop("$defs", {})}
     definitions["LanePartial"] = lane
     schema["properties"]["defaults"] = {"$ref": "#/$defs/LanePartial", "description": "Inherited by every lane."}
@@ -42,8 +43,9 @@ class _ModelDefaults(GenerateJsonSchema):
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
         factory = schema.get("default_factory")
-        if isinstance(factory, type) and issubclass(factory, BaseModel):
-            schema = {**schema, "default": factory()}  # type: ignore[typeddict-item]
+        if isinstance(factory, type) and dataclasses.is_dataclass(factory):
+            default = TypeAdapter(factory).dump_python(factory(), mode="json")  # floats as floats
+            schema = {**schema, "default": default}  # type: ignore[typeddict-item]
             del schema["default_factory"]  # type: ignore[misc]
         return super().default_schema(schema)
 

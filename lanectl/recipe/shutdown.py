@@ -13,6 +13,7 @@ or problems out.
 from __future__ import annotations
 
 import typing
+from dataclasses import replace
 
 from lanectl.recipe.model import Engine, LaneSpec, flag_value
 
@@ -58,12 +59,12 @@ def with_shutdown_timeouts(spec: LaneSpec) -> LaneSpec:
     for role, engine in spec.engines():
         seconds = drain_seconds(spec, role)
         if seconds is not None and _flag_index(engine.args) is None:
-            engines[role] = engine.model_copy(update={"args": [*engine.args, SHUTDOWN_TIMEOUT_FLAG, str(seconds)]})
+            engines[role] = replace(engine, args=[*engine.args, SHUTDOWN_TIMEOUT_FLAG, str(seconds)])
     if not engines:
         return spec
-    companions = {role: c.model_copy(update={"engine": engines[role]}) if role in engines else c
+    companions = {role: replace(c, engine=engines[role]) if role in engines else c
                   for role, c in spec.companions.items()}
-    return spec.model_copy(update={"engine": engines.get(PRIMARY, spec.engine), "companions": companions})
+    return replace(spec, engine=engines.get(PRIMARY, spec.engine), companions=companions)
 
 
 def check_shutdown(doc: YamlDocument, spec: LaneSpec,

@@ -14,10 +14,15 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from lanectl.errors import Problem
+from lanectl.recipe.model import is_record, record_fields
 from lanectl.recipe.yaml_source import PathKey, YamlDocument
 
+# pydantic names a key the model does not know `extra_forbidden`, and a key a dataclass record does not know
+# `unexpected_keyword_argument`: both are an unknown key in the file.
+UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
 
-def problems_from_validation(exc: ValidationError, doc: YamlDocument, model: type[BaseModel],
+
+def problems_from_validation(exc: ValidationError, doc: YamlDocument, model: type[Any],
                              locate: Callable[[PathKey], PathKey] = lambda loc: loc) -> list[Problem]:
     """One `Problem` per place in `doc` that `exc` (from validating `model`) found wrong, at the line and
     column of the value (of the key, for an unknown or badly named key), with what to do about it.
@@ -30,7 +35,7 @@ def problems_from_validation(exc: ValidationError, doc: YamlDocument, model: typ
     for error in exc.errors(include_url=False):
         data_loc = _data_path(doc, locate, tuple(error["loc"]), error["type"])
         # Errors about a mapping key itself (unknown key, bad variable name) point at the key.
-        is_key = error["type"] == "extra_forbidden" or "[key]" in error["loc"]
+        is_key = error["type"] in UNKNOWN_KEY or "[key]" in error["loc"]
         message = _message(error, model, data_loc)
         by_path.setdefault((data_loc, is_key), [])
         if message not in by_path[(data_loc, is_key)]:
@@ -55,9 +60,9 @@ def _data_path(doc: YamlDocument, locate: Callable[[PathKey], PathKey], loc: Pat
     return tuple(kept)
 
 
-def _message(error: Any, model: type[BaseModel], loc: PathKey) -> str:
+def _message(error: Any, model: type[Any], loc: PathKey) -> str:
     kind = error["type"]
-    if kind == "extra_forbidden":
+    if kind in UNKNOWN_KEY:
         allowed = _allowed_keys(model, loc[:-1])
         expected = f"; expected one of: {', '.join(allowed)}" if allowed else ""
         return f"unknown key{expected}"
@@ -80,24 +85,33 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "…"
 
 
-def _allowed_keys(model: type[BaseModel], loc: PathKey) -> list[str]:
+def _allowed_keys(model: type[Any], loc: PathKey) -> list[str]:
     """The keys a mapping at `loc` accepts, for "unknown key" messages."""
     annotation: Any = model
     for part in loc:
         annotation = _unwrap(annotation, part)
         if annotation is None:
             return []
+    fields = _fields(annotation)
+    return [key for _, key, _ in fields] if fields is not None else []
+
+
+def _fields(annotation: Any) -> list[tuple[str, str, Any]] | None:
+    """A record's or a pydantic model's fields as (name, key, annotation); None for anything else."""
+    if is_record(annotation):
+        return record_fields(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [f.alias or name for name, f in annotation.model_fields.items()]
-    return []
+        return [(name, info.alias or name, info.annotation) for name, info in annotation.model_fields.items()]
+    return None
 
 
 def _unwrap(annotation: Any, part: str | int) -> Any:
     for candidate in _members(annotation):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel) and isinstance(part, str):
-            for name, info in candidate.model_fields.items():
-                if part in (name, info.alias):
-                    return info.annotation
+        fields = _fields(candidate)
+        if fields is not None and isinstance(part, str):
+            for name, key, field_annotation in fields:
+                if part in (name, key):
+                    return field_annotation
         origin = typing.get_origin(candidate)
         args = typing.get_args(candidate)
         if origin is list and isinstance(part, int):

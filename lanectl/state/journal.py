@@ -58,6 +58,8 @@ def current_user_at_host() -> str:
 
 @dataclass(frozen=True)
 class JournalContents:
+    """The journal's records as read, and what was wrong with the lines that could not be read."""
+
     records: list[dict[str, Any]]
     problems: list[str]
 
@@ -247,6 +249,8 @@ class Journal:
 # Records stay the dicts they were read as: the models only judge them.
 @dataclass(frozen=True, kw_only=True)
 class _Record:
+    """What every journal record carries; a record may hold more than its kind names."""
+
     ALLOWS_EXTRA: ClassVar[bool] = True
 
     # The defaults are never used: a missing header field is allowed, a present one must have its type.
@@ -258,6 +262,8 @@ class _Record:
 
 @dataclass(frozen=True, kw_only=True)
 class _Intent(_Record):
+    """A switch about to run: what it changes, from which lane to which."""
+
     switch: str
     action: str
     from_: Annotated[str | None, Key("from")]
@@ -268,12 +274,16 @@ class _Intent(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class _Step(_Record):
+    """One step of a switch, done."""
+
     switch: str
     step: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class _Outcome(_Record):
+    """How a switch ended."""
+
     switch: str
     result: str
 

@@ -40,6 +40,8 @@ class Fingerprint:
 
 @dataclass(frozen=True)
 class StandbyRecord:
+    """A lane left asleep: since when, the output it must give again when woken, and what it holds."""
+
     lane: str
     since: Timestamp  # ISO UTC: when it was put to sleep
     fingerprint: Fingerprint
@@ -57,6 +59,8 @@ class DroppedStandby:
 
 @dataclass(frozen=True)
 class StandbyState:
+    """The standby file: lanes asleep, their fingerprints, and standbys dropped with why."""
+
     version: Literal[1] = 1
     standbys: tuple[StandbyRecord, ...] = ()
     fingerprints: dict[str, Fingerprint] = field(default_factory=dict)

@@ -32,6 +32,8 @@ Loc = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class Bounds:
+    """Numeric limits on a field, in pydantic's meaning of ge, gt and le."""
+
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
@@ -46,6 +48,8 @@ class MaxLength:
 
 @dataclass(frozen=True)
 class Matches:
+    """A regular expression a string field must match (searched, as pydantic's pattern is)."""
+
     pattern: str
 
 

@@ -53,6 +53,8 @@ class WatchdogMemory:
 
 @dataclass(frozen=True)
 class Decision:
+    """What a watchdog pass does about what it observed, why, and the memory it leaves for the next pass."""
+
     action: Action
     reason: str
     failing: bool  # the lane is unhealthy (whether or not anything is done about it)

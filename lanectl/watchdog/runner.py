@@ -53,6 +53,8 @@ def _exit(state: ContainerState) -> str:
 
 @dataclass(frozen=True)
 class PassResult:
+    """One watchdog pass: its exit code for cron, the lane it watched, and what it did."""
+
     exit_code: int
     lane: str | None
     action: str

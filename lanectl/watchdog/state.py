@@ -43,6 +43,8 @@ LongText = Annotated[str, MaxLength(65536)]
 
 @dataclass(frozen=True)
 class MemoryFile:
+    """The watchdog's memory as the state file holds it."""
+
     lane: Text | None = None
     consecutive_failures: Count = 0
     restarts: Annotated[tuple[Timestamp, ...], MaxLength(10_000)] = ()
@@ -51,6 +53,8 @@ class MemoryFile:
 
 @dataclass(frozen=True)
 class LastActionFile:
+    """The watchdog's last action as the state file holds it."""
+
     ts: Timestamp
     action: Text
     reason: LongText
@@ -79,6 +83,8 @@ class WatchdogFile:
 
 @dataclass(frozen=True)
 class WatchdogRecord:
+    """The watchdog's state file: its memory, its log cursors and its last action."""
+
     version: int = WATCHDOG_STATE_VERSION
     memory: WatchdogMemory = field(default_factory=WatchdogMemory)
     log_since: float | None = None  # engine log cursor: UNIX time of the last pass that read it
