@@ -477,7 +477,7 @@ def test_bytes_that_are_not_utf8_in_a_stream_are_replaced_not_waited_on(recordin
 
 
 def test_a_connect_to_a_full_unix_backlog_waits_for_room_instead_of_failing(socket_dir):
-    from lanectl.dockerapi.engine_api import _UnixConnection
+    from lanectl.dockerapi.engine_api import _unix_connector
 
     path = str(socket_dir / "busy.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -497,10 +497,9 @@ def test_a_connect_to_a_full_unix_backlog_waits_for_room_instead_of_failing(sock
         accepted = []
         drain = threading.Timer(0.3, lambda: accepted.extend(server.accept() for _ in waiting))
         drain.start()
-        connection = _UnixConnection(path, timeout=10)
-        connection.connect()  # before the fix: BlockingIOError at once
+        connected = _unix_connector(path)(10)  # before the fix: BlockingIOError at once
         drain.join()
-        connection.close()
+        connected.close()
         for sock, _ in accepted:
             sock.close()
     finally:

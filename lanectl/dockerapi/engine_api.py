@@ -1,4 +1,4 @@
-"""The Docker Engine API over its socket, with the standard library: the requests lanectl makes.
+"""The Docker Engine API over its socket (on `lanectl.dockerapi.http1`): the requests lanectl makes.
 
 Why not the Docker SDK: importing it (requests, urllib3, its models) costs ~50 ms at every start of
 `lanectl status`, `up`, `rollback` and the watchdog's cron pass, and each request goes through
@@ -13,19 +13,21 @@ keep-alive connection or opens one; a stream (build output, events, followed log
 from __future__ import annotations
 
 import codecs
-import http.client
 import json
 import os
 import socket
-import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from lanectl.dockerapi.http1 import Connection, RemoteDisconnected, Response, host_header, tcp_connector
 from lanectl.errors import OperationFailed
+
+if TYPE_CHECKING:
+    import ssl  # imported where an engine is reached over TLS, never by a command that talks to a local one
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 TIMEOUT_SECONDS = 60.0  # the SDK's default: a request the engine has not answered by then is stuck
@@ -48,21 +50,17 @@ class EngineUnreachable(OperationFailed):
     pass
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, socket_path: str, timeout: float | None):
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
+def _unix_connector(socket_path: str) -> Callable[[float | None], socket.socket]:
+    def connect(timeout: float | None) -> socket.socket:
         # A unix socket whose listen backlog is full answers a connect with EAGAIN at once, where a TCP connect
         # would wait: wait for room instead, within the connection's timeout (a busy engine, many threads at once).
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.01
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.settimeout(self.timeout)
-                sock.connect(self.socket_path)
+                sock.settimeout(timeout)
+                sock.connect(socket_path)
             except BlockingIOError:
                 sock.close()
                 if deadline is not None and time.monotonic() + pause > deadline:
@@ -73,14 +71,29 @@ class _UnixConnection(http.client.HTTPConnection):
             except BaseException:
                 sock.close()
                 raise
-            self.sock = sock
-            return
+            return sock
+
+    return connect
+
+
+def _tls_connector(host: str, port: int, tls: ssl.SSLContext) -> Callable[[float | None], socket.socket]:
+    tcp = tcp_connector(host, port)
+
+    def connect(timeout: float | None) -> socket.socket:
+        sock = tcp(timeout)
+        try:
+            return tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+
+    return connect
 
 
 class Stream:
     """A streamed answer (build output, push progress, events, followed logs), closed when done or abandoned."""
 
-    def __init__(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse):
+    def __init__(self, connection: Connection, response: Response):
         self._connection = connection
         self.response = response
 
@@ -139,13 +152,23 @@ class Stream:
         self._connection.close()
 
 
+class _ReadResponse:
+    """An answer read whole: its status, headers (lowercase names) and body."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], data: bytes):
+        self.status, self.headers, self.data = status, headers, data
+
+    def getheader(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name.lower(), default)
+
+
 class EngineAPI:
     """One Docker engine, reached at `base_url` (unix://, tcp://, http://, https://), at the API version it speaks."""
 
     def __init__(self, base_url: str = DEFAULT_HOST, *, tls: ssl.SSLContext | None = None):
         self.base_url = base_url
         self._tls = tls
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self.requests = 0  # sent by this client, streams and the version check included (benchmarks count them)
         parts = urlsplit(base_url)
@@ -157,6 +180,8 @@ class EngineAPI:
                 raise EngineUnreachable(f"DOCKER_HOST={base_url}: no host in it; e.g. tcp://10.0.0.5:2376")
             self._host, self._port = parts.hostname, parts.port or (2376 if tls else 2375)
             if parts.scheme == "https" and self._tls is None:
+                import ssl
+
                 self._tls = ssl.create_default_context()
         else:
             raise EngineUnreachable(
@@ -176,6 +201,8 @@ class EngineAPI:
         cert_path = environ.get("DOCKER_CERT_PATH", "")
         tls = None
         if verify or cert_path:
+            import ssl
+
             folder = Path(cert_path) if cert_path else Path.home() / ".docker"
             tls = ssl.create_default_context(cafile=str(folder / "ca.pem") if verify else None)
             if not verify:
@@ -205,7 +232,7 @@ class EngineAPI:
     def logs(self, path: str, *, params: Mapping[str, Any]) -> bytes:
         """A finished log answer as text bytes: stdout and stderr frames joined in the order written."""
         response = self._send("GET", path, params=params)
-        data: bytes = response.data  # type: ignore[attr-defined]
+        data = response.data
         return demultiplex(data) if _is_multiplexed(response, data) else data
 
     def stream(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
@@ -231,7 +258,7 @@ class EngineAPI:
 
     def _send(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
               headers: Mapping[str, str] | None = None, timeout: float | None = TIMEOUT_SECONDS
-              ) -> http.client.HTTPResponse:
+              ) -> _ReadResponse:
         """One request on a kept-alive connection; its whole answer is read (as `.data`) and checked."""
         self.requests += 1
         for attempt in (1, 2):
@@ -239,7 +266,7 @@ class EngineAPI:
             try:
                 response = self._exchange(connection, method, path, params, body, headers)
                 data = response.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            except (RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 connection.close()
                 # A kept-alive connection the engine had closed (an idle timeout, a restart): the request
                 # never reached it, so it is sent once more on a new connection.
@@ -254,15 +281,14 @@ class EngineAPI:
             else:
                 with self._lock:
                     self._idle.append(connection)
-            response.data = data  # type: ignore[attr-defined]
             if response.status >= 400:
                 self._raise(response, data, method, path)
-            return response
+            return _ReadResponse(response.status, response.headers, data)
         raise AssertionError("unreachable")
 
-    def _exchange(self, connection: http.client.HTTPConnection, method: str, path: str,
+    def _exchange(self, connection: Connection, method: str, path: str,
                   params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str] | None
-                  ) -> http.client.HTTPResponse:
+                  ) -> Response:
         url = f"/v{self.version}{path}" if self.version else path
         query = encode_query(params or {})
         if query:
@@ -292,7 +318,7 @@ class EngineAPI:
                 f"no permission to use the Docker engine's socket {self._socket_path}; run as a member of the "
                 "`docker` group (`sudo usermod -aG docker $USER`, then log in again) or as root") from None
 
-    def _borrow(self, timeout: float | None) -> tuple[http.client.HTTPConnection, bool]:
+    def _borrow(self, timeout: float | None) -> tuple[Connection, bool]:
         with self._lock:
             connection = self._idle.pop() if self._idle else None
         if connection is None:
@@ -302,16 +328,17 @@ class EngineAPI:
         connection.timeout = timeout
         return connection, True
 
-    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float | None) -> Connection:
         if self._socket_path is not None:
-            return _UnixConnection(self._socket_path, timeout)
+            return Connection(_unix_connector(self._socket_path), "localhost", timeout)
+        host = host_header(self._host, self._port)
         if self._tls is not None:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            return Connection(_tls_connector(self._host, self._port, self._tls), host, timeout)
+        return Connection(tcp_connector(self._host, self._port), host, timeout)
 
     @staticmethod
-    def _json(response: http.client.HTTPResponse) -> Any:
-        data: bytes = response.data  # type: ignore[attr-defined]
+    def _json(response: _ReadResponse) -> Any:
+        data = response.data
         if not data.strip():
             return None
         if "json" not in (response.getheader("Content-Type") or "application/json"):
@@ -319,7 +346,7 @@ class EngineAPI:
         return json.loads(data)
 
     @staticmethod
-    def _raise(response: http.client.HTTPResponse, data: bytes, method: str, path: str) -> None:
+    def _raise(response: Response, data: bytes, method: str, path: str) -> None:
         text = data.decode(errors="replace").strip()
         try:
             explanation = str(json.loads(text)["message"])
@@ -348,7 +375,7 @@ def filters(**wanted: str) -> dict[str, list[str]]:
     return {name: [value] for name, value in wanted.items()}
 
 
-def _is_multiplexed(response: http.client.HTTPResponse, first: bytes) -> bool:
+def _is_multiplexed(response: Response | _ReadResponse, first: bytes) -> bool:
     """Whether a log answer is framed (a container without a TTY, as lanectl's are) or raw (with a TTY).
 
     API 1.42+ says so in its Content-Type; older engines call both raw-stream, so the first bytes decide:

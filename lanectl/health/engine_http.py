@@ -1,6 +1,6 @@
 """Plain HTTP to a lane's engine, as the health probes and the sleep routes speak it.
 
-One request per connection, with the standard library's `http.client`:
+One request per connection, on lanectl's own HTTP/1.1 (`lanectl.dockerapi.http1`):
 - probes and sleep requests are a few small requests a minute to a port on this host or a fleet node, never
   TLS. A fresh loopback connection costs well under a millisecond, and it also proves that the engine still
   accepts connections. No pool means nothing stale to retry and nothing shared between the watchdog's threads.
@@ -12,11 +12,12 @@ One request per connection, with the standard library's `http.client`:
 
 from __future__ import annotations
 
-import http.client
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from lanectl.dockerapi.http1 import Connection, host_header, tcp_connector
 
 # A probe or a sleep route answers a few hundred bytes; a body this long is cut here (and then fails to parse),
 # so a confused server cannot make the watchdog read without end.
@@ -94,7 +95,7 @@ class EngineHttp:
         headers = {"Connection": "close", "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        connection = Connection(tcp_connector(self.host, self.port), host_header(self.host, self.port), timeout)
         try:
             try:
                 connection.connect()
@@ -110,7 +111,7 @@ class EngineHttp:
                 data = response.read(MAX_BODY_BYTES)
             except TimeoutError:
                 raise EngineUnanswered("timeout", f"no answer within {timeout:g} s") from None
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:  # BadAnswer and RemoteDisconnected among them
                 raise EngineUnanswered("broken", f"{type(exc).__name__}: {exc}") from None
             return EngineAnswer(response.status, data)
         finally:
