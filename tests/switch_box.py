@@ -210,7 +210,9 @@ class MemoryEngine:
 
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str:
         self._call(f"logs:{name}")
-        return ""
+        # What vLLM's worker logs once asleep, which a sleep step reads back.
+        asleep = name in self.held and self.held[name].asleep
+        return "Sleep mode freed 70.00 GiB memory, 1.00 GiB memory is still in use.\n" if asleep else ""
 
     def list_containers(self) -> list[ListedContainer]:
         self._call("list")

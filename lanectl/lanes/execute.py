@@ -34,6 +34,8 @@ from lanectl.state.standby import Fingerprint, StandbyRecord, StandbyState, Stan
 # (an operator's kill -9), or sends itself the named signals ("3:INT" or "3:INT,5:TERM").
 CRASH_AFTER_STEP_ENV = "LANECTL_TEST_CRASH_AFTER_STEP"
 SIGNAL_AFTER_STEP_ENV = "LANECTL_TEST_SIGNAL_AFTER_STEP"
+# How long a sleep step looks in the engine's log for what it still holds asleep (`_logged_resident_gib`).
+RESIDENT_LOG_WAIT_SECONDS = 2.0
 
 
 class Engine(Protocol):
@@ -459,7 +461,7 @@ class Executor:
         drained = self.calls.sleep(lane, step.role)
         if step.role == ROLE_PRIMARY:
             run.slept.append(lane.name)
-            resident = resident_gib(self.engine.logs(step.container, since=started - 1))
+            resident = self._logged_resident_gib(step.container, since=started - 1)
             if resident is not None:
                 def with_resident(s: StandbyState) -> StandbyState:
                     record = s.standby(lane.name)
@@ -468,6 +470,16 @@ class Executor:
                 self._standbys(with_resident)
                 return f"{drained}; {resident:g} GiB still in use on the GPU"
         return drained
+
+    def _logged_resident_gib(self, container: str, since: float) -> float | None:
+        """What the engine logged it still holds asleep. The engine writes the line before it answers the sleep
+        request, but Docker's log copier may store it a moment later (seen under load): looked for up to 2 s."""
+        deadline = time.monotonic() + RESIDENT_LOG_WAIT_SECONDS
+        while True:
+            resident = resident_gib(self.engine.logs(container, since=since))
+            if resident is not None or time.monotonic() >= deadline:
+                return resident
+            time.sleep(0.1)
 
     def _check_memory(self, run: _Run, target: Lane) -> str:
         if not run.slept:
