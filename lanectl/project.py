@@ -13,19 +13,20 @@ a catalog entry is a pickle, and a planted one would run its author's code.
 
 from __future__ import annotations
 
-import importlib.resources
 import os
 import stat
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-# Package data (lanectl/image/templates/), found the same way in a checkout, an editable install and a
-# wheel. Its stub-engine is a link to the demo project's images/stub-engine, which a wheel carries as files.
-BUILTIN_IMAGES_DIR = Path(str(importlib.resources.files("lanectl") / "image" / "templates"))
+from lanectl.records import frozen
+
+# Package data (lanectl/image/templates/) beside this module, the same in a checkout, an editable install and a
+# wheel (lanectl is never run from a zip). Its stub-engine is a link to the demo project's images/stub-engine,
+# which a wheel carries as files. Found from __file__: importlib.resources would import zipfile and tempfile at
+# every start.
+BUILTIN_IMAGES_DIR = Path(__file__).parent / "image" / "templates"
 
 
-@dataclass(frozen=True)
+@frozen
 class Project:
     """A recipes project: its root folder (templates, patches, kernels) and its recipes folder."""
 
@@ -125,6 +126,8 @@ class CacheFolder:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not _private(self.folder):
                 return
+            import tempfile  # a cache entry is written rarely, and read at every start
+
             fd, temp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as handle:
