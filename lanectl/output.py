@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from lanectl.errors import EXIT_OK
+from lanectl.records import frozen
 
 # Bump only on an incompatible change of the envelope or of a command's data: scripts check it.
 ENVELOPE_VERSION = 1
@@ -22,7 +23,7 @@ ENVELOPE_VERSION = 1
 Level = Literal["info", "warning", "error"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Message:
     """A note for the person reading the text view (on stderr), beside the data; `--json` leaves it out."""
 
@@ -30,7 +31,7 @@ class Message:
     text: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Result:
     """What a command returns: the `--json` envelope's command and data, and the messages shown beside them."""
 
@@ -62,7 +63,7 @@ Span = tuple[str, str]
 """A run of text and its style name (`""` for none): what the terminal makes of the name is the CLI's business."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Line:
     """One line of a text view; `err` lines go to stderr (notes beside the answer), the rest to stdout."""
 

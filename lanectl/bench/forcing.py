@@ -23,19 +23,19 @@ The vLLM shapes relied on (0.31.0's files, the same in 0.26.0):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from lanectl.bench.stats import ForcedPosition, TokenChoice
 from lanectl.health.engine_http import error_message
+from lanectl.records import frozen
 
 COMPLETIONS_PATH = "/v1/completions"
 NO_TOKEN_IDS = "this engine does not return token ids (vLLM >= 0.10.2 does)"
 
 
-@dataclass(frozen=True)
+@frozen
 class GreedyContinuation:
     """One prompt's greedy (temperature 0) continuation, as ids the engine itself produced."""
 

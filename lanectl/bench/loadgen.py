@@ -26,13 +26,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import httpx
 
 from lanectl.bench.stats import TokenChoice, percentile
 from lanectl.health.engine_http import error_message
+from lanectl.records import frozen
 
 COMPLETIONS_PATH = "/v1/completions"
 # Warm-up prompts carry their own prefix so they do not pre-fill the prefix cache for the measured
@@ -43,7 +44,7 @@ ProgressCallback = Callable[[int, int], None]  # (requests finished, requests in
 ClientFactory = Callable[[int], httpx.Client]  # (connections) -> client
 
 
-@dataclass(frozen=True)
+@frozen
 class RequestResult:
     prompt_class: str
     prompt_index: int  # index into the arm's prompt list
@@ -98,7 +99,7 @@ class RequestResult:
         return "".join(self.texts)
 
 
-@dataclass(frozen=True)
+@frozen
 class ArmResult:
     concurrency: int
     requests: int  # finished in the window, failures included

@@ -43,6 +43,7 @@ from lanectl.errors import BadInput, Problem
 from lanectl.recipe.model import flag_value
 from lanectl.recipe.validation import problems_from_validation
 from lanectl.recipe.yaml_source import PathKey, YamlDocument, YamlSyntaxError, read_yaml_file
+from lanectl.records import frozen
 
 PROBE_SCHEMA = "lanectl-probe/v1"
 PROBES_DIR = "probes"
@@ -209,7 +210,7 @@ KINDS: dict[str, type[Gauntlet] | type[Thinking] | type[Soak] | type[Needle]] = 
     "gauntlet": Gauntlet, "thinking": Thinking, "soak": Soak, "needle": Needle}
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeFile:
     """A probe as read, with its document, so later checks (the lanes' context length) can name the line."""
 
@@ -535,7 +536,7 @@ def _short(text: Any, limit: int = 80) -> str:
 
 # -- running a probe against a lane --------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@frozen
 class Check:
     item: str
     failure: str | None  # None: passed

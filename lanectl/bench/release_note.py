@@ -15,11 +15,12 @@ import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from lanectl.bench.verdict import candidates_of
 from lanectl.output import shown
+from lanectl.records import frozen
 
 VERDICT_WORDS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE"}
 # Markdown punctuation that starts a construct anywhere in a line: code, emphasis, links and images, raw HTML
@@ -66,7 +67,7 @@ def _shell(value: object) -> str:
     return shlex.quote(shown(str(value)))
 
 
-@dataclass(frozen=True)
+@frozen
 class NoteInputs:
     """Everything the note is written from, besides results.json."""
 
@@ -127,7 +128,7 @@ def _span(values: Sequence[float | None]) -> str:
     return _x(known[0]) if known[0] == known[-1] or len(known) == 1 else f"{known[0]:.3f}–{known[-1]:.3f}×"
 
 
-@dataclass(frozen=True)
+@frozen
 class Headline:
     """Mean tok/s and ms/step over the single-stream cells: the candidate's arms against the controls'."""
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from statistics import NormalDist
 from typing import Generic, TypeVar
+
+from lanectl.records import frozen
 
 # A token the control chose with at least this probability is one it was sure of; the candidate
 # choosing anything else there is a "confident flip", the release note's fidelity count.
@@ -45,7 +46,7 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
-@dataclass(frozen=True)
+@frozen
 class CellVerdict:
     """The verdict on one (workload class, concurrency, context) cell of a bracket."""
 
@@ -114,7 +115,7 @@ PRIOR_BOUND = 0.90
 UNCALIBRATED_ARM_SD = 0.01
 
 
-@dataclass(frozen=True)
+@frozen
 class ArmNoise:
     """How far apart the arms of one lane land in one cell: the variance of log(arm mean rate) between arms,
     with the degrees of freedom it was estimated on (arms - 1 for one lane's arms)."""
@@ -142,7 +143,7 @@ def arm_noise(arm_means: Sequence[float]) -> ArmNoise:
     return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * m), df=max(1, 2 * m * m // (3 * m - 1)))
 
 
-@dataclass(frozen=True)
+@frozen
 class RatioInterval:
     ratio: float  # exp(mean log candidate arm mean - mean log control arm mean)
     low: float
@@ -296,7 +297,7 @@ def t_quantile(p: float, df: float) -> float:
 # -- calibration ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class CellCalibration:
     """What N arms of one lane, run back to back, say about one cell's noise and the gate's intervals on it."""
 
@@ -353,7 +354,7 @@ def calibrate_cell(arms: Sequence[Sequence[float]], bar: float, *, confidence: f
                            false_promotion=chance, detectable_ratio=bar * math.exp(t * spread))
 
 
-@dataclass(frozen=True)
+@frozen
 class Calibration:
     """What the cells of a calibration say together."""
 
@@ -392,7 +393,7 @@ def calibrate(cells: Sequence[CellCalibration], bar: float) -> Calibration:
 # -- fidelity -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class TokenChoice:
     """One generated position: the token chosen, its logprob, and the server's top logprobs there."""
 
@@ -402,7 +403,7 @@ class TokenChoice:
     token_id: int | None = None  # the engine's id of `token` (vLLM's return_token_ids); None: it sent none
 
 
-@dataclass(frozen=True)
+@frozen
 class ForcedPosition:
     """One position of a forced continuation, as the scored arm's prompt logprobs saw it."""
 
@@ -414,7 +415,7 @@ class ForcedPosition:
     top_token_id: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Flip(Generic[PromptKey]):
     """A position of the reference continuation where the scored arm prefers another token."""
 
@@ -427,7 +428,7 @@ class Flip(Generic[PromptKey]):
     confident: bool  # reference_p >= CONFIDENT_P
 
 
-@dataclass(frozen=True)
+@frozen
 class ForcedFidelity(Generic[PromptKey]):
     prompts: int  # prompts scored
     positions: int  # positions scored: every position of every scored continuation

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lanectl.bench.stats import (
@@ -31,6 +30,7 @@ from lanectl.bench.stats import (
     fidelity_within,
     ratio_interval,
 )
+from lanectl.records import frozen
 
 # How a verdict ranks candidates: a PASS above anything else, whatever the other's speed.
 VERDICT_RANK = {Verdict.PASS: 2, Verdict.INCONCLUSIVE: 1, Verdict.FAIL: 0}
@@ -93,7 +93,7 @@ def fidelity_verdict_of(fidelity: Mapping[str, Any]) -> Verdict | None:
     return verdict
 
 
-@dataclass(frozen=True)
+@frozen
 class Judged:
     verdict: Verdict
     reasons: list[str]
@@ -207,7 +207,7 @@ def bracket_verdict(verdicts: Sequence[Verdict]) -> Verdict:
     return Verdict.FAIL if set(verdicts) == {Verdict.FAIL} else Verdict.INCONCLUSIVE
 
 
-@dataclass(frozen=True)
+@frozen
 class CalibrationJudged:
     verdict: Verdict
     reasons: list[str]
@@ -373,7 +373,7 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-@dataclass(frozen=True)
+@frozen
 class Rechecked:
     """A run's gate section as its evidence says it should read, and where the record says otherwise."""
 

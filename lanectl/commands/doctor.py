@@ -5,20 +5,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.output import Result
 from lanectl.recipe.catalog import Catalog
+from lanectl.records import frozen
 from lanectl.state.paths import state_dir
 
 # vLLM serving images are ~20 GB; a switch that cannot pull or build for lack of disk is a bad surprise.
 MIN_FREE_IMAGE_DISK_GB = 50
 
 
-@dataclass(frozen=True)
+@frozen
 class Finding:
     check: str
     severity: Literal["ok", "warn", "error"]

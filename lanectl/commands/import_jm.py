@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -22,9 +21,10 @@ from lanectl.recipe.yaml_source import (
     read_text_file,
     read_yaml_file,
 )
+from lanectl.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class ImportedRecipe:
     text: str  # the lanectl/v1 recipe, ending with what was not mapped, as comments
     unmapped: list[str]  # one located line per jm field left out

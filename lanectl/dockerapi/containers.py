@@ -26,9 +26,10 @@ from lanectl.dockerapi.engine_api import (
 )
 from lanectl.dockerapi.sizes import size_in_bytes
 from lanectl.errors import OperationFailed
+from lanectl.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class ContainerSpec:
     """One container as lanectl creates it: what the domain planned, in the engine's terms."""
     name: str
@@ -202,7 +203,7 @@ class DockerEngine:
         return digest
 
 
-@dataclass(frozen=True)
+@frozen
 class PushProgress:
     """One status line of a push: a layer (`layer` is its short id) or the push as a whole (`layer` empty)."""
 
@@ -239,7 +240,7 @@ START_RETRY_SECONDS = (0.5, 1.0, 2.0)  # an engine error (5xx) at start is asked
 GPU_DRIVER_MISSING = re.compile(r"could not select device driver .* with capabilities: \[\[gpu\]\]")
 
 
-@dataclass(frozen=True)
+@frozen
 class ContainerState:
     """A lanectl container as the engine reports it; labels are the truth of what exists."""
 
@@ -280,7 +281,7 @@ class NoGpuRuntime(OperationFailed):
     pass
 
 
-@dataclass(frozen=True)
+@frozen
 class ListedContainer:
     """A container as the engine's listing shows it: enough to plan a switch, with no inspect per container."""
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from lanectl.dockerapi.containers import DockerEngine, docker_epoch
 from lanectl.dockerapi.engine_api import EngineAPI, EngineError, NotFound, filters
 from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, LEASE_LABEL
 from lanectl.errors import OperationFailed
+from lanectl.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeInfo:
     """A Swarm node as the manager reports it."""
 
@@ -37,7 +38,7 @@ class NodeInfo:
         return self.state == "ready" and self.availability == "active"
 
 
-@dataclass(frozen=True)
+@frozen
 class TaskInfo:
     id: str
     node_id: str
@@ -50,7 +51,7 @@ class TaskInfo:
     container_id: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class ServiceState:
     id: str
     name: str

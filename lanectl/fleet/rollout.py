@@ -57,6 +57,7 @@ from lanectl.lanes.execute import Reporter, StepSeams, announce_notes
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
 from lanectl.lanes.plan import Phase, Plan, Step
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.records import frozen
 from lanectl.state.journal import Journal, current_user_at_host
 from lanectl.state.pushes import PushStore
 
@@ -73,14 +74,14 @@ SWARM_ROLLED_BACK = "Swarm rolled back the update: "
 MONITOR_SECONDS_ENV = "LANECTL_TEST_SWARM_MONITOR_SECONDS"
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeOutcome:
     node: str
     result: str  # ok | unchanged | failed | rolled-back-by-swarm | rolled-back | not-reached
     detail: str
 
 
-@dataclass(frozen=True)
+@frozen
 class FleetOutcome:
     result: str  # ok | noop | rolled-back | failed | interrupted | aborted
     message: str

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerSpec
@@ -32,12 +32,13 @@ from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
 from lanectl.lanes.plan import Kind, Phase, Plan, Step
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.records import frozen
 
 FLEET_UP = "fleet-up"
 FLEET_ROLLBACK = "fleet-rollback"
 
 
-@dataclass(frozen=True)
+@frozen
 class FleetSnapshot:
     """What one look at the Swarm (and lanectl's records of it) showed; a plan is made from nothing else."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lanectl.dockerapi.labels import LEASE_LABEL, SPEC_FIELDS_LABEL
@@ -19,6 +18,7 @@ from lanectl.fleet.plan import current_task, service_drift, service_fields, task
 from lanectl.fleet.rollout_plan import fleet_containers
 from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.records import frozen
 from lanectl.state.paths import StateFiles
 from lanectl.state.pushes import PushStore
 from lanectl.state.secret_digests import secret_digests
@@ -26,7 +26,7 @@ from lanectl.state.secret_digests import secret_digests
 PROBE_TIMEOUT_SECONDS = 2.0
 
 
-@dataclass(frozen=True)
+@frozen
 class Probe:
     ok: bool
     detail: str

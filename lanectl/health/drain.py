@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from lanectl.health.engine_log import record_message
+from lanectl.records import frozen
 
 _DRAINING = re.compile(r"^\[shutdown\] EngineCore: draining in-flight requests count=(\d+) timeout=([\d.]+)s")
 _ABORTING = re.compile(r"^\[shutdown\] EngineCore: aborting in-flight requests count=(\d+)")
 _COMPLETE = re.compile(r"^\[shutdown\] EngineCore: request processing complete")
 
 
-@dataclass(frozen=True)
+@frozen
 class DrainReport:
     in_flight: int | None  # requests the engine held at the stop (its own count, else /metrics before it)
     cut: int | None  # of those, how many did not finish; None when the engine did not say

@@ -13,11 +13,11 @@ One request per connection, on lanectl's own HTTP/1.1 (`lanectl.dockerapi.http1`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from lanectl.dockerapi.http1 import Connection, host_header, tcp_connector
+from lanectl.records import frozen
 
 # A probe or a sleep route answers a few hundred bytes; a body this long is cut here (and then fails to parse),
 # so a confused server cannot make the watchdog read without end.
@@ -41,7 +41,7 @@ class EngineUnanswered(Exception):
         self.failure = failure
 
 
-@dataclass(frozen=True)
+@frozen
 class EngineAnswer:
     """An engine's HTTP answer: its status code and body."""
 

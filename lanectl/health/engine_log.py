@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from lanectl.records import frozen
 
 RECORD = "record"  # a record of vLLM's own loggers
 TRACEBACK = "traceback"  # a traceback header, frame or exception line
@@ -61,7 +62,7 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exi
 _REQUEST_ECHO = re.compile(r"^(?:Received request|Generated response|Added request|Request|Error with model) ")
 
 
-@dataclass(frozen=True)
+@frozen
 class EngineLine:
     """One physical log line, taken apart."""
 

@@ -40,6 +40,7 @@ from typing import Protocol
 from lanectl.health.engine_log import FATAL_ENGINE_LINES, fatal_engine_line, startup_match
 from lanectl.health.probe import COMPLETIONS_PATH, ProbeResult
 from lanectl.recipe.model import Health, StartupStall
+from lanectl.records import frozen
 
 GENERATION_ATTEMPTS = 3
 LOG_TAIL_LINES = 30
@@ -68,7 +69,7 @@ class LogSource(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@frozen
 class ContainerStatus:
     running: bool
     exit_code: int | None = None
@@ -93,7 +94,7 @@ class MonotonicClock:
         time.sleep(seconds)
 
 
-@dataclass(frozen=True)
+@frozen
 class GateProgress:
     """Where the gate stands after one poll, for a live display."""
 
@@ -105,7 +106,7 @@ class GateProgress:
     last_log_line: str | None
 
 
-@dataclass(frozen=True)
+@frozen
 class GateResult:
     passed: bool
     failed_check: str | None  # one of the check names above; None when passed

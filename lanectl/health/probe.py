@@ -8,13 +8,13 @@ is an ordinary answer that the caller weighs against its budget.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from lanectl.errors import BadInput
 from lanectl.health.engine_http import EngineAnswer, EngineHttp, EngineUnanswered, engine_url
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.model import Health
+from lanectl.records import frozen
 
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -27,7 +27,7 @@ def probe_base_url(lane: Lane) -> str:
     return engine_url(port.host_ip, port.published)
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeResult:
     """One probe of an endpoint: whether it passed, why not, and how long it took."""
 

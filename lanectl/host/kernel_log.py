@@ -19,11 +19,11 @@ import stat
 import subprocess
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from lanectl.errors import BadInput, OperationFailed
+from lanectl.records import frozen
 
 DEFAULT_SPEC = "kmsg"
 SPEC_FORMS = ("'kmsg' (read /dev/kmsg, needs root), 'kmsg-file:PATH' (records as read from /dev/kmsg), "
@@ -42,7 +42,7 @@ COMMAND_POLL_SECONDS = 0.5
 COMMAND_TIMEOUT_SECONDS = 30.0
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelLogLine:
     """A line of the kernel log, with the cursor that reads on from it."""
 
@@ -134,7 +134,7 @@ def write_kmsg(text: str, path: str = KMSG_PATH) -> None:
 # --- /dev/kmsg ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class _KmsgRecord:
     """A record of /dev/kmsg: its sequence number, text and syslog facility."""
 

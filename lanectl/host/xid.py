@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from lanectl.records import frozen
 
 if TYPE_CHECKING:
     from lanectl.host.kernel_log import KernelLogLine
@@ -127,7 +128,7 @@ _PROCESS = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d+), name=(?P<name>[^,]*)(?:
 _UNKNOWN = {"<unknown>", "'<unknown>'", ""}
 
 
-@dataclass(frozen=True)
+@frozen
 class XidEvent:
     """An NVIDIA Xid error as the kernel log reported it."""
 
@@ -222,7 +223,7 @@ def believed_xid(line: KernelLogLine) -> XidEvent | None:
 # --- which GPU an Xid is on ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Gpu:
     """One GPU as nvidia-smi lists it."""
 
@@ -231,7 +232,7 @@ class Gpu:
     uuid: str
 
 
-@dataclass(frozen=True)
+@frozen
 class LaneGpus:
     """The GPUs a lane's containers ask for: device ids (indices or UUIDs), the first `count`, or all."""
 

@@ -7,7 +7,7 @@ host (`make base-image`) also record the base's image id, so a rebuilt base is a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,11 +16,12 @@ from lanectl.dockerapi.labels import LABEL_PREFIX
 from lanectl.errors import OperationFailed
 from lanectl.image.render import ImagePlan, plan_image
 from lanectl.recipe.catalog import Lane
+from lanectl.records import frozen
 
 LOCAL_IMAGES_LABEL = LABEL_PREFIX + "local-images"
 
 
-@dataclass(frozen=True)
+@frozen
 class BuildOutcome:
     lane: str
     tag: str

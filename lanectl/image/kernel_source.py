@@ -15,11 +15,11 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from lanectl.errors import OperationFailed
 from lanectl.recipe.kernel import KernelSpec
+from lanectl.records import frozen
 
 MANIFEST = ".lanectl-source.json"
 GIT_TIMEOUT_S = 600
@@ -29,7 +29,7 @@ class KernelSourceError(OperationFailed):
     """A pinned kernel source could not be fetched or did not match its pin."""
 
 
-@dataclass(frozen=True)
+@frozen
 class FetchedSource:
     kernel: str
     path: Path  # the tree, without .git

@@ -8,18 +8,18 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from lanectl.image.in_image.patching import Patch, PatchFormatError, PatchReport, check, parse_patch_file
 from lanectl.image.upstream import extract_files, fetch_sdist
 from lanectl.project import leaves
+from lanectl.records import frozen
 
 ACCEPTED_BASE_FORMS = "'pypi:<project>==<version>' or 'path:<directory relative to the project root>'"
 _PYPI_BASE = re.compile(r"^pypi:([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 
 
-@dataclass(frozen=True)
+@frozen
 class PypiBase:
     """The sdist of one pinned release, e.g. ``pypi:vllm==0.31.0``."""
 
@@ -27,7 +27,7 @@ class PypiBase:
     version: str
 
 
-@dataclass(frozen=True)
+@frozen
 class PathBase:
     """A directory of this project, e.g. ``path:images/stub-engine``."""
 

@@ -16,7 +16,7 @@ import os
 import stat
 import tarfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from lanectl.project import BUILTIN_IMAGES_DIR, CacheFolder, leaves, template_di
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.kernel import KernelSpec
 from lanectl.recipe.model import as_data
+from lanectl.records import frozen
 
 if TYPE_CHECKING:
     from jinja2.sandbox import SandboxedEnvironment
@@ -55,7 +56,7 @@ def download_kernels_script(python_site: str) -> str:
 FIXED_MTIME = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class ContextFile:
     """A file of an image's build context."""
 
@@ -64,7 +65,7 @@ class ContextFile:
     mode: int = 0o644
 
 
-@dataclass(frozen=True)
+@frozen
 class FetchedTree:
     """A kernel's pinned source, fetched on the host (lanectl.image.kernel_source), sent under `prefix`."""
 
@@ -74,7 +75,7 @@ class FetchedTree:
     path: Path | None  # None: not fetched yet (render shows it; a build fetches it first)
 
 
-@dataclass(frozen=True)
+@frozen
 class ImagePlan:
     """Everything needed to build one lane's image, and its content-addressed name."""
 

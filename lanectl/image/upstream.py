@@ -12,7 +12,7 @@ import os
 import re
 import tarfile
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urljoin
@@ -21,6 +21,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from lanectl.errors import OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import replacing, write_atomically
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple/"
@@ -41,7 +42,7 @@ class UpstreamError(OperationFailed):
     """Pinned upstream source could not be resolved, downloaded, verified or extracted."""
 
 
-@dataclass(frozen=True)
+@frozen
 class SdistFile:
     filename: str
     url: str

@@ -16,6 +16,7 @@ from typing import Any
 from lanectl.image.render import ImagePlan
 from lanectl.recipe.catalog import Lane
 from lanectl.recipe.model import Engine, as_data
+from lanectl.records import frozen
 
 # Serve flags grouped by what the release note calls them when they did not change.
 SAME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -57,7 +58,7 @@ def patch_header(text: str) -> tuple[str, str]:
     return (subject.group(1) if subject else "", upstream.group(1) if upstream else "")
 
 
-@dataclass(frozen=True)
+@frozen
 class LaneInputs:
     """One lane as the comparison sees it: plain, sorted data."""
 

@@ -26,6 +26,7 @@ from lanectl.lanes.interrupt import Interrupt, SwitchAborted
 from lanectl.lanes.plan import Phase, Plan, Step, gpu_memory_shortfall
 from lanectl.lanes.standby import StandbyError, resident_gib
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.records import frozen
 from lanectl.state.journal import Journal, current_user_at_host
 from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
 from lanectl.state.standby import Fingerprint, StandbyRecord, StandbyState, StandbyStore
@@ -69,7 +70,7 @@ class Reporter(Protocol):
     def note(self, text: str) -> None: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class SwitchOutcome:
     result: str  # ok | noop | failed | rolled-back | finished | undone | interrupted | aborted
     message: str

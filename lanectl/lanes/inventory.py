@@ -14,7 +14,6 @@ containers whose spec is unknown: a switch recreates them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -23,6 +22,7 @@ from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS
 from lanectl.image.containers import plan_containers, spec_changes, spec_digest, spec_fields, stamped
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.records import frozen
 
 # A container being replaced is renamed `<name>.was-<id>` until its replacement passes its gate (lanes/plan.py).
 ASIDE_MARK = ".was-"
@@ -31,7 +31,7 @@ RECIPE_LABEL = LABEL_PREFIX + "recipe"
 ROLE_LABEL = LABEL_PREFIX + "role"
 
 
-@dataclass(frozen=True)
+@frozen
 class LaneContainer:
     """A container lanectl created for one role of a lane."""
 
@@ -45,7 +45,7 @@ class LaneContainer:
         return self.listed.name
 
 
-@dataclass(frozen=True)
+@frozen
 class ForeignContainer:
     """A container that is not a lane container but holds what a lane needs, or claims to be one."""
 
@@ -61,7 +61,7 @@ class ForeignContainer:
             f"docker stop {self.listed.name}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Desired:
     """A role's container as lanectl would create it now: the stamped spec and the fields it covers."""
 

@@ -16,7 +16,7 @@ lane's recipe (its digest, `image/containers.py`) is recreated, and the step nam
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from lanectl.dockerapi.containers import ContainerSpec
@@ -26,6 +26,7 @@ from lanectl.lanes.inventory import ASIDE_MARK, Inventory, LaneContainer, host_p
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+from lanectl.records import frozen
 from lanectl.state.lanes import LaneState
 
 # A switch disarms the watchdog for the target's startup budget plus this margin; the plan re-arms it.
@@ -38,7 +39,7 @@ Action = Literal["disarm", "arm", "stop", "remove", "set-aside", "put-back", "cr
 Kind = Literal["up", "rollback", "down", "restart", "finish", "undo", "finish-down", "noop"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Step:
     action: Action
     lane: str
@@ -87,7 +88,7 @@ class Step:
         return texts[self.action]
 
 
-@dataclass(frozen=True)
+@frozen
 class Phase:
     """Steps that run in order. When one fails: the `fallback` runs instead of the rest and the plan goes on
     (a standby that cannot sleep is stopped); with no fallback, the plan takes its way back. An `optional`
@@ -98,7 +99,7 @@ class Phase:
     optional: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     kind: Kind
     lane: str | None  # the lane it brings up (or stops, for down)

@@ -10,12 +10,13 @@ nothing re-reads a file or asks the engine again while planning.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import ListedContainer
 from lanectl.image.render import ImagePlan, plan_images
 from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.records import frozen
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneState, LaneStateStore
 from lanectl.state.paths import StateFiles
@@ -31,7 +32,7 @@ class EngineListing(Protocol):
     def image_id(self, ref: str) -> str | None: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class Snapshot:
     """What the box holds at one moment: containers, lane state, standbys and an unfinished switch."""
 

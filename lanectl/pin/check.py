@@ -13,7 +13,6 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from lanectl.image.in_image.patching import Patch, PatchStatus, apply, check, parse_patch_file
@@ -28,13 +27,14 @@ from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.recipe.locate import lane_field_location, shown_path
 from lanectl.recipe.model import DEV_MODE_ROUTES, Engine, StartupStall, flag_value
 from lanectl.recipe.yaml_source import PathKey
+from lanectl.records import frozen
 
 RELEASE_NUMBER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 AUTOTUNE_STARTS = "Autotuning process starts"
 CONTAINER_HOME = "/root"  # vLLM's images run as root
 
 
-@dataclass(frozen=True)
+@frozen
 class _Lane:
     """A lane as the checks need it, with where its values are written."""
 

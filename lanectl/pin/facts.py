@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from lanectl.errors import OperationFailed
 from lanectl.pin.log_calls import LogCall, log_calls
 from lanectl.pin.release import ReleaseSource
+from lanectl.records import frozen
 
 KERNEL_WARMUP = "vllm/model_executor/warmup/kernel_warmup.py"
 AUTOTUNE_CACHE = "vllm/model_executor/warmup/flashinfer_autotune_cache.py"
@@ -37,7 +38,7 @@ class SourceChanged(OperationFailed):
     """A release's source no longer has what a reader looks for: the check must be brought up to date."""
 
 
-@dataclass(frozen=True)
+@frozen
 class ManagedStore:
     """vLLM's use of flashinfer's managed autotune store (autotune_v2, vLLM 0.33.0 on)."""
 
@@ -48,7 +49,7 @@ class ManagedStore:
     log_where: str
 
 
-@dataclass(frozen=True)
+@frozen
 class AutotuneFacts:
     legacy_file: str  # the file a rank reads and writes: autotune_configs.json, autotune_configs_dp{dp}_rank{rank}.json
     legacy_file_where: str
@@ -57,7 +58,7 @@ class AutotuneFacts:
     managed: ManagedStore | None
 
 
-@dataclass(frozen=True)
+@frozen
 class VllmFacts:
     version: str
     flashinfer: str | None  # the flashinfer-python version the release pins
@@ -83,7 +84,7 @@ class VllmFacts:
         return cls(**{**data, "log_calls": [LogCall(**call) for call in data["log_calls"]], "autotune": facts})
 
 
-@dataclass(frozen=True)
+@frozen
 class FlashinferFacts:
     version: str
     managed_root_env: str | None  # FLASHINFER_AUTOTUNE_CACHE_DIR, None before the managed store existed

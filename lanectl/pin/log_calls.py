@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+
+from lanectl.records import frozen
 
 LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "info_once",
                          "warning_once", "debug_once", "error_once"})
@@ -24,7 +25,7 @@ _CONVERSION = {"d": r"-?\d+", "i": r"-?\d+", "f": r"-?\d+(?:\.\d+)?", "F": r"-?\
                "u": r"\d+", "c": "."}
 
 
-@dataclass(frozen=True)
+@frozen
 class LogCall:
     """One logger call in a release's source: where it is, in which function, and the format string it passes."""
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import re
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from lanectl.image.upstream import Progress, UpstreamError, fetch_sdist
+from lanectl.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class ReleaseSource:
     """One release of one project: `files` maps a path under the sdist's top folder (`vllm/envs.py`, `PKG-INFO`) to
     its text, for the project's package and its metadata."""

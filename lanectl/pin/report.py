@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 from typing import Any
+
+from lanectl.records import frozen
 
 
 class Verdict(StrEnum):
@@ -13,7 +15,7 @@ class Verdict(StrEnum):
     OK = "ok"  # checked and fine
 
 
-@dataclass(frozen=True)
+@frozen
 class Finding:
     topic: str  # patch, startup rule, serve flag, cache, first start, build, dev routes, answers, compile cache
     verdict: Verdict
@@ -24,7 +26,7 @@ class Finding:
         return {"topic": self.topic, "verdict": str(self.verdict), "text": self.text, "where": self.where}
 
 
-@dataclass(frozen=True)
+@frozen
 class LaneReport:
     lane: str
     recipe: str
@@ -36,7 +38,7 @@ class LaneReport:
                 "findings": [finding.to_json() for finding in self.findings]}
 
 
-@dataclass(frozen=True)
+@frozen
 class PinReport:
     version: str
     flashinfer: str | None

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from lanectl.image.upstream import Progress, UpstreamError, fetch_sdist
 from lanectl.pin.facts import FlashinferFacts, VllmFacts, flashinfer_facts, vllm_facts
 from lanectl.pin.release import read_release
 from lanectl.project import CacheFolder
+from lanectl.records import frozen
 
 FACTS_KEEP = 16
 
 
-@dataclass(frozen=True)
+@frozen
 class Release:
     """One vLLM release as pin check sees it: its sdist (for patches), its facts and its flashinfer's."""
 

@@ -13,7 +13,7 @@ import os
 import re
 import typing
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,6 +34,7 @@ from lanectl.recipe.model import (
     validated,
 )
 from lanectl.recipe.shutdown import check_shutdown, with_shutdown_timeouts
+from lanectl.records import frozen
 
 if TYPE_CHECKING:
     # Only a catalog that is not in the cache is parsed and validated: these are imported then.
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 ROLE_PRIMARY = "primary"
 
 
-@dataclass(frozen=True)
+@frozen
 class Recipe:
     """One recipe file's own settings, shared by its lanes."""
 
@@ -54,7 +55,7 @@ class Recipe:
     keep_stopped_lanes: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Lane:
     """A validated lane: its merged spec, its recipe and the kernels it builds."""
 
@@ -76,7 +77,7 @@ class Lane:
         return self.recipe.naming.companion.replace("{container}", primary).replace("{role}", role)
 
 
-@dataclass(frozen=True)
+@frozen
 class Catalog:
     """Every validated lane of a project, by name."""
 
@@ -316,8 +317,8 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             found_kernels.append(kernel)
     patches = merged.get("patches")
     for i, patch in enumerate(patches if isinstance(patches, list) else []):
-        if not isinstance(patch, dict) or not isinstance(patch.get("path"), str) or CONTROL_CHARACTER.search(
-                patch["path"]):
+        path_text = patch.get("path") if isinstance(patch, dict) else None
+        if not isinstance(path_text, str) or re.search(CONTROL_CHARACTER, path_text):
             continue  # the model reports it
         path = project.patches_dir / patch["path"]
         inputs.add(path)

@@ -12,12 +12,12 @@ import json
 import math
 import re
 import shlex
-from dataclasses import dataclass
 from typing import Any
 
 from lanectl.errors import Problem, RecipeInvalid
 from lanectl.recipe.model import VLLM_RELEASE
 from lanectl.recipe.yaml_source import PathKey, YamlDocument, format_path
+from lanectl.records import frozen
 
 JM_SCHEMA = "jm-recipe/v1"
 DEFAULT_LAUNCH_FILE = "launch-command.txt"
@@ -37,7 +37,7 @@ MAPPED: tuple[PathKey, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class JmImport:
     recipe: dict[str, Any]  # the lanectl/v1 recipe
     unmapped: list[Problem]  # each jm field with no place in it, located in recipe.yaml

@@ -8,7 +8,6 @@ becomes `vllm/_flashmla_splitkv_C` next to `vllm/_flashmla_C`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from lanectl.recipe.model import (
@@ -22,6 +21,7 @@ from lanectl.recipe.model import (
     Strict,
     looks_like_secret,
 )
+from lanectl.records import frozen
 
 MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DOTTED_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -72,7 +72,7 @@ def _submodule_paths(value: list[str]) -> list[str]:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class KernelSource(Strict):
     """Where a kernel's source comes from: a pinned git commit or a folder of the project."""
 
@@ -94,7 +94,7 @@ class KernelSource(Strict):
             raise ValueError("'ref', 'commit' and 'submodules' belong to a git source, not a path")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class KernelBuilder(Strict):
     """The image a kernel is built in, and what the build needs from it."""
 
@@ -106,11 +106,11 @@ class KernelBuilder(Strict):
     )
 
     def __post_init__(self) -> None:
-        if self.image is not None and not self.local and not DIGEST_PIN.search(self.image):
+        if self.image is not None and not self.local and not re.search(DIGEST_PIN, self.image):
             raise ValueError(f"builder image {self.image!r} must be pinned by digest, or set local: true")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class KernelInstall(Strict):
     """Where the built module goes: a new module beside the engine's own."""
 
@@ -129,7 +129,7 @@ def _dotted(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class OpSchemaCheck(Strict):
     """An op whose schema must carry an argument, checked in the image build."""
 
@@ -139,7 +139,7 @@ class OpSchemaCheck(Strict):
     argument: str = Field(pattern=MODULE_NAME)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class KernelSmoke(Strict):
     """Checked in the image build without importing the module (a GPU-less build step has no
     libcuda): its file name, its init symbol and this op's schema. The engine imports it at start."""
@@ -147,7 +147,7 @@ class KernelSmoke(Strict):
     op_schema: OpSchemaCheck
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class KernelSpec(Strict):
     """A kernel side extension: source, build, and the module it installs beside the shipped one."""
 

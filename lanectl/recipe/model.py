@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 from lanectl.dockerapi.sizes import size_in_bytes
+from lanectl.records import frozen
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
@@ -108,7 +108,9 @@ USER_SPEC = r"(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10})(?::(?:[a-z_][a-z0-9_.-]
 ROLE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 TEMPLATE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 RECIPE_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
-DIGEST_PIN = re.compile(r"@sha256:[0-9a-f]{64}$")
+# The patterns below are text, compiled by `re` (and kept in its cache) when a recipe is first validated: a
+# command served from the catalog cache validates nothing, and compiling them at import cost it ~1.5 ms.
+DIGEST_PIN = r"@sha256:[0-9a-f]{64}$"
 SHA256_HEX = r"^[0-9a-f]{64}$"
 GIT_COMMIT = r"^[0-9a-f]{40}$"
 SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
@@ -117,7 +119,7 @@ VLLM_RELEASE = r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:(?:rc|\.post|\.dev)[0-9]{
 PORT = Annotated[int, Bounds(ge=1, le=65535)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
-CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL_CHARACTER = r"[\x00-\x1f\x7f]"
 
 # Docker's image reference grammar (github.com/distribution/reference, regexp.go), matched in full:
 # a value that is not exactly one reference cannot reach a FROM line, where a line break would start a new
@@ -127,15 +129,15 @@ _PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
 _DOMAIN_COMPONENT = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[A-Fa-f0-9:]+\])(?::[0-9]+)?"
 _NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
+IMAGE_REFERENCE = rf"(?P<name>{_NAME})(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
 IMAGE_NAME_MAX = 255
 # A path written into a Dockerfile (COPY destinations, the patch and kernel install root). Docker expands
 # `$VAR` in COPY and splits arguments on whitespace, so only plain characters are allowed, and no `.`/`..`.
-DOCKERFILE_PATH = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._+-]+)+/?")
+DOCKERFILE_PATH = r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._+-]+)+/?"
 
 
 def image_reference(value: str) -> str:
-    match = IMAGE_REFERENCE.fullmatch(value)
+    match = re.fullmatch(IMAGE_REFERENCE, value)
     if match is None or len(match["name"]) > IMAGE_NAME_MAX:
         raise ValueError(f"{value!r} is not a Docker image reference ([registry/]name[:tag][@sha256:<64 hex>])")
     return value
@@ -144,13 +146,13 @@ def image_reference(value: str) -> str:
 # Where lane images are pushed: a registry host (Docker's domain grammar, with an optional port) and optionally a
 # namespace under it (`ghcr.io/acme`). The host must hold a `.` or a `:`, or be `localhost`: Docker reads a first
 # component without them as a Docker Hub namespace, so `registry: myhost` would push to docker.io/myhost/….
-REGISTRY = re.compile(rf"(?P<host>{_DOMAIN})(?:/{_PATH_COMPONENT})*")
+REGISTRY = rf"(?P<host>{_DOMAIN})(?:/{_PATH_COMPONENT})*"
 # <registry>/lanectl/<recipe id> must stay within Docker's 255-character name, and a recipe id takes up to 128.
 REGISTRY_MAX = IMAGE_NAME_MAX - 128 - len("/lanectl/")
 
 
 def registry_name(value: str) -> str:
-    match = REGISTRY.fullmatch(value)
+    match = re.fullmatch(REGISTRY, value)
     host = match["host"] if match else ""
     if match is None or not ("." in host or ":" in host or host == "localhost") or len(value) > REGISTRY_MAX:
         raise ValueError(f"{value!r} is not a registry (HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000 or ghcr.io/acme; "
@@ -159,7 +161,7 @@ def registry_name(value: str) -> str:
 
 
 def dockerfile_path(value: str) -> str:
-    if not DOCKERFILE_PATH.fullmatch(value):
+    if not re.fullmatch(DOCKERFILE_PATH, value):
         raise ValueError(f"{value!r} must be an absolute path of letters, digits and . _ + - (no spaces, "
                          "quotes, '$', '..' or control characters)")
     return value
@@ -176,17 +178,16 @@ SECRET_WORDS = frozenset({
 MEASURE_WORDS = frozenset({"SEED", "COUNT", "LIMIT", "SIZE", "LEN", "LENGTH", "BITS", "PER", "BUDGET"})
 # An engine flag that carries a credential (`--api-key X`, `--hf-token=X`, `--db-password X`): its value would sit
 # in the image's CMD and every `docker inspect`; engines read the same secrets from their environment.
-SECRET_FLAG = re.compile(r"--?(?:[A-Za-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd|credentials?)",
-                         re.IGNORECASE)
+SECRET_FLAG = r"(?i)--?(?:[A-Za-z0-9]+[-_])*(?:token|key|apikey|secret|password|passwd|credentials?)"
 _SECRET_FLAG_WORDS = ("token", "key", "apikey", "secret", "password", "passwd", "credentials")
 # vLLM's FlexibleArgumentParser (argparse) expands a unique prefix of a long option: `--api-ke X` is
 # `--api-key X`, `--hf-tok=X` is `--hf-token=X`. A long flag whose last word begins a credential word is
 # taken for one (a false alarm costs a rename; a miss bakes the secret into the image).
-SECRET_FLAG_ABBREVIATED = re.compile(
-    r"--(?:[A-Za-z0-9]+[-_])+(?:"
+SECRET_FLAG_ABBREVIATED = (
+    r"(?i)--(?:[A-Za-z0-9]+[-_])+(?:"
     + "|".join(sorted({re.escape(w[:n]) for w in _SECRET_FLAG_WORDS for n in range(1, len(w) + 1)}, key=len,
                       reverse=True))
-    + ")", re.IGNORECASE)
+    + ")")
 
 
 def looks_like_secret(name: str) -> bool:
@@ -211,7 +212,7 @@ def _plain_env_name(name: str) -> str:
 
 
 def _env_value(value: str) -> str:
-    if CONTROL_CHARACTER.search(value):
+    if re.search(CONTROL_CHARACTER, value):
         raise ValueError("holds a line break or control character; an environment value is one line")
     return value
 
@@ -235,7 +236,7 @@ def _ip_address(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class PortMapping(Strict):
     """A port the engine listens on, and where the host publishes it."""
 
@@ -253,7 +254,7 @@ def _mount_path(value: str | None) -> str | None:
     if value is not None and not value.startswith("/"):
         raise ValueError(f"must be an absolute path starting with '/', got {value!r}")
     # Docker joins a bind as `source:target:mode`; a colon would move the split.
-    if value is not None and (CONTROL_CHARACTER.search(value) or ":" in value):
+    if value is not None and (re.search(CONTROL_CHARACTER, value) or ":" in value):
         raise ValueError(f"{value!r} holds a ':' or a control character; a mount path cannot")
     return value
 
@@ -264,7 +265,7 @@ def _volume_name(value: str | None) -> str | None:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Volume(Strict):
     """A mount into the container: a host path or a named volume."""
 
@@ -298,7 +299,7 @@ def _device_ids(value: list[str] | None) -> list[str] | None:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class GpuRequest(Strict):
     """The GPUs a container gets: a count or named devices."""
 
@@ -329,7 +330,7 @@ def _no_baked_secret(value: list[str] | None) -> list[str] | None:
     for i, arg in enumerate(value or []):
         flag, has_value, _ = arg.partition("=")
         takes_next = i + 1 < len(value or []) and not (value or [])[i + 1].startswith("-")
-        secret = SECRET_FLAG.fullmatch(flag) or SECRET_FLAG_ABBREVIATED.fullmatch(flag)
+        secret = re.fullmatch(SECRET_FLAG, flag) or re.fullmatch(SECRET_FLAG_ABBREVIATED, flag)
         if secret and (has_value or takes_next):
             raise ValueError(
                 f"{flag} would bake a secret into the image and the container's config; drop its value, "
@@ -344,7 +345,7 @@ def _splitkv_settings(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Engine(Strict):
     """One container of a lane: its command, environment, ports, mounts and GPUs."""
 
@@ -431,12 +432,12 @@ def _splitkv_splits_ok(splits: int) -> bool:
 
 
 def _digest_pinned(value: str | None) -> str | None:
-    if value is not None and not DIGEST_PIN.search(value):
+    if value is not None and not re.search(DIGEST_PIN, value):
         raise ValueError(f"{value!r} must be pinned by digest (name@sha256:<64 hex>)")
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Companion(Strict):
     """A container that runs beside the lane's primary (the `-rtx` role)."""
 
@@ -446,7 +447,7 @@ class Companion(Strict):
     engine: Engine
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class ImageSpec(Strict):
     """How the lane's image is built: template, pinned base, engine site-packages and registry."""
 
@@ -474,14 +475,14 @@ class ImageSpec(Strict):
         if self.download_kernels and self.template != "vllm":
             raise ValueError(f"download_kernels runs `vllm download-kernels`, which the vllm template does; template "
                              f"{self.template!r} has no such step")
-        if not self.local_base and not DIGEST_PIN.search(self.base):
+        if not self.local_base and not re.search(DIGEST_PIN, self.base):
             raise ValueError(
                 f"base {self.base!r} must be pinned by digest (name:tag@sha256:<64 hex>), "
                 "or set local_base: true for an image built on this host"
             )
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class PatchRef(Strict):
     """A backported patch the image applies, pinned by its sha256."""
 
@@ -516,7 +517,7 @@ def _anchored_regex(pattern: str) -> str:
 AnchoredLogRegex = Annotated[str, After(_anchored_regex)]
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class StartupStall(Strict):
     """A phase of the start that must end within `minutes` once it began: flashinfer's autotuner logs
     `Autotuning process starts ...` on every start and `... ends` at once on a warm cache, while a cold one
@@ -554,7 +555,7 @@ class StartupStall(Strict):
                              "without its cache is the slow one")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class StartupLog(Strict):
     """Rules over the engine's own records (`[file.py:NNN] message`), searched in the message only: never in
     uvicorn's access lines nor in a request log's echo of a prompt, whose text a client chose."""
@@ -569,7 +570,7 @@ class StartupLog(Strict):
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class GenerationProbe(Strict):
     """The liveness probe that generates a few tokens, beyond /health."""
 
@@ -582,7 +583,7 @@ class GenerationProbe(Strict):
 URL_PATH = r"^/[!-~]{0,255}$"
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Health(Strict):
     """What a lane must show to count as started, and how it is probed."""
 
@@ -598,7 +599,7 @@ class Health(Strict):
     generation_probe: GenerationProbe = Field(default_factory=GenerationProbe)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class RestartPolicy(Strict):
     """How often the watchdog may restart a lane, and how long it waits between restarts."""
 
@@ -630,7 +631,7 @@ def _default_hardware_codes() -> list[int]:
     return sorted(DEFAULT_HARDWARE_CODES)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class XidPolicy(Strict):
     """Which NVIDIA Xid codes restart the lane and which stop it; by default NVIDIA's Xid catalog's immediate actions
     (lanectl/host/xid.py XID_CATALOG). A code in neither list is recorded and counted, never acted on."""
@@ -644,7 +645,7 @@ class XidPolicy(Strict):
             raise ValueError(f"Xid codes {both} are listed as both application and hardware faults")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Alert(Strict):
     """Where the watchdog reports what it did: a webhook, node_exporter's textfile folder."""
 
@@ -654,7 +655,7 @@ class Alert(Strict):
     textfile_dir: str | None = Field(None, description="node_exporter textfile collector folder.")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class WatchdogPolicy(Strict):
     """When the watchdog acts on a failing lane, and how."""
 
@@ -690,7 +691,7 @@ DEV_MODE_ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class WakeCheck(Strict):
     """After a wake, greedy output for this prompt must equal what the lane generated when it last passed its
     gate: wakes have answered 200 on /health while generating garbage (vllm#17103)."""
@@ -707,7 +708,7 @@ def _sleep_level_1(value: int) -> int:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Standby(Strict):
     """Leave this lane asleep (vLLM sleep mode) instead of stopped when another lane takes its GPUs, so a
     rollback to it is a wake (seconds) rather than a start (minutes)."""
@@ -750,7 +751,7 @@ def _label_keys(value: dict[str, str]) -> dict[str, str]:
     for key, label_value in value.items():
         if not re.fullmatch(NODE_LABEL_KEY, key):
             raise ValueError(f"{key!r} is not a node label key")
-        if CONTROL_CHARACTER.search(label_value) or "==" in label_value or "!=" in label_value:
+        if re.search(CONTROL_CHARACTER, label_value) or "==" in label_value or "!=" in label_value:
             raise ValueError(f"label {key}: {label_value!r} cannot be used in a placement constraint")
     return value
 
@@ -765,7 +766,7 @@ def _swarm_switch_given(data: Any) -> Any:
     return data
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Placement(Strict):
     """Where a lane runs: this box's engine, or Docker Swarm services across a fleet of boxes."""
 
@@ -805,7 +806,7 @@ def _companion_roles(value: dict[str, Companion]) -> dict[str, Companion]:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class LaneSpec(Strict):
     """A lane after the recipe's defaults were merged in."""
 
@@ -862,7 +863,7 @@ def _container_name_template(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Naming(Strict):
     """How a lane's containers are named."""
 
@@ -885,7 +886,7 @@ def _lane_names(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class RecipeFile(Strict):
     """One YAML file: recipe-level defaults and the lanes that inherit them (maps merge, lists replace)."""
 

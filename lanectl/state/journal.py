@@ -18,12 +18,12 @@ import socket
 import stat
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar
 
 from lanectl.errors import BadInput, OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import fsync_directory
 from lanectl.state.file_model import describe_invalid
 from lanectl.state.paths import check_state_file, create_state_dir
@@ -56,7 +56,7 @@ def current_user_at_host() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-@dataclass(frozen=True)
+@frozen
 class JournalContents:
     """The journal's records as read, and what was wrong with the lines that could not be read."""
 
@@ -247,7 +247,7 @@ class Journal:
 # counts an intent's steps, a switch finishes one from its `from` and `to`. Header fields are checked
 # when present (readers show '?' for a missing one); the fields of a switch record are required.
 # Records stay the dicts they were read as: the models only judge them.
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class _Record:
     """What every journal record carries; a record may hold more than its kind names."""
 
@@ -260,7 +260,7 @@ class _Record:
     kind: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class _Intent(_Record):
     """A switch about to run: what it changes, from which lane to which."""
 
@@ -272,7 +272,7 @@ class _Intent(_Record):
     steps: list[str]
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class _Step(_Record):
     """One step of a switch, done."""
 
@@ -280,7 +280,7 @@ class _Step(_Record):
     step: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class _Outcome(_Record):
     """How a switch ended."""
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
 from lanectl.errors import EXIT_BAD_INPUT, BadInput, OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 from lanectl.state.file_model import NewerVersion, Timestamp, load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
@@ -32,7 +33,7 @@ MAX_DISARM_SECONDS = 366 * 86400
 SWITCH_LEASE_PREFIX = "switch to "
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchdogLease:
     """The watchdog is disarmed until `until` (ISO UTC), because `reason`, as asked by `by`."""
 
@@ -41,7 +42,7 @@ class WatchdogLease:
     by: str
 
 
-@dataclass(frozen=True)
+@frozen
 class LaneState:
     """state.json, as `LaneStateStore` writes it and checks it on reading; its transitions return new states."""
 

@@ -28,13 +28,13 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from lanectl.errors import OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 from lanectl.state.file_model import Timestamp
 from lanectl.state.journal import utc_now, utc_timestamp
@@ -77,7 +77,7 @@ def _group_of(socket_path: str | None) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
+@frozen
 class LockHolder:
     """host.lock.json: who holds the lock."""
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from lanectl.errors import BadInput
+from lanectl.records import frozen
 
 SYSTEM_STATE_DIR = Path("/var/lib/lanectl")
 
@@ -32,7 +32,7 @@ def state_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "lanectl"
 
 
-@dataclass(frozen=True)
+@frozen
 class StateFiles:
     """The files in the state folder `root`, named by what they hold: the one place their names are spelled."""
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from lanectl.errors import OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 from lanectl.state.paths import NotAStateFile, StateFiles, check_state_file, create_state_dir, read_state_file
 
@@ -27,7 +28,7 @@ MAX_RECORD_BYTES = 64 * 1024
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
+@frozen
 class PushRecord:
     """A lane image the registry holds: `repository:tag` answers `digest`."""
 

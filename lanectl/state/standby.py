@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 from lanectl.state.file_model import Timestamp, load_state_file
 from lanectl.state.journal import utc_now, utc_timestamp
@@ -28,7 +29,7 @@ from lanectl.state.strict import Bounds, record_data
 MAX_STANDBY_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True)
+@frozen
 class Fingerprint:
     """Greedy output of the lane's wake-check prompt, recorded when it last passed its gate."""
 
@@ -38,7 +39,7 @@ class Fingerprint:
     recorded: Timestamp
 
 
-@dataclass(frozen=True)
+@frozen
 class StandbyRecord:
     """A lane left asleep: since when, the output it must give again when woken, and what it holds."""
 
@@ -49,7 +50,7 @@ class StandbyRecord:
     resident_gib: Annotated[float, Bounds(ge=0)] | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class DroppedStandby:
     """Why a lane's standby was given up (it died asleep, a switch stopped it): the next rollback says so."""
 
@@ -57,7 +58,7 @@ class DroppedStandby:
     at: Timestamp
 
 
-@dataclass(frozen=True)
+@frozen
 class StandbyState:
     """The standby file: lanes asleep, their fingerprints, and standbys dropped with why."""
 

@@ -22,15 +22,16 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal, TypeVar
+
+from lanectl.records import frozen
 
 Record = TypeVar("Record")
 Loc = tuple[str | int, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Bounds:
     """Numeric limits on a field, in pydantic's meaning of ge, gt and le."""
 
@@ -39,28 +40,28 @@ class Bounds:
     le: float | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class MaxLength:
     """At most this many characters (a string) or items (a tuple)."""
 
     limit: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Matches:
     """A regular expression a string field must match (searched, as pydantic's pattern is)."""
 
     pattern: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Check:
     """`check(value)` after the type's own checks: a ValueError is the field's error, in its words."""
 
     check: Callable[[Any], Any]
 
 
-@dataclass(frozen=True)
+@frozen
 class Key:
     """The field's key in the file, where it differs from the field's name (`from`, a Python keyword)."""
 

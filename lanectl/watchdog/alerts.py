@@ -24,11 +24,12 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lanectl.errors import OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ HTTP_CLIENT_LOGGERS = (
 REDACTED = "<redacted>"
 
 
-@dataclass(frozen=True)
+@frozen
 class Alert:
     severity: str  # "critical" | "warning" | "info"
     lane: str | None
@@ -81,14 +82,14 @@ class Alert:
         return _one_line(line)
 
 
-@dataclass(frozen=True)
+@frozen
 class AlertDelivery:
     delivered: bool
     attempts: int  # requests tried; 0 when there was nothing to send to
     detail: str
 
 
-@dataclass(frozen=True)
+@frozen
 class _Answer:
     """One try at the webhook: its HTTP status, or why there was none."""
 
@@ -346,7 +347,7 @@ def _one_line(text: str) -> str:
 # --- node_exporter textfile metrics ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchdogMetrics:
     lanes_up: dict[str, bool]  # lane -> passed its last check
     restarts_total: dict[str, int]  # lane -> restarts the watchdog made

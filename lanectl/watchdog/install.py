@@ -16,12 +16,12 @@ import shlex
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
 from lanectl.errors import BadInput, OperationFailed
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 
 # Package data (lanectl/watchdog/templates/), so an installed wheel has them as a checkout does.
@@ -42,7 +42,7 @@ CRON_MAX_COMMAND = 999
 _SYSTEMD_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
 
-@dataclass(frozen=True)
+@frozen
 class InstalledFile:
     path: Path  # absolute, as on the host
     content: str

@@ -10,17 +10,18 @@ past the cap, and never restart onto a GPU that logged a hardware Xid.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from lanectl.host.xid import XidClass, XidEvent, classify
 from lanectl.recipe.model import WatchdogPolicy
+from lanectl.records import frozen
 
 Action = Literal["none", "restart", "rollback", "stop", "wait"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Observation:
     """What one pass saw of the active lane."""
 
@@ -38,7 +39,7 @@ class Observation:
     xid_notes: tuple[str, ...] = ()  # where an Xid's GPU was a guess (see xid.xid_on_lane)
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchdogMemory:
     """What the watchdog remembers between passes about the lane it watches (saved in watchdog.json)."""
 
@@ -51,7 +52,7 @@ class WatchdogMemory:
         return self if self.lane == lane else WatchdogMemory(lane=lane)
 
 
-@dataclass(frozen=True)
+@frozen
 class Decision:
     """What a watchdog pass does about what it observed, why, and the memory it leaves for the next pass."""
 

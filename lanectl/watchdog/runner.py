@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from lanectl.health.engine_log import fatal_engine_lines, log_lines
 from lanectl.health.probe import EndpointProbe, ProbeResult, probe_base_url
 from lanectl.host.xid import Gpu, LaneGpus, XidEvent, believed_xid, xid_on_lane
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.records import frozen
 from lanectl.state.journal import Journal, utc_timestamp
 from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
 from lanectl.state.paths import StateFiles, check_state_file
@@ -51,7 +52,7 @@ def _exit(state: ContainerState) -> str:
     return f"{state.status} ({exit_code_text(state.exit_code)})"
 
 
-@dataclass(frozen=True)
+@frozen
 class PassResult:
     """One watchdog pass: its exit code for cron, the lane it watched, and what it did."""
 
@@ -66,7 +67,7 @@ class PassResult:
                 "outcome": self.outcome}
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeRound:
     """The endpoint probes of one run of a lane's primary: /health, then the generation when due."""
 

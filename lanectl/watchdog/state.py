@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
 from lanectl.state.file_model import Timestamp, parse_state_file
 from lanectl.state.paths import NotAStateFile, check_state_file, create_state_dir, read_state_file
@@ -41,7 +42,7 @@ Text = Annotated[str, MaxLength(4096)]
 LongText = Annotated[str, MaxLength(65536)]
 
 
-@dataclass(frozen=True)
+@frozen
 class MemoryFile:
     """The watchdog's memory as the state file holds it."""
 
@@ -51,7 +52,7 @@ class MemoryFile:
     ready_since_start: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class LastActionFile:
     """The watchdog's last action as the state file holds it."""
 
@@ -61,7 +62,7 @@ class LastActionFile:
     outcome: LongText
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchdogFile:
     """watchdog.json as written by `WatchdogStateStore.save`: what its reading checks."""
 
@@ -81,7 +82,7 @@ class WatchdogFile:
     xid_hardware_total: Count = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchdogRecord:
     """The watchdog's state file: its memory, its log cursors and its last action."""
 
