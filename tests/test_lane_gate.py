@@ -125,3 +125,27 @@ def test_a_companion_out_of_budget_beside_a_primary_within_it_fails_the_lane() -
     result = gate_lane(primary_ready_after(0.1, log), [companion_ready_after(30, log)], 1.0, no_signal)
     assert (result.passed, result.failed_check) == (False, STARTUP_BUDGET)
     assert log == ["primary done", "companion out of budget 1"]
+
+
+def test_a_gate_polls_as_soon_as_the_engine_says_it_serves_or_a_signal_comes():
+    import threading
+    import time as real_time
+
+    from lanectl.lanes.engine_calls import _Clock, _PollSooner
+
+    class Log:
+        news = threading.Event()
+
+    signal: list[str] = []
+    clock = _PollSooner(_Clock(real_time.sleep), Log(), lambda: signal[0] if signal else None)
+    began = real_time.monotonic()
+    clock.sleep(0.3)  # nothing new: the whole interval
+    assert real_time.monotonic() - began >= 0.3
+    threading.Timer(0.2, Log.news.set).start()
+    began = real_time.monotonic()
+    clock.sleep(30)
+    assert real_time.monotonic() - began < 10 and not Log.news.is_set()  # woken by the line, and ready for the next
+    threading.Timer(0.2, lambda: signal.append("SIGTERM")).start()
+    began = real_time.monotonic()
+    clock.sleep(30)
+    assert real_time.monotonic() - began < 10

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from typing import Protocol
@@ -59,6 +58,10 @@ class EngineCalls(Protocol):
 
 
 
+# uvicorn's line once the API server accepts requests (vLLM's server is uvicorn's): /health can answer 200 from
+# then on. Bytes, as the followed stream delivers them.
+SERVING_LINE = b"Application startup complete."
+
 class LaneEngines:
     def __init__(self, engine: ContainerEngine, *, on_gate: Callable[[GateProgress], None],
                  interrupted: Callable[[], str | None], sleep: Callable[[float], None] = time.sleep):
@@ -84,7 +87,8 @@ class LaneEngines:
                       interrupted: Callable[[], str | None]) -> GateResult:
         log = FollowedLog(self.engine, lane.container_name(), since)
         try:
-            return HealthGate(health, EndpointProbe(probe_base_url(lane), health), log, log, _Clock(self.pause),
+            clock = _PollSooner(_Clock(self.pause), log, interrupted)
+            return HealthGate(health, EndpointProbe(probe_base_url(lane), health), log, log, clock,
                               self.on_gate, interrupted=interrupted).wait()
         finally:
             log.close()
@@ -98,8 +102,8 @@ class LaneEngines:
         log = FollowedLog(self.engine, lane.container_name(role), since)
         try:
             # Its progress is the primary's to report: one line per poll interval, not one per engine.
-            return CompanionGate(role, health, EndpointProbe(url, health), log, log, clock, budget_seconds,
-                                 interrupted=interrupted).wait()
+            return CompanionGate(role, health, EndpointProbe(url, health), log, log,
+                                 _PollSooner(clock, log, interrupted), budget_seconds, interrupted=interrupted).wait()
         finally:
             log.close()
 
@@ -126,6 +130,8 @@ class LaneEngines:
             except StandbyError as exc:
                 return f"{lane.container_name(role)}: {exc}"
             return None
+
+        from concurrent.futures import ThreadPoolExecutor  # a wake is rare; its import (logging's) is not paid by all
 
         with ThreadPoolExecutor(max_workers=len(lane.roles)) as pool:
             failed = [error for error in pool.map(wake, lane.roles) if error]
@@ -155,6 +161,26 @@ class _Clock:
         self.pause(seconds)
 
 
+class _PollSooner:
+    """A gate's clock whose wait for its next poll ends when the followed log has news (the engine serves, or
+    its log ended with its container): the gate polls then, not up to a poll interval later. An engine is
+    ready the moment it serves, and a lane switch waits for the last of its engines."""
+
+    SLICE_SECONDS = 0.05
+
+    def __init__(self, clock: Clock, log: FollowedLog, interrupted: Callable[[], str | None]):
+        self.clock, self.log, self.interrupted = clock, log, interrupted
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        end = self.clock.monotonic() + seconds
+        while not self.log.news.is_set() and self.interrupted() is None and (left := end - self.monotonic()) > 0:
+            self.clock.sleep(min(left, self.SLICE_SECONDS))
+        self.log.news.clear()
+
+
 class FollowedLog:
     """A container's log from `since`, read as it comes by one followed stream in a thread: the gate's log
     source and its container watch in one. The stream ends when the container stops; only then is the
@@ -166,6 +192,7 @@ class FollowedLog:
         self.read = 0
         self.partial = b""
         self.ended = threading.Event()
+        self.news = threading.Event()  # the engine said it serves, or the log ended: worth a poll now
         self.lock = threading.Lock()
         self.exit: ContainerStatus | None = None
         self.stream: Stream | None = None
@@ -182,6 +209,8 @@ class FollowedLog:
                 with self.lock:
                     *complete, self.partial = (self.partial + chunk).split(b"\n")
                     self.lines += [line.decode(errors="replace") for line in complete]
+                if any(SERVING_LINE in line for line in complete):
+                    self.news.set()
         except Exception:  # the engine went away, or the stream was closed: the container is inspected instead
             pass
         finally:
@@ -190,6 +219,7 @@ class FollowedLog:
                     self.lines.append(self.partial.decode(errors="replace"))
                     self.partial = b""
             self.ended.set()
+            self.news.set()
 
     def new_lines(self) -> list[str]:
         with self.lock:
