@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 from lanectl.health.gate import INTERRUPTED, STARTUP_BUDGET, Clock, GateResult
 
@@ -56,15 +56,16 @@ def gate_lane(primary: PrimaryGate, companions: Sequence[CompanionGateRun], budg
     def primary_interrupted() -> str | None:
         return interrupted() or ("a companion failed its gate" if died else None)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(companions))) as pool:
-        try:
-            pending = [pool.submit(run_companion, gate) for gate in companions]
-            first = primary(primary_interrupted)
-            if not first.passed:
-                stop.set()
-            ready = [future.result() for future in pending]
-        finally:
+    pending = [_Beside(partial(run_companion, gate)) for gate in companions]
+    try:
+        first = primary(primary_interrupted)
+        if not first.passed:
             stop.set()
+        ready = [beside.result() for beside in pending]
+    finally:
+        stop.set()
+        for beside in pending:
+            beside.join()
     if died and interrupted() is None:
         return replace(died[0], seconds=time.monotonic() - began)
     if not first.passed:
@@ -77,3 +78,30 @@ def gate_lane(primary: PrimaryGate, companions: Sequence[CompanionGateRun], budg
         if not ready[i].passed:
             return replace(ready[i], seconds=time.monotonic() - began)
     return replace(first, companions=tuple(c.detail for c in ready), seconds=time.monotonic() - began)
+
+
+class _Beside:
+    """A call run in a thread of its own, beside the caller's: a companion's gate beside the primary's. (Threads,
+    not concurrent.futures, whose import brings logging's to every switch.)"""
+
+    def __init__(self, call: Callable[[], GateResult]):
+        self._outcome: list[tuple[GateResult | None, BaseException | None]] = []
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], GateResult]) -> None:
+        try:
+            self._outcome.append((call(), None))
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._outcome.append((None, exc))
+
+    def result(self) -> GateResult:
+        self._thread.join()
+        value, error = self._outcome[0]
+        if error is not None:
+            raise error
+        assert value is not None
+        return value
+
+    def join(self) -> None:
+        self._thread.join()

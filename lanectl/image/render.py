@@ -14,7 +14,6 @@ import io
 import json
 import os
 import stat
-import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import field
 from pathlib import Path
@@ -29,6 +28,8 @@ from lanectl.recipe.model import as_data
 from lanectl.records import frozen
 
 if TYPE_CHECKING:
+    import tarfile
+
     from jinja2.sandbox import SandboxedEnvironment
 
 RENDERED_KEEP = 256
@@ -107,6 +108,8 @@ class ImagePlan:
         if missing:
             raise ValueError(f"kernel sources not fetched: {', '.join(missing)}")
         buffer = io.BytesIO()
+        import tarfile  # a build sends a context; status, up and the watchdog only plan one
+
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for item in self.files:
                 content = item.content
