@@ -160,6 +160,7 @@ class MemoryEngine:
         self.calls: list[str] = []
         self.fail: dict[str, Exception] = {}  # "start:NAME" -> what that call raises
         self.on_call: dict[str, Any] = {}  # "stop:NAME" -> a function run before the call returns
+        self.stops: list[tuple[str, int]] = []  # (name, the timeout its stop allowed)
 
     def _call(self, what: str) -> None:
         self.calls.append(what)
@@ -180,11 +181,13 @@ class MemoryEngine:
         if self.held[name].state == "running":
             return False
         self.held[name].state = "running"
+        self.held[name].asleep = False  # a container started from stopped runs a new engine, awake
         self.held[name].starts += 1
         return True
 
     def stop(self, name: str, timeout: int) -> None:
         self._call(f"stop:{name}")
+        self.stops.append((name, timeout))
         if name in self.held:
             self.held[name].state = "exited"
             self.held[name].asleep = False
@@ -206,7 +209,7 @@ class MemoryEngine:
         return ContainerState(name=name, id=name, lane="", role=held.spec.role, recipe="", inputs="",
                               image=held.spec.image, status=held.state,
                               exit_code=0 if held.state == "exited" else None, started_at=None, finished_at=None,
-                              restart_count=0, device_requests=())
+                              restart_count=0, device_requests=(), stop_timeout=held.spec.stop_timeout_seconds)
 
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str:
         self._call(f"logs:{name}")
@@ -267,7 +270,10 @@ class FakeEngines:
     def sleep(self, lane: Lane, role: str) -> str:
         if lane.name in self.failing_sleeps:
             raise StandbyError("POST /sleep?level=1&mode=wait answered 500: Call to sleep method failed")
-        self.engine.held[lane.container_name(role)].asleep = True
+        held = self.engine.held.get(lane.container_name(role))
+        if held is None or held.state != "running":
+            raise StandbyError(f"{lane.container_name(role)}: POST /sleep: connection refused")
+        held.asleep = True
         return "no request in flight"
 
     def wake(self, lane: Lane) -> None:
@@ -285,6 +291,10 @@ class FakeEngines:
 
     def in_flight(self, lane: Lane, role: str) -> int | None:
         return None
+
+    def is_sleeping(self, lane: Lane, role: str) -> bool | None:
+        held = self.engine.held.get(lane.container_name(role))
+        return None if held is None or held.state != "running" else held.asleep
 
 
 class QuietReporter:

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from lanectl.dockerapi.containers import ContainerSpec, ContainerState, NoGpuRuntime
+from lanectl.dockerapi.containers import LIVE_STATES, ContainerSpec, ContainerState, ListedContainer, NoGpuRuntime
 from lanectl.errors import OperationFailed
 from lanectl.health.drain import drain_report
 from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import INTERRUPTED, PROBE_ACCESS_LINE, GateResult
 from lanectl.lanes.engine_calls import EngineCalls
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
+from lanectl.lanes.invariants import awake_beside, own_stop_timeout
 from lanectl.lanes.plan import Phase, Plan, Step, gpu_memory_shortfall
 from lanectl.lanes.standby import StandbyError, resident_gib
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -57,6 +58,8 @@ class Engine(Protocol):
     def container(self, name: str) -> ContainerState | None: ...
 
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str: ...
+
+    def list_containers(self) -> list[ListedContainer]: ...
 
 
 class Reporter(Protocol):
@@ -167,10 +170,11 @@ class Executor:
             return self._succeeded(run)
         return self._go_back(run, failure)
 
-    def _phase(self, run: _Run, phase: Phase) -> StepFailed | None:
-        """Run one phase; the failure that sends the plan back, or None (done, or replaced by its fallback)."""
+    def _phase(self, run: _Run, phase: Phase, *, way_back: bool = False) -> StepFailed | None:
+        """Run one phase; the failure that sends the plan back, or None (done, or replaced by its fallback). On the
+        way back a first signal changes nothing: the way back is what it asks for (a second one aborts)."""
         for step in phase.steps:
-            if not phase.optional and self.interrupt.pending():
+            if not phase.optional and not way_back and self.interrupt.pending():
                 return StepFailed(f"interrupted by {self.interrupt.pending()}")
             try:
                 self._step(run, step)
@@ -178,7 +182,7 @@ class Executor:
                 if phase.optional:
                     run.warnings.append(str(failed))
                     continue
-                if not phase.fallback or self.interrupt.pending():
+                if not phase.fallback or (self.interrupt.pending() and not way_back):
                     return failed
                 return self._fallback(run, step, phase, failed)
         return None
@@ -278,7 +282,7 @@ class Executor:
     def _way_back(self, run: _Run) -> str | None:
         """Run the way back; None when it brought what it must back, else why not (after the plan's abandon)."""
         for phase in run.plan.way_back:
-            failed = self._phase(run, phase)
+            failed = self._phase(run, phase, way_back=True)
             if failed is not None:
                 for step in run.plan.abandon:
                     try:
@@ -379,9 +383,9 @@ class Executor:
         elif action == "stop":
             return self._stop(run, step)
         elif action == "remove":
-            self.engine.remove(step.container)
+            return self._remove(step)
         elif action == "set-aside":
-            self.engine.rename(step.container, step.rename_to)
+            return self._set_aside(run, step)
         elif action == "put-back":
             if self.engine.container(step.container) is None:
                 return "nothing was set aside"
@@ -391,6 +395,7 @@ class Executor:
             assert step.spec is not None, "a plan's create step carries its spec"
             self.engine.create(step.spec, with_gpus=True, environ=self.environ)
         elif action == "start":
+            self._refuse_awake_beside(step)
             moment = time.time()
             # The gate judges the log of the run this step began; a primary that was already running (a way back
             # taken before its lane was stopped) is judged from its own start.
@@ -411,14 +416,49 @@ class Executor:
         """Stop a container, giving its engine its stop timeout, and say what became of the requests it was
         answering: counted before the stop (/metrics), judged from the engine's shutdown records after it."""
         lane = self.catalog.lanes.get(step.lane)
+        state = self.engine.container(step.container)
+        if state is None:
+            return "it is gone"
         before = self.calls.in_flight(lane, step.role) if lane is not None else None
         stopped_at = time.time()
-        self.engine.stop(step.container, int(step.seconds))
+        self.engine.stop(step.container, own_stop_timeout(state.stop_timeout, step.seconds))
         report = drain_report(log_lines(self.engine.logs(step.container, since=stopped_at - 1)), before)
         if report.in_flight is None and report.how == "not said":
             return ""
         self._facts = {"in_flight": report.in_flight, "cut": report.cut}
         return report.describe()
+
+    def _set_aside(self, run: _Run, step: Step) -> str:
+        """Rename a container being replaced. The plan stops it first when it ran at the snapshot; one started since
+        (by hand) is stopped here, with its own drain, so that it never runs beside its replacement."""
+        state = self.engine.container(step.container)
+        stopped = ""
+        if state is not None and state.status in LIVE_STATES:
+            stopped = self._stop(run, replace(step, action="stop", why="it runs again")) or "it ran: stopped"
+        self.engine.rename(step.container, step.rename_to)
+        return stopped
+
+    def _remove(self, step: Step) -> str:
+        """Invariant 5 (`lanes/invariants.py`): a container is removed only while it is stopped. The plan chose it
+        from a listing where it was; one that runs now (started by hand, or by another state folder) is kept."""
+        state = self.engine.container(step.container)
+        if state is None:
+            return "it is gone"
+        if state.status in LIVE_STATES:
+            return f"kept: it is {state.status} now"
+        self.engine.remove(step.container)
+        return ""
+
+    def _refuse_awake_beside(self, step: Step) -> None:
+        """Invariant 1 (`lanes/invariants.py`), from a fresh listing: whatever the plan believed, a start or a wake
+        never puts a second lane awake on a GPU or a host port."""
+        lane = self.catalog.lanes.get(step.lane)
+        if lane is None:
+            return
+        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping)
+        if holding:
+            raise StepFailed(f"refused to {step.describe()}: {'; '.join(holding)}, and the box runs one lane awake "
+                             "per GPU and host port")
 
     def _engine_step(self, run: _Run, step: Step, lane: Lane) -> str:
         action = step.action
@@ -442,6 +482,7 @@ class Executor:
         if action == "check-memory":
             return self._check_memory(run, lane)
         if action == "wake":
+            self._refuse_awake_beside(step)
             run.wake_started[lane.name] = time.monotonic()
             self.calls.wake(lane)
             return ""

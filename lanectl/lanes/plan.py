@@ -243,7 +243,8 @@ def stop_steps(inventory: Inventory, lane: Lane, why: str = "", *, every: bool =
     for role in reversed(lane.roles):
         container = inventory.container(lane, role)
         if every or (container is not None and container.listed.live):
-            steps.append(Step("stop", lane.name, lane.container_name(role), role, _stop_timeout(lane, role), why))
+            steps.append(Step("stop", lane.name, lane.container_name(role), role,
+                              _stop_timeout(inventory, lane, role), why))
     return tuple(steps)
 
 
@@ -265,14 +266,15 @@ def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -
         changes = inventory.drift(container) if container is not None and recreate else []
         live = container is not None and container.listed.live
         if role != ROLE_PRIMARY and not primary_ready and live:
-            first.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role),
+            first.append(Step("stop", lane.name, name, role, _stop_timeout(inventory, lane, role),
                               f"its primary is being {'re' if primary else ''}started"))
             live = False
         if container is None:
             steps += [_create(inventory, lane, role, ""), Step("start", lane.name, name, role)]
         elif changes:
             if live:
-                steps.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role), "to recreate it"))
+                steps.append(Step("stop", lane.name, name, role, _stop_timeout(inventory, lane, role),
+                                  "to recreate it"))
             # Renamed, not removed: until the new container passes its gate, the old one is the way back.
             steps += [Step("set-aside", lane.name, name, role, rename_to=aside_name(container)),
                       _create(inventory, lane, role, "recreated: " + ", ".join(changes)),
@@ -344,7 +346,14 @@ def _wake_phase(inventory: Inventory, lane: Lane) -> Phase:
     return Phase((Step("wake", lane.name), _gate(lane, woken=True), Step("wake-check", lane.name)), fallback=cold)
 
 
-def _stop_timeout(lane: Lane, role: str) -> int:
+def _stop_timeout(inventory: Inventory, lane: Lane, role: str) -> int:
+    """The container's own stop timeout, as it was created (its drain was rendered from it: invariant 2,
+    `lanes/invariants.py`); the recipe's only for a container that records none. The executor asks the engine
+    again before the stop: this is what `--dry-run` shows."""
+    container = inventory.container(lane, role)
+    recorded = (container.fields or {}).get("stop_timeout_seconds") if container is not None else None
+    if isinstance(recorded, int) and not isinstance(recorded, bool):
+        return recorded
     engine = lane.spec.engine if role == ROLE_PRIMARY else lane.spec.companions[role].engine
     return engine.stop_timeout_seconds
 
@@ -547,14 +556,33 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
         return Plan("undo", target.name, previous.name if previous else None, way_back, abandon=abandon, alone=alone)
     # The companions the killed run had not started yet start now; nothing is recreated here (a later `up` does).
     # A target still recorded asleep was being woken: the wake finishes it (a wake of an awake vLLM does nothing).
-    bring = _wake_phase(inventory, target) if target.name in standbys(inventory)[0] else Phase(
+    asleep = standbys(inventory)[0]
+    waking = target.name in asleep
+    bring = _wake_phase(inventory, target) if waking else Phase(
         (*bring_up_steps(inventory, target, recreate=False), _gate(target)))
-    phases = (bring,
+    phases = (*_leave_for(inventory, target, asleep, waking),
+              bring,
               Phase((Step("activate", target.name),), optional=True),
               Phase((*_drop_asides(asides, "replaced by a container that passed its gate"),
                      Step("arm", target.name)), optional=True))
     return Plan("finish", target.name, previous.name if previous else None, phases, way_back, abandon, alone=alone,
                 with_gpus=with_gpus, budget_seconds=target.spec.health.startup_budget_minutes * 60)
+
+
+def _leave_for(inventory: Inventory, target: Lane, asleep: set[str], waking: bool) -> tuple[Phase, ...]:
+    """What finishing a killed switch to `target` stops first, from what is live now rather than from the steps the
+    killed run journaled (invariant 5, `lanes/invariants.py`): every other lane live on its GPUs or ports, except a
+    standby left asleep beside a cold start, as the switch would have left it."""
+    phases = []
+    for lane in inventory.live_lanes():
+        if lane.name == target.name or not lanes_conflict(lane, target):
+            continue
+        if lane.name in asleep and not waking and not host_ports(lane) & host_ports(target):
+            continue
+        why = f"finishing the switch to {target.name}, which takes its GPUs"
+        forget = (Step("forget-standby", lane.name, why=why),) if lane.name in asleep else ()
+        phases.append(Phase((*stop_steps(inventory, lane, why), *forget)))
+    return tuple(phases)
 
 
 def _whole(inventory: Inventory, lane: Lane) -> bool:
@@ -597,7 +625,10 @@ def _restore(inventory: Inventory, lane: Lane | None, *,
     else:
         bring = Phase((*stop_asleep_steps(inventory, lane),
                        *bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane)))
-    abandon = (Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
+    # A lane that did not come back is stopped, not left half-started: nothing awake goes unwatched (the watchdog
+    # guards the active lane only) or sits beside whatever kept it from coming back.
+    abandon = (*stop_steps(inventory.with_stopped(lane), lane, "it did not come back", every=True),
+               Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
     return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)))), abandon
 
 

@@ -3,8 +3,8 @@
 `take_snapshot` reads everything a switch is planned from, once: one listing of the engine's containers (no
 inspect), one listing of the lane images, `state.json`, `standby.json`, the journal's unfinished switch, each
 lane's image plan (rendered once), the keyed digests of the secrets in lanectl's environment, the host's free
-memory, and whether the active lane answers `/health`. The planner (`lanes/plan.py`) is a pure function of it;
-nothing re-reads a file or asks the engine again while planning.
+memory, and whether the active lane answers `/health` with every engine of it awake. The planner
+(`lanes/plan.py`) is a pure function of it; nothing re-reads a file or asks the engine again while planning.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def lanes_in_scope(catalog: Catalog, state: LaneState, standby: StandbyState, co
 def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *, also: Iterable[str] = (),
                   environ: Mapping[str, str], create_secret_key: bool,
                   host_memory: Callable[[], float | None],
-                  health: Callable[[Lane], bool] | None = None) -> Snapshot:
+                  health: Callable[[Lane], bool] | None = None,
+                  asleep: Callable[[Lane, str], bool | None] | None = None) -> Snapshot:
     state = LaneStateStore(files.lanes).load()
     standby = StandbyStore(files.standby).load()
     unfinished = Journal(files.journal).unfinished_intent()
@@ -90,7 +91,9 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
         lane = catalog.lanes[state.active]
         primary = next((c for c in containers if c.name == lane.container_name()), None)
         if primary is not None and primary.running:
-            active_healthy = health(lane)
+            # A sleeping vLLM answers /health 200 (invariant 3, lanes/invariants.py): healthy is every engine awake.
+            active_healthy = health(lane) and not (asleep is not None and any(
+                asleep(lane, role) is True for role in lane.roles))
     return Snapshot(containers=containers, state=state, standby=standby, unfinished=unfinished, images=images,
                     image_plans=plans,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),

@@ -1,0 +1,355 @@
+"""The box's switch under any interleaving: a stateful fuzzer (Hypothesis's RuleBasedStateMachine).
+
+The rules are the operator's and the world's moves: `up`, `rollback`, `down` and a watchdog pass, each killed
+(SIGKILL) or interrupted (one or two SIGINTs) after any step; recipe edits (the stop timeout, a companion's
+port, env); an engine that fails its gate; an operator who stops, kills, starts or puts to sleep a container,
+also in the middle of a switch. The invariants are the promises of `lanectl/lanes/invariants.py`, checked after
+every rule against the engine in memory (tests/switch_box.py), with the real planner, executor, journal and
+state files.
+
+CI runs the bounded profile (derandomized, at least 2,000 steps); `make fuzz` runs `HYPOTHESIS_PROFILE=long`.
+A failure prints the shortest sequence of moves that breaks a promise; each one found becomes an example test
+below the machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from lanectl.errors import LanectlError
+from lanectl.lanes.execute import SwitchOutcome
+from lanectl.lanes.interrupt import Interrupt
+from lanectl.lanes.invariants import gpus_overlap
+from lanectl.lanes.snapshot import Snapshot, take_snapshot
+from lanectl.lanes.switcher import LaneSwitcher
+from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.state.journal import Journal
+from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneStateStore
+from lanectl.state.standby import StandbyStore
+from tests.switch_box import Box, FakeEngines, MemoryEngine, QuietReporter, repo_catalog, with_engine, with_lane
+
+LANES = ("demo-h1", "demo-h2", "demo-h2-8")
+STEPS_PER_EXAMPLE = 25
+# Shrinking is kept (a failure is worth its shortest form), the explain phase is not: it reruns every failing
+# step with variations, for minutes, to annotate lines the shrunk sequence already shows.
+settings.register_profile("ci", max_examples=100, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
+                          derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+# While writing a fix: no shrinking, every distinct failure reported at once.
+settings.register_profile("dev", max_examples=60, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                          suppress_health_check=list(HealthCheck), report_multiple_bugs=True)
+settings.register_profile("long", max_examples=5_000, stateful_step_count=60, deadline=None,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
+# What happens to a switch after its step k (a kill, one or two SIGINTs, an operator's `docker start` of the
+# stopped container `pick` counts to), or None: it runs to its end.
+INTERRUPTIONS = st.one_of(st.none(), st.tuples(st.sampled_from(["kill", "int", "int2", "operator-start"]),
+                                               st.integers(1, 12), st.integers(0, 7)))
+How = tuple[str, int, int] | None
+
+
+class Killed(BaseException):
+    """kill -9: nothing after the step that was journaled runs, and nothing is cleaned up."""
+
+
+class Acting(QuietReporter):
+    """Does `act` once, after the Nth step is shown (journaled): as the test seams do for real."""
+
+    def __init__(self, after: int, act: Callable[[], None]) -> None:
+        super().__init__()
+        self.after, self.act, self.shown = after, act, 0
+
+    def step(self, text: str, *, ok: bool = True) -> None:
+        super().step(text, ok=ok)
+        self.shown += 1
+        if self.shown == self.after:
+            self.act()
+
+
+class CountingEngine(MemoryEngine):
+    """The memory engine that remembers, for each stop, the stop timeout the container was created with, the
+    order in which containers were started, and which ones an operator started by hand."""
+
+    def __init__(self, images: dict[str, str]):
+        super().__init__(images)
+        self.own_drains: list[tuple[str, int, int]] = []  # (name, allowed, its own)
+        self.started_at: dict[str, int] = {}  # name -> when it was last started, as a count of starts
+        self.by_hand: set[str] = set()  # started by an operator, and not stopped or started by lanectl since
+        self.clock = itertools.count(1)
+
+    def stop(self, name: str, timeout: int) -> None:
+        held = self.held.get(name)
+        if held is not None and held.state == "running":
+            self.own_drains.append((name, timeout, held.spec.stop_timeout_seconds))
+        self.by_hand.discard(name)
+        super().stop(name, timeout)
+
+    def start(self, name: str) -> bool:
+        started = super().start(name)
+        if started:
+            self.started_at[name] = next(self.clock)
+            self.by_hand.discard(name)
+        return started
+
+    def start_by_hand(self, name: str) -> None:
+        self.held[name].state = "running"
+        self.started_at[name] = next(self.clock)
+        self.by_hand.add(name)
+
+    def rename(self, name: str, new_name: str) -> None:
+        super().rename(name, new_name)
+        for marks in (self.started_at,):
+            if name in marks:
+                marks[new_name] = marks.pop(name)
+        if name in self.by_hand:
+            self.by_hand.discard(name)
+            self.by_hand.add(new_name)
+
+
+class FuzzSwitcher(LaneSwitcher):
+    """The real switcher, its snapshot's /health answered by the engines in memory (200 while asleep, as vLLM)."""
+
+    def snapshot(self, *lanes: str, create_secret_key: bool = True) -> Snapshot:
+        engines = self.calls
+        assert isinstance(engines, FakeEngines)
+        return take_snapshot(self.catalog, self.engine, self.files, also=lanes, environ={},  # type: ignore[arg-type]
+                             create_secret_key=create_secret_key, host_memory=lambda: 64.0,
+                             health=lambda lane: lane.name not in engines.failing_gates,
+                             asleep=engines.is_sleeping)
+
+
+class BoxMachine(RuleBasedStateMachine):
+    """One box: its engine in memory, its state folder on disk, its recipes as edited so far."""
+
+    @initialize(first=st.sampled_from(LANES))
+    def start(self, first: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="lanectl-fuzz-"))
+        self.catalog: Catalog = repo_catalog()
+        self.engine = CountingEngine({})
+        self.engines = FakeEngines(self.engine)
+        self._build()
+        self.last: SwitchOutcome | None = None
+        self.switch(lambda s: s.up(self._lane(first), why="up"), None)
+
+    def teardown(self) -> None:
+        shutil.rmtree(getattr(self, "folder", "/nonexistent"), ignore_errors=True)
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _lane(self, name: str) -> Lane:
+        return self.catalog.lanes[name]
+
+    def _build(self) -> None:
+        box = Box(self.catalog).build(*LANES)
+        for tag, image_id in box.images.items():
+            self.engine.images.setdefault(tag, image_id)
+
+    def switcher(self, reporter: QuietReporter, interrupt: Interrupt) -> FuzzSwitcher:
+        return FuzzSwitcher(self.catalog, self.engine, Journal(self.folder / "journal.jsonl"),  # type: ignore[arg-type]
+                            LaneStateStore(self.folder / "state.json"), reporter=reporter, no_gpu=True, environ={},
+                            calls=self.engines, interrupt=interrupt, host_memory=lambda: 64.0,
+                            gpu_memory=lambda: None)
+
+    def switch(self, verb: Callable[[LaneSwitcher], SwitchOutcome | None], how: How) -> None:
+        """One lanectl command, as a process: killed, interrupted or disturbed after step k, or run to its end."""
+        interrupt = Interrupt()
+        reporter = QuietReporter()
+        if how is not None:
+            kind, after, pick = how
+            act: Callable[[], None]
+            if kind == "kill":
+                def act() -> None:
+                    raise Killed
+            elif kind == "int":
+                def act() -> None:
+                    interrupt.arrived(signal.SIGINT)
+            elif kind == "int2":
+                def act() -> None:
+                    interrupt.arrived(signal.SIGINT)
+                    interrupt.arrived(signal.SIGINT)
+            else:
+                def act() -> None:
+                    self._operator_starts_a_stopped_container(pick)
+            reporter = Acting(after, act)
+        self.last = None
+        try:
+            self.last = verb(self.switcher(reporter, interrupt))
+        except Killed:
+            pass
+        except LanectlError:
+            pass  # refused before any change (no known-good lane, a foreign container): exit 2, nothing changed
+
+    def _operator_starts_a_stopped_container(self, pick: int) -> None:
+        """Someone runs `docker start` on a stopped lane container while a switch runs."""
+        stopped = sorted(name for name, held in self.engine.held.items()
+                         if held.state == "exited" and ".was-" not in name)
+        if stopped:
+            self.engine.start_by_hand(stopped[pick % len(stopped)])
+
+    def state(self) -> Any:
+        return LaneStateStore(self.folder / "state.json").load()
+
+    def unfinished(self) -> dict[str, Any] | None:
+        return Journal(self.folder / "journal.jsonl").unfinished_intent()
+
+    def awake_lanes(self, *, by_lanectl: bool = False) -> dict[str, set[str]]:
+        """Lane -> its containers that run and are awake, by their labels; `by_lanectl`: not those an operator
+        started by hand."""
+        awake: dict[str, set[str]] = {}
+        for name, held in self.engine.held.items():
+            if held.state == "running" and not held.asleep and not (by_lanectl and name in self.engine.by_hand):
+                awake.setdefault(held.spec.labels.get("io.lanectl.lane", "?"), set()).add(name)
+        return awake
+
+    def awake_containers(self) -> list[tuple[str, str]]:
+        """(lane, container) for every awake container, in the order they were started."""
+        awake = [(held.spec.labels.get("io.lanectl.lane", "?"), name) for name, held in self.engine.held.items()
+                 if held.state == "running" and not held.asleep]
+        return sorted(awake, key=lambda pair: self.engine.started_at.get(pair[1], 0))
+
+    # -- the operator's commands -----------------------------------------------------------------------------
+
+    @rule(lane=st.sampled_from(LANES), how=INTERRUPTIONS, fails=st.booleans())
+    def up(self, lane: str, how: How, fails: bool) -> None:
+        """`lanectl up LANE`; with `fails`, the lane's engine fails its gate this once (its way back runs)."""
+        failing = lane in self.engines.failing_gates
+        if fails:
+            self.engines.failing_gates.add(lane)
+        self.switch(lambda s: s.up(self._lane(lane), why="up"), how)
+        if fails and not failing:
+            self.engines.failing_gates.discard(lane)
+
+    @rule(how=INTERRUPTIONS)
+    def rollback(self, how: How) -> None:
+        self.switch(lambda s: s.rollback(None), how)
+
+    @rule(how=INTERRUPTIONS)
+    def down(self, how: How) -> None:
+        active = self.state().active
+        self.switch(lambda s: s.down(self._lane(active) if active in self.catalog.lanes else None,
+                                     with_standbys=True), how)
+
+    @rule(how=INTERRUPTIONS)
+    def watchdog_check(self, how: How) -> None:
+        """A cron pass: finish or undo a switch that died with its lease; restart a dead active lane."""
+        state = self.state()
+        lease = state.watchdog_lease
+        if lease is not None and lease.reason.startswith(SWITCH_LEASE_PREFIX):
+            self.switch(lambda s: s.reconcile(), how)
+            return
+        active = state.active
+        if active not in self.catalog.lanes or not state.watchdog_armed:
+            return
+        if StandbyStore(self.folder / "standby.json").load().standby(active) is not None:
+            return  # a lane recorded asleep is never restarted
+        lane = self._lane(active)
+        if all(self.engine.held.get(lane.container_name(r)) and self.engine.held[lane.container_name(r)].state
+               == "running" for r in lane.roles):
+            return
+        self.switch(lambda s: s.reconcile() or s.restart(lane), how)
+
+    # -- the world -----------------------------------------------------------------------------------------
+
+    @rule(lane=st.sampled_from(LANES), failing=st.booleans())
+    def engine_health(self, lane: str, failing: bool) -> None:
+        """The lane's engine fails its gate from now on (a bad build, a broken model), or is fixed."""
+        self.last = None  # what the last command said is about the box before this
+        (self.engines.failing_gates.add if failing else self.engines.failing_gates.discard)(lane)
+
+    @rule(data=st.data(), action=st.sampled_from(["stop", "kill", "sleep"]))
+    def operator_on_the_engine(self, data: st.DataObject, action: str) -> None:
+        """`docker stop`/`docker kill` of a container, or `POST /sleep` to an engine, by someone else."""
+        self.last = None  # what the last command said is about the box before this
+        running = sorted(name for name, held in self.engine.held.items() if held.state == "running")
+        if not running:
+            return
+        name = data.draw(st.sampled_from(running))
+        if action == "sleep":
+            self.engine.held[name].asleep = True
+        else:
+            self.engine.held[name].state = "exited"
+            self.engine.held[name].asleep = False
+
+    @rule(lane=st.sampled_from(LANES), seconds=st.sampled_from([20, 30, 60]))
+    def edit_stop_timeout(self, lane: str, seconds: int) -> None:
+        self.last = None
+        engine = self._lane(lane).spec.engine
+        self.catalog = with_engine(self.catalog, lane, stop_timeout_seconds=seconds)
+        rtx = self._lane(lane).spec.companions["rtx"]
+        self.catalog = with_lane(self.catalog, lane, companions={
+            "rtx": replace(rtx, engine=replace(rtx.engine, stop_timeout_seconds=seconds))})
+        assert self._lane(lane).spec.engine is not engine
+        self._build()
+
+    @rule(lane=st.sampled_from(LANES), port=st.sampled_from([18101, 18102]))
+    def edit_companion_port(self, lane: str, port: int) -> None:
+        self.last = None
+        rtx = self._lane(lane).spec.companions["rtx"]
+        ports = [replace(rtx.engine.ports[0], host=port + LANES.index(lane) * 10)]
+        self.catalog = with_lane(self.catalog, lane, companions={
+            "rtx": replace(rtx, engine=replace(rtx.engine, ports=ports))})
+        self._build()
+
+    @rule(lane=st.sampled_from(LANES), value=st.sampled_from(["1", "2"]))
+    def edit_env(self, lane: str, value: str) -> None:
+        self.last = None
+        engine = self._lane(lane).spec.engine
+        self.catalog = with_engine(self.catalog, lane, env={**engine.env, "STUB_LOAD_SECONDS": value})
+        self._build()
+
+    # -- the promises ----------------------------------------------------------------------------------------
+
+    @invariant()
+    def one_lane_awake_per_gpu(self) -> None:
+        """No container lanectl started is awake beside one of another lane on its GPUs, whoever started that
+        one first (an operator's `docker start` of two lanes at once is the operator's doing)."""
+        awake = [(lane, name) for lane, name in self.awake_containers() if lane in self.catalog.lanes]
+        for i, (lane, name) in enumerate(awake):
+            if name in self.engine.by_hand:
+                continue
+            earlier = [(other, o) for other, o in awake[:i] if other != lane
+                       and gpus_overlap(self._lane(other), self._lane(lane))]
+            assert not earlier, f"lanectl started {name} awake beside {earlier} on one GPU"
+
+    @invariant()
+    def what_is_awake_is_the_active_lane_or_the_unfinished_switchs(self) -> None:
+        allowed = {self.state().active}
+        intent = self.unfinished()
+        if intent is not None:
+            allowed |= {intent.get("to"), intent.get("from")}
+        stray = {lane: names for lane, names in self.awake_lanes(by_lanectl=True).items() if lane not in allowed}
+        assert not stray, f"awake but neither active nor being switched: {stray} (active {allowed})"
+
+    @invariant()
+    def every_stop_gives_the_containers_own_drain(self) -> None:
+        cut = [(name, allowed, own) for name, allowed, own in self.engine.own_drains if allowed != own]
+        assert not cut, f"stopped with a stop timeout other than its own (name, allowed, own): {cut}"
+
+    @invariant()
+    def the_last_message_names_what_serves(self) -> None:
+        outcome = self.last
+        if outcome is None or outcome.lane is None or outcome.result not in ("ok", "finished", "undone",
+                                                                             "rolled-back"):
+            return
+        lane = self._lane(outcome.lane)
+        names = {lane.container_name(role) for role in lane.roles}
+        awake = self.awake_lanes().get(outcome.lane, set())
+        assert names <= awake, f"{outcome.result}: {outcome.message!r}, but only {sorted(awake)} of it is awake"
+
+
+BoxMachine.TestCase.settings = settings.get_profile(PROFILE)
+TestBoxSwitchInterleavings = BoxMachine.TestCase
