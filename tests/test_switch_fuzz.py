@@ -353,3 +353,89 @@ class BoxMachine(RuleBasedStateMachine):
 
 BoxMachine.TestCase.settings = settings.get_profile(PROFILE)
 TestBoxSwitchInterleavings = BoxMachine.TestCase
+
+
+# -- what the fuzzer and the hostile passes found, pinned as sequences of the machine's moves ------------------
+
+def machine(first: str) -> BoxMachine:
+    box = BoxMachine()
+    box.start(first=first)
+    return box
+
+
+def promises_hold(box: BoxMachine) -> None:
+    box.one_lane_awake_per_gpu()
+    box.what_is_awake_is_the_active_lane_or_the_unfinished_switchs()
+    box.every_stop_gives_the_containers_own_drain()
+    box.the_last_message_names_what_serves()
+    box.teardown()
+
+
+def test_a_killed_rollback_and_one_watchdog_pass_never_leave_two_lanes_awake():
+    """demo-h2 active, demo-h1 asleep as its standby; `rollback` killed right after `stop demo-h2-rtx`; the
+    watchdog's pass finishes the switch: it stops demo-h2's primary before it wakes demo-h1."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and "demo-h1 waits asleep" in box.last.message
+    box.rollback(how=("kill", 2, 0))
+    assert box.unfinished() is not None
+    box.watchdog_check(how=None)
+    assert box.last is not None and box.last.result == "finished", box.last
+    assert set(box.awake_lanes()) == {"demo-h1"}
+    promises_hold(box)
+
+
+def test_a_recipe_that_shortens_the_stop_timeout_still_stops_the_running_container_with_its_own():
+    box = machine("demo-h1")  # created with 30 s
+    box.edit_stop_timeout(lane="demo-h1", seconds=20)
+    box.up(lane="demo-h1", how=None, fails=False)  # recreates it: the old one is stopped first
+    assert ("lanectl-demo-demo-h1", 30, 30) in box.engine.own_drains
+    promises_hold(box)
+
+
+def test_a_way_back_stops_a_recreated_container_with_its_own_new_timeout():
+    box = machine("demo-h1")
+    box.edit_stop_timeout(lane="demo-h1", seconds=60)
+    box.up(lane="demo-h1", how=None, fails=True)  # the recreated lane fails its gate: the way back stops it
+    assert ("lanectl-demo-demo-h1", 60, 60) in box.engine.own_drains
+    promises_hold(box)
+
+
+def test_a_first_signal_during_a_way_back_lets_it_finish():
+    box = machine("demo-h1")
+    box.down(how=None)
+    box.edit_stop_timeout(lane="demo-h1", seconds=20)
+    box.engine_health(lane="demo-h1", failing=True)
+    box.rollback(how=("int", 9, 0))  # SIGINT while the way back stops demo-h1
+    assert box.awake_lanes() == {}, box.last
+    promises_hold(box)
+
+
+def test_a_container_set_aside_that_was_started_by_hand_is_stopped_before_its_replacement_starts():
+    box = machine("demo-h2")
+    box.down(how=None)
+    box.edit_companion_port(lane="demo-h2", port=18101)
+    box.rollback(how=("operator-start", 1, 1))  # `docker start` of demo-h2-rtx before it is set aside
+    assert not [name for name, held in box.engine.held.items() if ".was-" in name and held.state == "running"]
+    box.up(lane="demo-h1", how=None, fails=False)
+    promises_hold(box)
+
+
+def test_an_active_lane_put_to_sleep_by_someone_is_not_healthy_and_up_wakes_it_by_a_restart():
+    box = machine("demo-h1")
+    box.operator_on_the_engine(data=_Drawn("lanectl-demo-demo-h1"), action="sleep")
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and box.last.result == "ok", box.last
+    assert "already active and healthy" not in box.last.message
+    assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"}}
+    promises_hold(box)
+
+
+class _Drawn:
+    """A data() stand-in that draws the given values in order."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any) -> Any:
+        return self.values.pop(0)

@@ -290,6 +290,11 @@ def stop_asleep_steps(inventory: Inventory, lane: Lane) -> tuple[Step, ...]:
     primary asleep). `docker start` of a sleeping container does nothing, and a sleeping vLLM answers /health
     200 but no request: a start must begin from stopped."""
     standby = inventory.snapshot.standby
+    put_to_sleep = {lane.container_name(role) for role in lane.roles} & inventory.snapshot.asleep
+    if put_to_sleep:
+        # Asleep with no standby recorded: someone sent it POST /sleep (a dev-mode route anyone on the port can use).
+        return stop_steps(inventory, lane, f"{sorted(put_to_sleep)[0]} sleeps, by no switch of lanectl's: a start "
+                                           "begins stopped")
     if standby.standby(lane.name) is None and lane.name not in standby.dropped:
         return ()
     return stop_steps(inventory, lane, "its standby is dropped and it may still sleep: a cold start begins stopped")

@@ -44,7 +44,8 @@ class Snapshot:
     image_plans: Mapping[str, ImagePlan]  # lane -> its build, for the lanes the command may touch
     secret_digests: Mapping[str, str] = field(default_factory=dict)  # secret name -> keyed digest (set ones)
     host_memory_gib: float | None = None  # MemAvailable: where a sleeping lane's weights go
-    active_healthy: bool | None = None  # the active lane's /health, when its primary runs
+    active_healthy: bool | None = None  # the active lane's /health with every engine awake, when its primary runs
+    asleep: frozenset[str] = frozenset()  # the active lane's containers whose engine says it sleeps (/is_sleeping)
 
     def built(self, lane: str) -> str | None:
         """The image ID of the lane's current build, None when it is not built."""
@@ -87,17 +88,20 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                     images[companion.image] = found
     secrets = {name for lane in lanes for _, role in lane.spec.engines() for name in role.secret_env}
     active_healthy = None
+    sleeping: frozenset[str] = frozenset()
     if health is not None and state.active in catalog.lanes:
         lane = catalog.lanes[state.active]
-        primary = next((c for c in containers if c.name == lane.container_name()), None)
-        if primary is not None and primary.running:
+        running = {c.name for c in containers if c.running}
+        if lane.container_name() in running:
             # A sleeping vLLM answers /health 200 (invariant 3, lanes/invariants.py): healthy is every engine awake.
-            active_healthy = health(lane) and not (asleep is not None and any(
-                asleep(lane, role) is True for role in lane.roles))
+            sleeping = frozenset(lane.container_name(role) for role in lane.roles
+                                 if lane.container_name(role) in running and asleep is not None
+                                 and asleep(lane, role) is True)
+            active_healthy = health(lane) and not sleeping
     return Snapshot(containers=containers, state=state, standby=standby, unfinished=unfinished, images=images,
                     image_plans=plans,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
-                    host_memory_gib=host_memory(), active_healthy=active_healthy)
+                    host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping)
 
 
 def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:
