@@ -324,6 +324,24 @@ def test_a_switch_killed_after_the_sleep_is_undone_by_waking_the_standby(lanes, 
     assert serving(status(lanes, state), "demo-h1")
 
 
+def test_a_rollback_killed_after_its_first_stop_and_one_watchdog_pass_leave_one_lane_awake(lanes, state):
+    """demo-h2 serves, demo-h1 waits asleep; `rollback` is killed right after `stop demo-h2-rtx` (disarm, then
+    that stop); the watchdog's next pass finishes the switch, and demo-h2's primary is stopped before demo-h1 is
+    woken (it woke demo-h1 beside it: two lanes awake on GPU 0, both answering /is_sleeping false)."""
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    killed = lanes.cli("rollback", "--no-gpu", state=state, extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": "2"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert f"stop {lanes.container('demo-h2', 'rtx')}" in killed.stderr
+    check = lanes.invoke("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
+    assert "finished the interrupted switch: demo-h1 passed its gate" in check.stdout + check.stderr, \
+        check.stdout + check.stderr
+    client = docker.from_env()
+    assert client.api.inspect_container(lanes.container("demo-h2"))["State"]["Status"] == "exited"
+    assert not is_sleeping(lanes, "demo-h1")
+    assert serving(status(lanes, state), "demo-h1")
+
+
 def last_switch_steps(lanes: LaneProject, state: Path) -> list[str]:
     entries = records(lanes, state)
     switch = [r for r in entries if r["kind"] == "intent"][-1]["switch"]

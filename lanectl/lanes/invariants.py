@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from lanectl.dockerapi.containers import ListedContainer
-from lanectl.lanes.inventory import LANE_LABEL, ROLE_LABEL, host_ports
+from lanectl.lanes.inventory import LANE_LABEL, RECIPE_LABEL, ROLE_LABEL, host_ports
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 
 # Whether a lane role's engine sleeps: True, False, or None when it does not say (no dev-mode routes, or no
@@ -53,6 +53,8 @@ def awake_beside(catalog: Catalog, lane: Lane, listed: Iterable[ListedContainer]
         other = catalog.lanes.get(container.labels.get(LANE_LABEL, ""))
         if other is None or other.name == lane.name or not container.live:
             continue
+        if container.labels.get(RECIPE_LABEL) != other.recipe.id:
+            continue  # a lane of the same name in a recipe these recipes do not hold: its GPUs are not known here
         role = container.labels.get(ROLE_LABEL, ROLE_PRIMARY)
         shared = sorted(set(container.host_ports) & ports)
         # Only a container under its lane's name answers on the recipe's port: one set aside or renamed cannot be
