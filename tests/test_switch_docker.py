@@ -291,6 +291,17 @@ def test_two_ups_from_different_state_folders_exclude_each_other(lanes, state, t
     assert not (other / "journal.jsonl").exists(), "the refused up changed nothing"
 
 
+def test_a_second_state_folder_on_the_same_engine_is_refused_and_names_the_one_that_owns_it(lanes, state, tmp_path):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    other = tmp_path / "root-and-user-state"
+    second = cli(lanes, other, "up", "demo-h2", "--no-gpu", code=2)
+    assert "one engine has one state" in second.stderr and str(state.resolve()) in second.stderr, second.stderr
+    down = cli(lanes, other, "down", "demo-h1", code=2)
+    assert str(state.resolve()) in down.stderr
+    assert running(lanes) == {lanes.container("demo-h1"), lanes.container("demo-h1", "rtx")}
+    assert not (other / "journal.jsonl").exists(), "the refused commands changed nothing"
+
+
 # -- interrupted switches -------------------------------------------------------------------------------------
 
 # demo-h1 -> demo-h2: disarm, stop rtx, stop primary, create+start primary, create+start rtx, gate, activate, arm.

@@ -243,6 +243,28 @@ class BoxMachine(RuleBasedStateMachine):
         self.switch(lambda s: s.down(self._lane(active) if active in self.catalog.lanes else None,
                                      with_standbys=True), how)
 
+    @rule(lane=st.sampled_from(LANES))
+    def up_from_a_second_state_folder(self, lane: str) -> None:
+        """`LANECTL_STATE_DIR=… lanectl up LANE` from another folder on the same engine: refused while this
+        folder's lane containers exist, and then nothing changes."""
+        before = {name: (held.state, held.asleep) for name, held in self.engine.held.items()}
+        other = self.folder / "second-state"
+        switcher = FuzzSwitcher(self.catalog, self.engine, Journal(other / "journal.jsonl"),  # type: ignore[arg-type]
+                                LaneStateStore(other / "state.json"), reporter=QuietReporter(), no_gpu=True,
+                                environ={}, calls=self.engines, interrupt=Interrupt(), host_memory=lambda: 64.0,
+                                gpu_memory=lambda: None)
+        self.last = None
+        try:
+            switcher.up(self._lane(lane), why="up")
+        except LanectlError as refused:
+            assert "one engine has one state" in str(refused) or "cannot start" in str(refused), refused
+            assert {n: (h.state, h.asleep) for n, h in self.engine.held.items()} == before
+            return
+        assert not before, "a second state folder switched an engine that already had lanes"
+        shutil.rmtree(other, ignore_errors=True)
+        for name in list(self.engine.held):
+            self.engine.held.pop(name)  # what it made is not this folder's: gone, as if it ran `down` and pruned
+
     @rule(how=INTERRUPTIONS)
     def watchdog_check(self, how: How) -> None:
         """A cron pass: finish or undo a switch that died with its lease; restart a dead active lane."""

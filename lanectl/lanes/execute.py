@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import LIVE_STATES, ContainerSpec, ContainerState, ListedContainer, NoGpuRuntime
+from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import OperationFailed
 from lanectl.health.drain import drain_report
 from lanectl.health.engine_log import log_lines
@@ -393,7 +394,9 @@ class Executor:
             self.engine.rename(step.container, step.rename_to)
         elif action == "create":
             assert step.spec is not None, "a plan's create step carries its spec"
-            self.engine.create(step.spec, with_gpus=True, environ=self.environ)
+            owner = {STATE_DIR_LABEL: os.path.realpath(self.states.path.parent)}
+            self.engine.create(replace(step.spec, labels={**step.spec.labels, **owner}), with_gpus=True,
+                               environ=self.environ)
         elif action == "start":
             self._refuse_awake_beside(step)
             moment = time.time()

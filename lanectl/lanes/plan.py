@@ -20,6 +20,7 @@ from dataclasses import field
 from typing import Any, Literal
 
 from lanectl.dockerapi.containers import ContainerSpec
+from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health.engine_exit import exit_code_text
 from lanectl.lanes.inventory import ASIDE_MARK, Inventory, LaneContainer, host_ports
@@ -380,6 +381,21 @@ def refuse_foreign(inventory: Inventory, lane: Lane) -> None:
                        f"{'it' if len(blocking) == 1 else 'them'}; nothing was changed")
 
 
+def refuse_other_state_folder(inventory: Inventory) -> None:
+    """One engine, one state: lane containers made from another state folder are what that folder's journal,
+    active lane and kept lanes count on. A switch from here would stop its active lane and prune its kept ones,
+    so it is refused before anything changes, naming the folder (exit 2)."""
+    snapshot = inventory.snapshot
+    if not snapshot.state_dir:
+        return
+    others = sorted({owner for c in [*inventory.own.values(), *inventory.aside.values()]
+                     if (owner := c.listed.labels.get(STATE_DIR_LABEL)) and owner != snapshot.state_dir})
+    if others:
+        raise BadInput(f"this engine's lanes belong to the state folder {others[0]}, not {snapshot.state_dir}: "
+                       f"one engine has one state. Run lanectl with LANECTL_STATE_DIR={others[0]} (as the user "
+                       "who owns it), or `lanectl down` from there first; nothing was changed")
+
+
 def require_built(snapshot: Snapshot, lane: Lane) -> None:
     if snapshot.built(lane.name) is None:
         tag = snapshot.image_plans[lane.name].tag if lane.name in snapshot.image_plans else lane.name
@@ -394,6 +410,7 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
     recipe asks and it may; every other one stopped), bring it up (woken when it waits asleep), gate it, mark it
     active; on a failed step, stop it and bring the previous lane back."""
     inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    refuse_other_state_folder(inventory)
     require_built(snapshot, target)
     refuse_foreign(inventory, target)
     state = snapshot.state
@@ -488,6 +505,7 @@ def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_s
     """Stop `lane`, and with `with_standbys` every lane waiting asleep too (`lanectl down` of the box); their
     containers are kept for a later start."""
     inventory = Inventory(catalog, snapshot)
+    refuse_other_state_folder(inventory)
     targets = [lane] if lane is not None else []
     if with_standbys:
         targets += [catalog.lanes[r.lane] for r in snapshot.standby.standbys
@@ -512,6 +530,7 @@ def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus:
     fails its gate is stopped again, so the next pass counts it. Refused while another lane that conflicts
     with it is live: the watchdog never starts a second lane on a GPU."""
     inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    refuse_other_state_folder(inventory)
     refuse_foreign(inventory, lane)
     serving = [other.name for other in inventory.live_lanes() if other.name != lane.name
                and lanes_conflict(other, lane)]

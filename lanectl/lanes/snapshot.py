@@ -9,6 +9,7 @@ memory, and whether the active lane answers `/health` with every engine of it aw
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ class Snapshot:
     host_memory_gib: float | None = None  # MemAvailable: where a sleeping lane's weights go
     active_healthy: bool | None = None  # the active lane's /health with every engine awake, when its primary runs
     asleep: frozenset[str] = frozenset()  # the active lane's containers whose engine says it sleeps (/is_sleeping)
+    state_dir: str = ""  # the real path of the state folder this snapshot's state files are in
 
     def built(self, lane: str) -> str | None:
         """The image ID of the lane's current build, None when it is not built."""
@@ -101,7 +103,8 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
     return Snapshot(containers=containers, state=state, standby=standby, unfinished=unfinished, images=images,
                     image_plans=plans,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
-                    host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping)
+                    host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping,
+                    state_dir=os.path.realpath(files.root))
 
 
 def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:
