@@ -342,6 +342,19 @@ def test_a_rollback_killed_after_its_first_stop_and_one_watchdog_pass_leave_one_
     assert serving(status(lanes, state), "demo-h1")
 
 
+def test_an_active_lane_put_to_sleep_by_anyone_is_not_healthy_and_up_brings_it_back_awake(lanes, state):
+    """vLLM answers /health 200 while it sleeps; anyone on a dev-mode port can POST /sleep."""
+    up(lanes, state, "demo-h1")
+    httpx.post(f"http://127.0.0.1:{port(lanes, 'demo-h1')}/sleep?level=1", timeout=10).raise_for_status()
+    assert is_sleeping(lanes, "demo-h1")
+    health = row(status(lanes, state), "demo-h1")["health"]
+    assert health.startswith(f"asleep: {lanes.container('demo-h1')} (primary) answers /health but sleeps"), health
+    again = up(lanes, state, "demo-h1")
+    assert "already active and healthy" not in again.stdout, again.stdout
+    assert not is_sleeping(lanes, "demo-h1")
+    assert serving(status(lanes, state), "demo-h1")
+
+
 def last_switch_steps(lanes: LaneProject, state: Path) -> list[str]:
     entries = records(lanes, state)
     switch = [r for r in entries if r["kind"] == "intent"][-1]["switch"]

@@ -311,19 +311,31 @@ class BoxMachine(RuleBasedStateMachine):
         self.last = None
         engine = self._lane(lane).spec.engine
         self.catalog = with_engine(self.catalog, lane, stop_timeout_seconds=seconds)
-        rtx = self._lane(lane).spec.companions["rtx"]
-        self.catalog = with_lane(self.catalog, lane, companions={
-            "rtx": replace(rtx, engine=replace(rtx.engine, stop_timeout_seconds=seconds))})
+        rtx = self._lane(lane).spec.companions.get("rtx")
+        if rtx is not None:
+            self.catalog = with_lane(self.catalog, lane, companions={
+                "rtx": replace(rtx, engine=replace(rtx.engine, stop_timeout_seconds=seconds))})
         assert self._lane(lane).spec.engine is not engine
         self._build()
 
     @rule(lane=st.sampled_from(LANES), port=st.sampled_from([18101, 18102]))
     def edit_companion_port(self, lane: str, port: int) -> None:
         self.last = None
-        rtx = self._lane(lane).spec.companions["rtx"]
+        rtx = self._lane(lane).spec.companions.get("rtx")
+        if rtx is None:
+            return
         ports = [replace(rtx.engine.ports[0], host=port + LANES.index(lane) * 10)]
         self.catalog = with_lane(self.catalog, lane, companions={
             "rtx": replace(rtx, engine=replace(rtx.engine, ports=ports))})
+        self._build()
+
+    @rule(lane=st.sampled_from(LANES), present=st.booleans())
+    def edit_companion_presence(self, lane: str, present: bool) -> None:
+        """The lane's `-rtx` companion removed from its recipe, or put back."""
+        self.last = None
+        original = repo_catalog().lanes[lane].spec.companions["rtx"]
+        current = self._lane(lane).spec.companions.get("rtx", original)
+        self.catalog = with_lane(self.catalog, lane, companions={"rtx": current} if present else {})
         self._build()
 
     @rule(lane=st.sampled_from(LANES), value=st.sampled_from(["1", "2"]))
@@ -362,6 +374,22 @@ class BoxMachine(RuleBasedStateMachine):
         assert not cut, f"stopped with a stop timeout other than its own (name, allowed, own): {cut}"
 
     @invariant()
+    def every_container_with_lanectls_labels_is_accounted_for(self) -> None:
+        """`status` and `down` see every container lanectl made: a lane's, one set aside, an orphan (a role the
+        recipe no longer has) or a foreign one (renamed)."""
+        from lanectl.lanes.inventory import Inventory
+        from lanectl.state.lanes import LaneState
+        from lanectl.state.standby import StandbyState
+
+        # Sorting containers needs only the listing: no state files, no builds.
+        listing = Snapshot(containers=tuple(self.engine.list_containers()), state=LaneState(),
+                           standby=StandbyState(), unfinished=None, images={}, image_plans={})
+        inventory = Inventory(self.catalog, listing)
+        seen = {*inventory.own, *inventory.aside, *inventory.orphans, *(f.listed.name for f in inventory.foreign)}
+        made = {name for name, held in self.engine.held.items() if "io.lanectl.lane" in held.spec.labels}
+        assert made <= seen, f"made by lanectl and seen by no command: {sorted(made - seen)}"
+
+    @invariant()
     def the_last_message_names_what_serves(self) -> None:
         outcome = self.last
         if outcome is None or outcome.lane is None or outcome.result not in ("ok", "finished", "undone",
@@ -386,6 +414,7 @@ def machine(first: str) -> BoxMachine:
 
 
 def promises_hold(box: BoxMachine) -> None:
+    box.every_container_with_lanectls_labels_is_accounted_for()
     box.one_lane_awake_per_gpu()
     box.what_is_awake_is_the_active_lane_or_the_unfinished_switchs()
     box.every_stop_gives_the_containers_own_drain()
@@ -461,3 +490,12 @@ class _Drawn:
 
     def draw(self, strategy: Any) -> Any:
         return self.values.pop(0)
+
+
+def test_a_companion_removed_from_the_recipe_is_seen_and_the_next_switch_stops_and_removes_it():
+    box = machine("demo-h1")
+    box.edit_companion_presence(lane="demo-h1", present=False)
+    box.every_container_with_lanectls_labels_is_accounted_for()  # it was invisible to status, down and rollback
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, box.last
+    promises_hold(box)

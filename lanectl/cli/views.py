@@ -174,6 +174,9 @@ def status(result: Result) -> list[Line]:
     lines += [line(("foreign container ", "red"), f"{f['name']} ({f['what']}; in the way of "
                    f"{', '.join(f['lanes'])}): lanectl will not stop or adopt it; clear it with `{f['clear_with']}`")
               for f in data.get("foreign_containers", [])]
+    lines += [line(("orphan container ", "red"), f"{o['name']} ({o['status']}): made for {o['lane']}'s role "
+                   f"{o['role']}, which its recipe no longer has; the next `lanectl up` or `down` stops and removes it")
+              for o in data.get("orphan_containers", [])]
     lines += [line(f"container {name} has lanectl labels but its lane is not in the recipes", err=True)
               for name in data["unknown_containers"]]
     return lines

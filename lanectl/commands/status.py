@@ -49,6 +49,8 @@ def lane_status(catalog: Catalog) -> Result:
         if primary is not None and primary.listed.running:
             probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
             health = "ok" if probe.ok else probe.detail
+            if probe.ok and standbys.standby(lane.name) is None:
+                health = _asleep(lane, own) or health
         image_labels = engine.image_labels(primary.listed.image_id) if primary else None
         lanes.append({
             "lane": lane.name,
@@ -84,6 +86,8 @@ def lane_status(catalog: Catalog) -> Result:
         "foreign_containers": [{"name": f.listed.name, "what": f.what, "lanes": list(f.lanes),
                                 "status": f.listed.status, "clear_with": f.clearing_command()}
                                for f in inventory.foreign],
+        "orphan_containers": [{"name": c.name, "lane": c.lane.name, "role": c.role, "status": c.listed.status}
+                              for c in inventory.orphans.values()],
         "unknown_containers": [c.name for c in snapshot.containers
                                if LANE_LABEL in c.labels and c.name not in foreign_names
                                and (c.labels.get(RECIPE_LABEL), c.labels.get(LANE_LABEL)) not in known],
@@ -115,6 +119,19 @@ def _standby(record: StandbyRecord | None, now: datetime, primary: LaneContainer
     return {"since": record.since, "seconds": round((now - since).total_seconds()), "resident_gib": record.resident_gib,
             "fingerprint_recorded": record.fingerprint.recorded,
             "alive": primary is not None and primary.listed.running}
+
+
+def _asleep(lane: Lane, own: list[LaneContainer]) -> str | None:
+    """vLLM answers /health 200 while it sleeps (a dev-mode POST /sleep anyone on its port can send): a lane with
+    no standby recorded is healthy only when every engine of it says it is awake (invariant 3,
+    lanes/invariants.py)."""
+    from lanectl.lanes.engine_calls import LaneEngines
+
+    for container in own:
+        if container.listed.running and LaneEngines.engine_sleeps(lane, container.role):
+            return (f"asleep: {container.name} ({container.role}) answers /health but sleeps, and no switch put it "
+                    f"to sleep; `lanectl up {lane.name}` restarts it")
+    return None
 
 
 def _dead(lane: Lane, own: list[LaneContainer]) -> str | None:

@@ -149,6 +149,10 @@ class LaneEngines:
             return None
 
     def is_sleeping(self, lane: Lane, role: str) -> bool | None:
+        return self.engine_sleeps(lane, role)
+
+    @staticmethod
+    def engine_sleeps(lane: Lane, role: str) -> bool | None:
         try:
             return SleepEndpoints(role_base_url(lane, role), METRICS_TIMEOUT_SECONDS).is_sleeping()
         except StandbyError:  # no port, no dev-mode route, no answer: it does not say

@@ -318,6 +318,10 @@ class Executor:
             if not phase.steps:
                 continue
             lane = phase.steps[0].lane
+            removed = [s.container for s in phase.steps if s.action == "remove"]
+            if removed:
+                messages.append(f"{', '.join(removed)} removed: made for a role the recipe no longer has")
+                continue
             stopped = [s for s in phase.steps if s.action == "stop"]
             standby = any(s.action == "forget-standby" for s in phase.steps)
             what = f"{lane} (standby)" if standby else lane
@@ -422,7 +426,8 @@ class Executor:
         state = self.engine.container(step.container)
         if state is None:
             return "it is gone"
-        before = self.calls.in_flight(lane, step.role) if lane is not None else None
+        # A role the recipe no longer has (an orphan) has no recipe port to ask.
+        before = self.calls.in_flight(lane, step.role) if lane is not None and step.role in lane.roles else None
         stopped_at = time.time()
         self.engine.stop(step.container, own_stop_timeout(state.stop_timeout, step.seconds))
         report = drain_report(log_lines(self.engine.logs(step.container, since=stopped_at - 1)), before)

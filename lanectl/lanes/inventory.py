@@ -85,6 +85,8 @@ class Inventory:
         self.own: dict[str, LaneContainer] = {}
         self.aside: dict[str, LaneContainer] = {}  # set aside by a switch that has not finished, by their names
         self.foreign: list[ForeignContainer] = []
+        # Made by lanectl for a role its lane's recipe no longer has (a companion removed since), by their names.
+        self.orphans: dict[str, LaneContainer] = {}
         for listed in snapshot.containers:
             self._sort(listed)
 
@@ -105,6 +107,13 @@ class Inventory:
                 return
         claimed = labels.get(LANE_LABEL, "")
         claims = claimed in self.catalog.lanes and labels.get(RECIPE_LABEL) == self.catalog.lanes[claimed].recipe.id
+        if claims and owner is None and created_as is not None and (
+                created_as == listed.name or listed.name.startswith(created_as + ASIDE_MARK)):
+            lane = self.catalog.lanes[claimed]
+            role = labels.get(ROLE_LABEL, "")
+            if role and role not in lane.roles:
+                self.orphans[listed.name] = LaneContainer(listed, lane, role, _fields(labels))
+                return
         lanes = self._held(listed)
         if created_as is not None and created_as != listed.name and (claims or lanes):
             self.foreign.append(ForeignContainer(listed, f"renamed: lanectl created it as {created_as}",

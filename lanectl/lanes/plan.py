@@ -285,6 +285,20 @@ def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -
     return (*asleep, *first, *steps)
 
 
+def orphan_steps(inventory: Inventory) -> tuple[Step, ...]:
+    """Stop (with its own drain) and remove every container lanectl made for a role its lane's recipe no longer
+    has: it holds a GPU and a port that no status, down or rollback would otherwise account for."""
+    steps: list[Step] = []
+    for container in inventory.orphans.values():
+        why = f"its role {container.role} is no longer in {container.lane.name}'s recipe"
+        if container.listed.live:
+            recorded = (container.fields or {}).get("stop_timeout_seconds")
+            seconds = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 10
+            steps.append(Step("stop", container.lane.name, container.name, container.role, seconds, why))
+        steps.append(Step("remove", container.lane.name, container.name, container.role, why=why))
+    return tuple(steps)
+
+
 def stop_asleep_steps(inventory: Inventory, lane: Lane) -> tuple[Step, ...]:
     """Stop the running containers of a lane that is not woken but may be asleep: its standby is recorded (a
     lost one is not woken), or was dropped since it last served (one whose companion died asleep leaves its
@@ -420,8 +434,10 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
             and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
         return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
     notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
+    orphans = orphan_steps(inventory)
     phases = [Phase((_disarm(target),)),
-              *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost)]
+              *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost),
+              *([Phase(orphans)] if orphans else [])]
     waking = target.name in asleep
     live = [lane for lane in inventory.live_lanes() if lane.name != target.name]
     leaving = [lane for lane in live if lanes_conflict(lane, target)]
@@ -510,7 +526,8 @@ def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_s
     if with_standbys:
         targets += [catalog.lanes[r.lane] for r in snapshot.standby.standbys
                     if r.lane in catalog.lanes and r.lane not in {t.name for t in targets}]
-    if not targets:
+    orphans = orphan_steps(inventory)
+    if not targets and not orphans:
         raise BadInput("no active lane and no standby; name the lane to stop")
     phases = []
     for target in targets:
@@ -521,7 +538,9 @@ def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_s
         if snapshot.state.active == target.name:
             steps.append(Step("deactivate", target.name, why="down"))
         phases.append(Phase(tuple(steps)))
-    return Plan("down", targets[0].name, phases=tuple(phases))
+    if orphans:
+        phases.append(Phase(orphans))
+    return Plan("down", targets[0].name if targets else None, phases=tuple(phases))
 
 
 def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus: bool) -> Plan:
