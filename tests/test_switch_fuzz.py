@@ -499,3 +499,18 @@ def test_a_companion_removed_from_the_recipe_is_seen_and_the_next_switch_stops_a
     box.up(lane="demo-h2", how=None, fails=False)
     assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, box.last
     promises_hold(box)
+
+
+def test_a_ctrl_c_before_the_serving_lane_was_put_to_sleep_leaves_it_serving_untouched():
+    """demo-h2 serves, demo-h1 sleeps as the older standby; `up demo-h2-8` is interrupted while it stops
+    demo-h1: demo-h2 was never put to sleep, so the way back must not wake-check it and restart it cold."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    starts = {name: held.starts for name, held in box.engine.held.items()}
+    box.up(lane="demo-h2-8", how=("int", 2, 0), fails=False)  # after disarm and the first stop of demo-h1
+    assert box.last is not None and box.last.lane == "demo-h2", box.last
+    assert "wake of demo-h2 failed" not in box.last.message, box.last.message
+    h2 = {name: held.starts for name, held in box.engine.held.items() if name.startswith("lanectl-demo-demo-h2")
+          and not name.startswith("lanectl-demo-demo-h2-8")}
+    assert h2 == {name: starts[name] for name in h2}, "demo-h2 was restarted"
+    promises_hold(box)

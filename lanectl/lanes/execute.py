@@ -109,6 +109,7 @@ class _Run:
     woken: dict[str, str] = field(default_factory=dict)  # lane -> how it came back
     warnings: list[str] = field(default_factory=list)
     wake_started: dict[str, float] = field(default_factory=dict)
+    never_slept: set[str] = field(default_factory=set)  # lanes a wake found awake with no standby recorded
 
 
 class Executor:
@@ -490,6 +491,11 @@ class Executor:
         if action == "check-memory":
             return self._check_memory(run, lane)
         if action == "wake":
+            if self._never_slept(lane):
+                # A way back taken before the switch put the lane to sleep (a Ctrl-C while it stopped an older
+                # standby): it still serves as it was. Its gate follows; a wake check or a cold path would not.
+                run.never_slept.add(lane.name)
+                return "it was never put to sleep: nothing to wake"
             self._refuse_awake_beside(step)
             run.wake_started[lane.name] = time.monotonic()
             self.calls.wake(lane)
@@ -545,7 +551,15 @@ class Executor:
             raise StepFailed(f"GPU memory beside it: {shortfall}")
         return "enough"
 
+    def _never_slept(self, lane: Lane) -> bool:
+        """No standby recorded, and every engine of the lane runs and says it is awake."""
+        if self.standby_state.standby(lane.name) is not None:
+            return False
+        return all(self.calls.is_sleeping(lane, role) is False for role in lane.roles)
+
     def _wake_check(self, run: _Run, lane: Lane) -> str:
+        if lane.name in run.never_slept:
+            return "not needed: it never slept"
         record = self.standby_state.standby(lane.name)
         if record is None:
             raise StepFailed("its standby record (and fingerprint) is gone")
