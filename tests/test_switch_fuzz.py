@@ -126,7 +126,8 @@ class FuzzSwitcher(LaneSwitcher):
     def snapshot(self, *lanes: str, create_secret_key: bool = True) -> Snapshot:
         engines = self.calls
         assert isinstance(engines, FakeEngines)
-        return take_snapshot(self.catalog, self.engine, self.files, also=lanes, environ={},  # type: ignore[arg-type]
+        return take_snapshot(self.catalog, self.engine, self.files, also=lanes,  # type: ignore[arg-type]
+                             environ=self.environ,
                              create_secret_key=create_secret_key, host_memory=lambda: 64.0,
                              health=lambda lane: lane.name not in engines.failing_gates,
                              asleep=engines.is_sleeping)
@@ -141,6 +142,7 @@ class BoxMachine(RuleBasedStateMachine):
         self.catalog: Catalog = repo_catalog()
         self.engine = CountingEngine({})
         self.engines = FakeEngines(self.engine)
+        self.environ: dict[str, str] = {}  # lanectl's environment: where secret values come from
         self._build()
         self.last: SwitchOutcome | None = None
         self.switch(lambda s: s.up(self._lane(first), why="up"), None)
@@ -160,8 +162,8 @@ class BoxMachine(RuleBasedStateMachine):
 
     def switcher(self, reporter: QuietReporter, interrupt: Interrupt) -> FuzzSwitcher:
         return FuzzSwitcher(self.catalog, self.engine, Journal(self.folder / "journal.jsonl"),  # type: ignore[arg-type]
-                            LaneStateStore(self.folder / "state.json"), reporter=reporter, no_gpu=True, environ={},
-                            calls=self.engines, interrupt=interrupt, host_memory=lambda: 64.0,
+                            LaneStateStore(self.folder / "state.json"), reporter=reporter, no_gpu=True,
+                            environ=self.environ, calls=self.engines, interrupt=interrupt, host_memory=lambda: 64.0,
                             gpu_memory=lambda: None)
 
     def switch(self, verb: Callable[[LaneSwitcher], SwitchOutcome | None], how: How) -> None:
@@ -513,4 +515,21 @@ def test_a_ctrl_c_before_the_serving_lane_was_put_to_sleep_leaves_it_serving_unt
     h2 = {name: held.starts for name, held in box.engine.held.items() if name.startswith("lanectl-demo-demo-h2")
           and not name.startswith("lanectl-demo-demo-h2-8")}
     assert h2 == {name: starts[name] for name in h2}, "demo-h2 was restarted"
+    promises_hold(box)
+
+
+def test_a_lost_secret_key_with_the_secret_unchanged_recreates_nothing_and_the_dry_run_says_the_same():
+    from lanectl.lanes.plan import plan_up
+
+    box = machine("demo-h1")
+    box.environ["HF_TOKEN"] = "hf_unchanged"
+    box.catalog = with_engine(box.catalog, "demo-h1", secret_env=["HF_TOKEN"])
+    box._build()
+    box.up(lane="demo-h1", how=None, fails=False)  # recreated once: the secret is new to the container
+    (box.folder / "secret-digest.key").unlink()
+    switcher = box.switcher(QuietReporter(), Interrupt())
+    dry = plan_up(box.catalog, switcher.snapshot("demo-h1", create_secret_key=False), box._lane("demo-h1"),
+                  with_gpus=False)
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and (dry.kind, box.last.result) == ("noop", "noop"), "\n".join(dry.lines())
     promises_hold(box)

@@ -221,7 +221,10 @@ class Inventory:
             return []
         if container.listed.labels.get(SPEC_LABEL) == desired.digest:
             return []
-        return spec_changes(container.fields, desired.fields)
+        now = desired.fields
+        if self.snapshot.secret_key_new:
+            now = {**now, "secret_env": {name: "" for name in now.get("secret_env") or {}}}
+        return spec_changes(container.fields, now)
 
 
 def host_ports(lane: Lane) -> set[tuple[str, int]]:

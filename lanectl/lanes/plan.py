@@ -434,6 +434,9 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
             and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
         return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
     notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
+    if snapshot.secret_key_new:
+        notes.append("secret-digest.key was missing and a new key was made: the running containers' secrets cannot "
+                     "be compared with lanectl's environment this time, so no container is recreated for them")
     orphans = orphan_steps(inventory)
     phases = [Phase((_disarm(target),)),
               *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost),

@@ -48,6 +48,10 @@ class Snapshot:
     active_healthy: bool | None = None  # the active lane's /health with every engine awake, when its primary runs
     asleep: frozenset[str] = frozenset()  # the active lane's containers whose engine says it sleeps (/is_sleeping)
     state_dir: str = ""  # the real path of the state folder this snapshot's state files are in
+    # secret-digest.key was missing, and this snapshot made a new one: no container was stamped with it, so the
+    # secrets' digests cannot tell a changed secret from a lost key (drift does not judge them; a dry run, which
+    # makes no key, plans the same).
+    secret_key_new: bool = False
 
     def built(self, lane: str) -> str | None:
         """The image ID of the lane's current build, None when it is not built."""
@@ -89,6 +93,8 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                 if found is not None:
                     images[companion.image] = found
     secrets = {name for lane in lanes for _, role in lane.spec.engines() for name in role.secret_env}
+    key_new = create_secret_key and any(name in environ for name in secrets) and not os.path.lexists(
+        files.secret_key)
     active_healthy = None
     sleeping: frozenset[str] = frozenset()
     if health is not None and state.active in catalog.lanes:
@@ -104,7 +110,7 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                     image_plans=plans,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
                     host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping,
-                    state_dir=os.path.realpath(files.root))
+                    state_dir=os.path.realpath(files.root), secret_key_new=key_new)
 
 
 def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:
