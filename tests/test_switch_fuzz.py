@@ -533,3 +533,22 @@ def test_a_lost_secret_key_with_the_secret_unchanged_recreates_nothing_and_the_d
     box.up(lane="demo-h1", how=None, fails=False)
     assert box.last is not None and (dry.kind, box.last.result) == ("noop", "noop"), "\n".join(dry.lines())
     promises_hold(box)
+
+
+def test_a_recreate_of_the_serving_lane_that_fails_its_gate_leaves_it_serving_and_the_standby_asleep():
+    """demo-h2 serves, demo-h1 sleeps as its standby; a companion env change makes the recreated demo-h2 fail
+    its gate: the way back puts the old containers back and demo-h2 serves as it was, demo-h1 still asleep
+    (it dropped demo-h1's standby first and ended on demo-h1: "demo-h1 is serving again")."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    box.edit_stop_timeout(lane="demo-h2", seconds=60)
+    old = box.engine.held["lanectl-demo-demo-h2"]
+    engines = box.engines  # the recreated containers fail their gate; the old ones, put back, pass it
+    engines.on_gate = lambda lane: (engines.failing_gates.discard if box.engine.held.get(lane.container_name())
+                                    is old else engines.failing_gates.add)(lane.name)
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and box.last.lane == "demo-h2", box.last
+    assert box.engine.held["lanectl-demo-demo-h2"] is old
+    assert box.state().active == "demo-h2"
+    assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"]
+    promises_hold(box)

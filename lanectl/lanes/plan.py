@@ -443,7 +443,11 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
               *([Phase(orphans)] if orphans else [])]
     waking = target.name in asleep
     live = [lane for lane in inventory.live_lanes() if lane.name != target.name]
-    leaving = [lane for lane in live if lanes_conflict(lane, target)]
+    # A recreate of the serving lane leaves the standby beside it as it is: the lane already holds its GPUs, and
+    # its way back is the lane as it was, not the standby.
+    recreating = state.active == target.name and not waking and inventory.running(target)
+    leaving = [lane for lane in live if lanes_conflict(lane, target)
+               and not (recreating and lane.name in asleep and not host_ports(lane) & host_ports(target))]
     sleeper = next((lane for lane in leaving if lane.name == state.active and lane.spec.standby is not None), None)
     refusal = None
     if sleeper is not None:
