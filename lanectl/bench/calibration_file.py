@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanectl.bench.stats import ArmNoise
+from lanectl.bench.verdict import KeptCalibration
 from lanectl.bench.workload import Workload
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
 from lanectl.state.file_model import Timestamp, load_state_file, write_state_file
@@ -99,3 +100,18 @@ def priors_for(state: CalibrationState, workload: Workload) -> tuple[dict[str, A
     return priors, source, (f"intervals pool each cell's own arms with the arm noise `gate {found.lane} --calibrate` "
                             f"measured here at {found.recorded} ({found.arms} arms; at most {spread:.2%} between "
                             "arms)")
+
+
+def kept_calibration(workload: object) -> KeptCalibration | None:
+    """This host's kept calibration of `workload` (a workload's name from a results.json), to hold a run's
+    recorded priors to (`lanectl.bench.verdict.recheck`); None when it keeps none here, or none it can read."""
+    from lanectl.state.paths import StateFiles, state_dir
+
+    try:
+        found = CalibrationStore(StateFiles(state_dir()).calibration).load().workloads.get(str(workload))
+    except OperationFailed:
+        return None
+    if found is None or found.node != platform.node():
+        return None
+    cells = {key: ArmNoise(variance=cell.variance, df=cell.df) for key, cell in found.cells.items()}
+    return KeptCalibration(node=found.node, recorded=found.recorded, cells=cells)

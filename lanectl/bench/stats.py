@@ -139,8 +139,16 @@ def arm_noise(arm_means: Sequence[float]) -> ArmNoise:
         raise ValueError("arm noise needs at least two arms")
     logs = [_log_mean(m) for m in arm_means]
     steps = [later - earlier for earlier, later in zip(logs, logs[1:], strict=False)]
-    m = len(steps)
-    return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * m), df=max(1, 2 * m * m // (3 * m - 1)))
+    return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * len(steps)), df=noise_df(len(arm_means)))
+
+
+def noise_df(arms: int) -> int:
+    """The degrees of freedom `arm_noise` gives `arms` arms: 2 m^2 / (3 m - 1) for m = arms - 1, rounded down.
+    No prior measured on that many arms carries more."""
+    if arms < 2:
+        raise ValueError("arm noise needs at least two arms")
+    m = arms - 1
+    return max(1, 2 * m * m // (3 * m - 1))
 
 
 @frozen

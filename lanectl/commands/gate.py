@@ -199,17 +199,23 @@ def _keep_noise(store: Any, lane: str, workload: Workload, data: dict[str, Any])
 def report(run_dir: Path) -> Result:
     """A gate run written by `gate --out`, judged again from the per-request rates it keeps (format 2): its
     figures and verdicts as the evidence says, where the recorded ones differ, and its plot drawn again."""
+    from lanectl.bench.calibration_file import kept_calibration
     from lanectl.bench.plot import plot
     from lanectl.bench.results_file import load_results
     from lanectl.bench.verdict import recheck
 
     results = load_results(run_dir)
-    rechecked = recheck(results)
+    rechecked = recheck(results, kept_calibration(results.get("workload")))
     not_drawn = plot(rechecked.gate, run_dir / "ratios.png")
     messages: tuple[Message, ...] = (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),)
+    if rechecked.not_reproduced:
+        messages += (warning(f"{run_dir / 'results.json'}: the verdict is not reproduced: the evidence does not hold "
+                             f"together in {len(rechecked.not_reproduced)} place(s), so no candidate passes on it "
+                             f"({rechecked.not_reproduced[0]})"),)
     if rechecked.differences:
         messages += (warning(f"{run_dir / 'results.json'}: the recorded figures differ from its per-request rates "
                              f"in {len(rechecked.differences)} place(s); shown as the rates say"),)
     data = {**rechecked.gate, "results_version": results.get("version", 1), "recomputed": rechecked.recomputed,
-            "differences": rechecked.differences}
+            "differences": rechecked.differences, "not_reproduced": rechecked.not_reproduced,
+            "priors_checked": rechecked.priors_checked}
     return Result("report", data, messages)
