@@ -75,6 +75,10 @@ def judge_cell(key: str, arms: Sequence[Mapping[str, Any]], bar: float, prior: A
     elif failed and verdict is Verdict.PASS:
         verdict = Verdict.INCONCLUSIVE
     noise.update(df=interval.df, arm_sd=interval.arm_sd)
+    if interval.conflict is not None:
+        conflict = interval.conflict
+        noise["prior_stale"] = {"spread": conflict.spread, "allowed": conflict.allowed, "df": conflict.df,
+                                "level": conflict.level, "controls_only": len(candidate_rates) == 1}
     return {"ratio": interval.ratio, "low": interval.low, "high": interval.high, "verdict": verdict.value,
             "failed": failed, "interval": noise}
 
@@ -103,14 +107,16 @@ class Judged:
 
 
 def judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mapping[str, Any]],
-                    fidelity: Mapping[str, Any], bar: float) -> Judged:
+                    fidelity: Mapping[str, Any], bar: float, *, calibrated: str | None = None) -> Judged:
     """FAIL when any arm logged a new Xid or fatal engine line, had failed requests or failed a probe, any
     cell FAILs, or fidelity FAILs. PASS when nothing failed, every arm ran the workload's probes, fidelity
     held on every prompt and at least one cell PASSes (a split-KV kernel wins where it applies and must
-    merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote."""
+    merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote. A cell whose prior
+    its own arms contradicted is named (`prior stale: …`, with the date of the calibration, `calibrated`)."""
     if not any(is_candidate(arm) for arm in arms):
         return Judged(Verdict.FAIL, ["no arm of this candidate was measured"])
     judged = _judge_candidate(cells, arms, fidelity, bar)
+    judged.reasons.extend(prior_stale_reasons(cells, calibrated))
     missing = prior_missing(cells)
     if missing:
         judged.reasons.append(
@@ -121,9 +127,27 @@ def judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mappi
 
 
 def prior_missing(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The cells whose interval was built, under INTERVAL_MODEL, without a calibration of this host."""
+    """The cells whose interval was built, under a model with the uncalibrated floor, without a calibration of
+    this host."""
     return [key for key, cell in cells.items() if (interval := cell.get("interval")) and interval["df"] is not None
-            and interval["prior"] is None and interval["model"] == INTERVAL_MODEL]
+            and interval["prior"] is None and interval["model"] != POINT_PRIOR_MODEL]
+
+
+def prior_stale_reasons(cells: Mapping[str, Mapping[str, Any]], calibrated: str | None) -> list[str]:
+    """`prior stale: prose@1 controls spread 0.42 % where the calibration of … allows 0.15 % …`, one per cell
+    whose own arms contradicted its prior (`lanectl.bench.stats.prior_conflict`)."""
+    lines = []
+    for key, cell in cells.items():
+        stale = (cell.get("interval") or {}).get("prior_stale")
+        if not stale:
+            continue
+        whose = "controls" if stale["controls_only"] else "arms"
+        lines.append(f"prior stale: {key} {whose} spread {stale['spread']:.2%} where the calibration"
+                     f"{f' of {calibrated}' if calibrated else ''} allows {stale['allowed']:.2%} (F test on "
+                     f"{stale['df']} df at {stale['level']:.0%}): that cell's interval rests on the bracket's own "
+                     f"arms, believed at no less than {UNCALIBRATED_ARM_SD:.0%} between arms; more arms "
+                     "(`--until-decided`) or a new calibration (`--calibrate`) decide it")
+    return lines
 
 
 def _judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mapping[str, Any]],
@@ -300,7 +324,8 @@ def recompute_candidate(report: Mapping[str, Any], bar: float,
         judged_cell = judge_cell(key, arms, bar, prior, confidence=recorded["interval"]["confidence"],
                                  model=recorded["interval"]["model"])
         cells[key] = {**recorded, **judged_cell}
-    judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar)
+    calibrated = (report.get("noise_prior") or {}).get("recorded")
+    judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar, calibrated=calibrated)
     measured = any(is_candidate(arm) for arm in arms)
     # A candidate that never ran (it could not be brought up) keeps the recorded reason why.
     reasons = judged.reasons if measured else list(report["reasons"])
