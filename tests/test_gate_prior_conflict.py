@@ -185,3 +185,16 @@ def test_until_decided_on_a_quiet_days_calibration_adds_rounds_and_never_fails_t
     assert {verdict for verdict, _ in unchanged} == {Verdict.INCONCLUSIVE}
     faster = [verdict for verdict, _ in quiet_day_rounds(RELEASE_NOTE_EFFECT)]
     assert Verdict.FAIL not in faster and faster.count(Verdict.PASS) == 6, faster
+
+
+def test_the_release_note_says_where_the_calibration_was_set_aside():
+    from lanectl.bench.release_note import NoteInputs, release_note
+    from tests.test_release_note import promoted_bracket
+
+    results = promoted_bracket()
+    assert "set aside as stale" not in release_note(results, NoteInputs(run_name="r"))
+    demo_h2 = results["gate"]["candidates"][0]
+    demo_h2["cells"]["prose@8"]["interval"]["prior_stale"] = {"spread": 0.0042, "allowed": 0.0035, "df": 1,
+                                                               "level": 0.05, "controls_only": True}
+    assert ("The calibration was set aside as stale in demo-h2 prose@8 (arms 0.42% apart where it allows 0.35%)"
+            in release_note(results, NoteInputs(run_name="r")))

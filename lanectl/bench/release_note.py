@@ -349,6 +349,21 @@ def _evidence_lines(inputs: NoteInputs) -> list[str]:
             f"figures recorded at the run differ from them in {_count(len(others), 'place')}:", "", *_listed(others)]
 
 
+def _stale_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The cells whose own arms spread further than the calibration allows: it was set aside there."""
+    stale = []
+    for c in candidates:
+        for key, cell in c["cells"].items():
+            found = (cell.get("interval") or {}).get("prior_stale")
+            if found:
+                stale.append(f"{_text(c['candidate'])} {_text(key)} (arms {found['spread']:.2%} apart where it allows "
+                             f"{found['allowed']:.2%})")
+    if not stale:
+        return []
+    return [f"The calibration was set aside as stale in {', '.join(stale)}: the bracket's own arms spread further "
+            "than it allows (an F test at 5%), so those intervals rest on the bracket's own arms.", ""]
+
+
 def _measured(gate: Mapping[str, Any], candidates: list[Mapping[str, Any]], control: str,
               inputs: NoteInputs) -> list[str]:
     lines = ["## Measured, this window", ""]
@@ -359,6 +374,7 @@ def _measured(gate: Mapping[str, Any], candidates: list[Mapping[str, Any]], cont
               "in between. A cell's ratio is the candidate's per-request tok/s over the controls', with its 95% "
               f"{_interval_words(candidates)}; it passes when the interval's low end clears the bar.", ""]
     lines += _evidence_lines(inputs)
+    lines += _stale_lines(candidates)
     names = [_text(c["candidate"]) for c in candidates]
     lines += ["| Measure | " + f"Controls ({_text(control)}) | " + " | ".join(names) + " |",
               "|---|---|" + "---|" * len(names)]
