@@ -99,7 +99,8 @@ def test_a_stale_prior_is_set_aside_and_the_verdict_names_it():
     without = judge_cell("prose@1", arms, BAR, None)
     assert (cell["low"], cell["high"], cell["verdict"]) == (without["low"], without["high"], "inconclusive")
     assert cell["interval"]["prior"] == {"variance": prior.variance, "df": 7}  # kept, to be checked and recomputed
-    judged = judge_candidate({"prose@1": cell}, arms, {}, BAR, calibrated="2026-12-01T10:00:00.000Z")
+    source = {"lane": "demo-h1", "recorded": "2026-12-01T10:00:00.000Z", "arms": 12}
+    judged = judge_candidate({"prose@1": cell}, arms, {}, BAR, noise_prior=source)
     assert judged.verdict is Verdict.INCONCLUSIVE and judged.more_arms_may_decide  # --until-decided adds a round
     assert judged.reasons[-1].startswith("prior stale: prose@1 controls spread 0.42% where the calibration of "
                                          "2026-12-01T10:00:00.000Z allows 0.35% (F test on 1 df at 5%)")

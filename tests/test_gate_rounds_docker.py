@@ -61,6 +61,9 @@ def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candi
     code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
     assert code == 1 and report["verdict"] in ("inconclusive", "fail"), report
     assert report["noise_prior"]["lane"] == "demo-h1" and report["noise_prior"]["arms"] == 3
+    # The calibration kept the control's config (its container's spec digest), and the gate's control ran it.
+    assert len(kept["lane_digest"]) == 64 and report["noise_prior"]["lane_digest"] == kept["lane_digest"]
+    assert "refused" not in report["noise_prior"]
     assert {k: c["interval"]["prior"]["df"] for k, c in report["cells"].items()} == {"prose@1": 1, "code@1": 1}
     # The prior's 1 and the pair's 1; or the pair's alone where the pair contradicted the prior (5 % of cells).
     assert all(c["interval"]["df"] == (1 if c["interval"].get("prior_stale") else 2) for c in report["cells"].values())

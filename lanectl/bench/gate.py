@@ -47,6 +47,7 @@ from lanectl.bench.verdict import (
 )
 from lanectl.bench.workload import Workload, padded, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.dockerapi.labels import SPEC_LABEL
 from lanectl.health.engine_log import fatal_engine_lines, log_lines
 from lanectl.health.probe import probe_base_url
 from lanectl.host.xid import believed_xid
@@ -383,7 +384,7 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
         cells[key] = {**_cell_context(key, controls, candidates),
                       **judge_cell(key, written, bar, (priors or {}).get(key))}
     fid = _fidelity(controls, candidates, agent_classes)
-    judged = judge_candidate(cells, written, fid, bar, calibrated=(noise_prior or {}).get("recorded"))
+    judged = judge_candidate(cells, written, fid, bar, noise_prior=noise_prior)
     order = "".join("A" if a.arm.startswith("control") else "B" for a in arms)
     return GateReport(
         candidate=candidates[0].lane, control=controls[0].lane, bar=bar, verdict=judged.verdict,
@@ -418,6 +419,7 @@ class _Bracket:
     progress: Callable[[str], None]
     probes: Sequence[Probe]
     arms: list[LaneBench] = field(default_factory=list)
+    control_digests: list[str | None] = field(default_factory=list)  # the control's spec digest in each control arm
     unreachable: dict[str, str] = field(default_factory=dict)  # candidate -> why it could not be brought up
     serving: str | None = None  # the lane the last switch left serving (the way back's, when it failed)
 
@@ -435,6 +437,8 @@ class _Bracket:
             self.unreachable[candidate] = why
             self.progress(why)
             return None
+        if candidate is None:
+            self.control_digests.append(serving_digest(self.switcher.engine, lane))
         self.arms.append(bench_lane(self.switcher.engine, lane, self.workload, self.concurrency, arm=arm,
                                     kernel_log=self.kernel_log, progress=self.progress, probes=self.probes,
                                     reference=self.arms[0].continuations if self.arms else None))
@@ -482,6 +486,32 @@ class _Bracket:
                              reasons=[why])
 
 
+def serving_digest(engine: ContainerEngine, lane: Lane) -> str | None:
+    """The spec digest lanectl stamped on the lane's primary container (its image by ID, command, env, ...);
+    None when the container is not there."""
+    name = lane.container_name()
+    listed = next((c for c in engine.list_containers() if c.name == name), None)
+    return listed.labels.get(SPEC_LABEL) if listed is not None else None
+
+
+def same_config(priors: Mapping[str, ArmNoise] | None, noise_prior: dict[str, Any] | None,
+                digests: Sequence[str | None]) -> tuple[Mapping[str, ArmNoise] | None, dict[str, Any] | None]:
+    """The priors, when the calibration ran the lane config each control arm ran (`lane_digest`); else none,
+    with `noise_prior` saying why it was refused. A calibration kept before the config was recorded is refused
+    too: nothing says it measured this config."""
+    if not priors or noise_prior is None:
+        return priors, noise_prior
+    kept = noise_prior.get("lane_digest")
+    ran = sorted({d or "unknown" for d in digests})
+    if kept is not None and ran == [kept]:
+        return priors, noise_prior
+    when = f"the calibration of {noise_prior['recorded']}"
+    why = (f"{when} was kept before lanectl recorded the lane config it ran" if kept is None else
+           f"{when} ran another config of {noise_prior['lane']} (spec digest {kept[:12]}, where the control ran "
+           f"{', '.join(d[:12] for d in ran)})")
+    return {}, {**noise_prior, "refused": why}
+
+
 def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control: Lane, workload: Workload,
              concurrency: list[int], *, bar: float, promote: bool, kernel_log: Any | None, order: str = "ABA",
              until_decided: int = 0, priors: Mapping[str, ArmNoise] | None = None,
@@ -507,6 +537,7 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
         why = bracket.run(arm, candidate_name)
         if why is not None:
             return bracket.stopped(why, bar, order)
+    priors, noise_prior = same_config(priors, noise_prior, bracket.control_digests)
     report = bracket.judge(bar, workload.agent_classes, priors, noise_prior)
     rounds = {r.candidate: [_judgement(r)] for r in report.candidates}
     for round_number in range(1, until_decided + 1):
@@ -575,6 +606,8 @@ def run_calibration(switcher: LaneSwitcher, lane: Lane, workload: Workload, conc
     measured = [bench_lane(switcher.engine, lane, workload, concurrency, arm=f"arm-{n}", kernel_log=kernel_log,
                            progress=progress) for n in range(1, arms + 1)]
     report = judge_calibration(measured, bar, max_false_promotion)
+    if report.calibration is not None:  # the config the noise was measured on: a gate holds its control to it
+        report.calibration["lane_digest"] = serving_digest(switcher.engine, lane)
     _journal_gate(switcher, report, lane.name, report.order)
     return report
 

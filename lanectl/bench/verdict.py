@@ -107,18 +107,20 @@ class Judged:
 
 
 def judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mapping[str, Any]],
-                    fidelity: Mapping[str, Any], bar: float, *, calibrated: str | None = None) -> Judged:
+                    fidelity: Mapping[str, Any], bar: float, *, noise_prior: Mapping[str, Any] | None = None) -> Judged:
     """FAIL when any arm logged a new Xid or fatal engine line, had failed requests or failed a probe, any
     cell FAILs, or fidelity FAILs. PASS when nothing failed, every arm ran the workload's probes, fidelity
     held on every prompt and at least one cell PASSes (a split-KV kernel wins where it applies and must
-    merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote. A cell whose prior
-    its own arms contradicted is named (`prior stale: …`, with the date of the calibration, `calibrated`)."""
+    merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote. The calibration
+    (`noise_prior`, where the priors came from) is named where it was not used, is old, or where a cell's own
+    arms contradicted it (`prior stale: …`)."""
     if not any(is_candidate(arm) for arm in arms):
         return Judged(Verdict.FAIL, ["no arm of this candidate was measured"])
     judged = _judge_candidate(cells, arms, fidelity, bar)
-    judged.reasons.extend(prior_stale_reasons(cells, calibrated))
+    judged.reasons.extend(calibration_reasons(noise_prior))
+    judged.reasons.extend(prior_stale_reasons(cells, (noise_prior or {}).get("recorded")))
     missing = prior_missing(cells)
-    if missing:
+    if missing and not (noise_prior or {}).get("refused"):
         judged.reasons.append(
             f"prior missing: this host has no calibration of {', '.join(missing)}, so those intervals rest on the "
             f"bracket's own arms, believed at no less than {UNCALIBRATED_ARM_SD:.0%} between arms: wider than "
@@ -131,6 +133,22 @@ def prior_missing(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
     this host."""
     return [key for key, cell in cells.items() if (interval := cell.get("interval")) and interval["df"] is not None
             and interval["prior"] is None and interval["model"] != POINT_PRIOR_MODEL]
+
+
+def calibration_reasons(noise_prior: Mapping[str, Any] | None) -> list[str]:
+    """`prior not used: …` when the gate refused the host's calibration (another config of the control lane),
+    `calibration old: …` when it was older at the gate than the workload allows."""
+    if not noise_prior:
+        return []
+    if noise_prior.get("refused"):
+        return [f"prior not used: {noise_prior['refused']}; each cell's interval rests on the bracket's own arms "
+                f"(`lanectl gate {noise_prior['lane']} --workload W --calibrate` measures this config)"]
+    age, allowed = noise_prior.get("age_days"), noise_prior.get("max_age_days")
+    if age is None or allowed is None or age <= allowed:
+        return []
+    return [f"calibration old: the calibration of {noise_prior['recorded']} was {age:.0f} days old at the gate, more "
+            f"than the {allowed:g} days the workload allows (`calibration_max_age_days`); `lanectl gate "
+            f"{noise_prior['lane']} --workload W --calibrate` measures it again"]
 
 
 def prior_stale_reasons(cells: Mapping[str, Mapping[str, Any]], calibrated: str | None) -> list[str]:
@@ -324,8 +342,7 @@ def recompute_candidate(report: Mapping[str, Any], bar: float,
         judged_cell = judge_cell(key, arms, bar, prior, confidence=recorded["interval"]["confidence"],
                                  model=recorded["interval"]["model"])
         cells[key] = {**recorded, **judged_cell}
-    calibrated = (report.get("noise_prior") or {}).get("recorded")
-    judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar, calibrated=calibrated)
+    judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar, noise_prior=report.get("noise_prior"))
     measured = any(is_candidate(arm) for arm in arms)
     # A candidate that never ran (it could not be brought up) keeps the recorded reason why.
     reasons = judged.reasons if measured else list(report["reasons"])
@@ -338,7 +355,10 @@ def recompute_calibration(report: Mapping[str, Any]) -> dict[str, Any]:
     judged = judge_arm_noise(report["arms"], report["bar"], calibration["max_false_promotion"],
                              confidence=calibration.get("confidence", CONFIDENCE),
                              model=calibration.get("model", POINT_PRIOR_MODEL))
-    return {**report, "calibration": judged.calibration, "verdict": judged.verdict.value, "reasons": judged.reasons}
+    # The lane's config the calibration ran on is a fact of the run, not a figure: kept as recorded.
+    config = {"lane_digest": calibration["lane_digest"]} if "lane_digest" in calibration else {}
+    return {**report, "calibration": {**judged.calibration, **config}, "verdict": judged.verdict.value,
+            "reasons": judged.reasons}
 
 
 def recompute_gate(gate: Mapping[str, Any],

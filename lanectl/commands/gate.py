@@ -139,7 +139,7 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                          [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane,
                                                                                          *candidate_lanes)])
     store = CalibrationStore(StateFiles(state_dir()).calibration)
-    priors, noise_prior, prior_line = priors_for(store.load(), workload)
+    priors, noise_prior, prior_line = priors_for(store.load(), workload, control)
     command = f"lanectl gate {' '.join(names)} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         # Every image before the first switch: a refusal mid-bracket would leave a candidate serving.
