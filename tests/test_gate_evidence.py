@@ -145,3 +145,16 @@ def test_report_holds_the_runs_priors_to_the_calibration_this_host_keeps(results
     assert "the verdict is not reproduced" in text.stderr
     note_text = run_cli("report", str(run), "--release-note", cwd=tmp_path, env=dict(os.environ), timeout=120)
     assert note_text.stdout.startswith("# Not reproduced:"), note_text.stdout[:300]
+
+
+def test_a_prior_whose_calibration_claims_more_arms_than_a_calibration_runs_is_listed(results):
+    """Raising noise_prior.arms with the df, on a host that keeps no calibration to hold the variance to."""
+    forged = copy.deepcopy(results)
+    for candidate in candidates_of(forged["gate"]):
+        candidate["noise_prior"]["arms"] = 2000
+        for cell in candidate["cells"].values():
+            cell["interval"]["prior"] = {"variance": 1e-10, "df": 1000}
+    markdown, differences = note(written_back(forged), None)
+    assert "demo-h2 code@1 prior: its calibration claims 2000 arms, where `gate --calibrate` runs 100 at most" \
+        in differences
+    assert markdown.startswith("# Not reproduced:")

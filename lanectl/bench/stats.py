@@ -153,6 +153,10 @@ def arm_noise(arm_means: Sequence[float]) -> ArmNoise:
     return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * len(steps)), df=noise_df(len(arm_means)))
 
 
+# `gate --calibrate --arms` takes 3 to this many: no kept calibration, and no prior from one, has more.
+MAX_CALIBRATION_ARMS = 100
+
+
 def noise_df(arms: int) -> int:
     """The degrees of freedom `arm_noise` gives `arms` arms: 2 m^2 / (3 m - 1) for m = arms - 1, rounded down.
     No prior measured on that many arms carries more."""

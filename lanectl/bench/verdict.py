@@ -20,6 +20,7 @@ from lanectl.bench.stats import (
     ARM_NOISE_ESTIMATOR,
     CONFIDENCE,
     INTERVAL_MODEL,
+    MAX_CALIBRATION_ARMS,
     POINT_PRIOR_MODEL,
     UNCALIBRATED_ARM_SD,
     ArmNoise,
@@ -544,6 +545,9 @@ def _prior_problem(prior: Mapping[str, Any], source: Mapping[str, Any] | None, k
                    held: ArmNoise | None) -> str | None:
     if source is None:
         return "recorded without the calibration it came from (noise_prior is missing)"
+    if source["arms"] > MAX_CALIBRATION_ARMS:
+        return (f"its calibration claims {source['arms']} arms, where `gate --calibrate` runs "
+                f"{MAX_CALIBRATION_ARMS} at most")
     allowed = noise_df(source["arms"])
     if prior["df"] > allowed:
         return (f"{prior['df']} degrees of freedom, more than the {source['arms']} arms of its calibration "

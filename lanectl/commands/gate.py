@@ -10,7 +10,7 @@ from typing import Any
 
 from lanectl.bench.gate import bench_lane, run_calibration, run_gate, write_results
 from lanectl.bench.probes import load_probes, max_model_len
-from lanectl.bench.stats import Verdict
+from lanectl.bench.stats import MAX_CALIBRATION_ARMS, Verdict
 from lanectl.bench.workload import Workload, load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.lanes.switcher import Reporter
@@ -67,7 +67,6 @@ def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
 
 # Enough to outlast any drift a bracket could average away; more is a mistake in the command line.
 MAX_EXTRA_ROUNDS = 50
-MAX_CALIBRATION_ARMS = 100
 DEFAULT_CALIBRATION_ARMS = 8
 
 
