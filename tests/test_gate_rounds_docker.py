@@ -71,6 +71,16 @@ def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candi
     run_dir = Path(report["run_dir"])
     assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == report["verdict"]
     assert not (run_dir / "ratios.png").exists()
+    # A calibration of another config of the control (as if its image had been rebuilt since) is not used, and
+    # the verdict says why.
+    stored = json.loads((state / "calibration.json").read_text())
+    stored["workloads"]["gate-test"]["lane_digest"] = "0" * 64
+    (state / "calibration.json").write_text(json.dumps(stored))
+    _, report = gate(lanes, state, "t-same")
+    assert report["noise_prior"]["refused"].endswith(f"ran another config of demo-h1 (spec digest 000000000000, "
+                                                     f"where the control ran {kept['lane_digest'][:12]})")
+    assert all(c["interval"]["prior"] is None for c in report["cells"].values())
+    assert [r for r in report["reasons"] if r.startswith("prior not used: ")], report["reasons"]
 
 
 def test_until_decided_adds_arms_until_a_4_percent_faster_lane_passes(lanes, state):

@@ -156,7 +156,10 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                                promote=promote, kernel_log=_kernel_log(), order=order, until_decided=until_decided,
                                priors=priors, noise_prior=noise_prior, progress=progress, probes=probes)
             data, verdict = bracket.as_dict(), bracket.verdict
-            messages = (info(prior_line),)
+            # The control's config is known only once it ran: a calibration of another config was refused then.
+            refused = next((c.noise_prior["refused"] for c in bracket.candidates
+                            if c.noise_prior and c.noise_prior.get("refused")), None)
+            messages = (info(f"calibration not used: {refused}" if refused else prior_line),)
     run_dir = None
     if out is not None:
         name = f"calibrate-{names[0]}" if calibrate else f"gate-{'+'.join(names)}"
