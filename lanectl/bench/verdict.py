@@ -450,8 +450,8 @@ class KeptCalibration:
 
 def recheck(results: Mapping[str, Any], kept: KeptCalibration | None = None) -> Rechecked:
     """`lanectl report`'s reading of a results.json that `load_results` accepted: the evidence checked
-    (`evidence_problems`), then every figure and verdict recomputed from it. A cell whose recorded prior no
-    calibration could have given is judged with this host's kept prior of it, or without one."""
+    (`arm_copy_problems`, `prior_problems`), then every figure and verdict recomputed from it. A cell whose
+    recorded prior no calibration could have given is judged with this host's kept prior of it, or without one."""
     recorded = dict(results["gate"])
     if results.get("version", 1) < 2:
         return Rechecked(gate=recorded, recomputed=False, differences=[])
@@ -487,11 +487,6 @@ def refused(gate: Mapping[str, Any], problems: Sequence[str]) -> dict[str, Any]:
 
 # -- the evidence itself ----------------------------------------------------------------------------
 
-# What an arm's figures are judged from: its two copies (gate.arms, and each candidate's) must agree in these.
-ARM_EVIDENCE = ("lane", "image", "started", "cells", "xid_lines", "fatal_lines", "notes", "probes", "greedy",
-                "greedy_token_ids")
-
-
 def arm_copy_problems(gate: Mapping[str, Any]) -> list[str]:
     """A bracket of several candidates keeps each arm twice: in `gate.arms` (the safety table reads them) and
     in each candidate's `arms` (its verdict is judged on them). Where the two copies part, e.g. an Xid line
@@ -511,7 +506,7 @@ def arm_copy_problems(gate: Mapping[str, Any]) -> list[str]:
             if kept is None:
                 problems.append(f"{name}'s copy of the arms holds {arm['arm']}, which gate.arms does not")
                 continue
-            parted = [key for key in ARM_EVIDENCE if arm.get(key) != kept.get(key)]
+            parted = sorted(key for key in {*arm, *kept} if arm.get(key) != kept.get(key))
             if parted:
                 problems.append(f"{name}'s copy of arm {arm['arm']} differs from gate.arms in {', '.join(parted)}")
         for arm_name, arm in bracket.items():
