@@ -10,7 +10,7 @@ from typing import Any
 
 from lanectl.bench.gate import bench_lane, run_calibration, run_gate, write_results
 from lanectl.bench.probes import load_probes, max_model_len
-from lanectl.bench.stats import Verdict
+from lanectl.bench.stats import MAX_CALIBRATION_ARMS, Verdict
 from lanectl.bench.workload import Workload, load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.lanes.switcher import Reporter
@@ -67,7 +67,6 @@ def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
 
 # Enough to outlast any drift a bracket could average away; more is a mistake in the command line.
 MAX_EXTRA_ROUNDS = 50
-MAX_CALIBRATION_ARMS = 100
 DEFAULT_CALIBRATION_ARMS = 8
 
 
@@ -139,7 +138,7 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                          [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane,
                                                                                          *candidate_lanes)])
     store = CalibrationStore(StateFiles(state_dir()).calibration)
-    priors, noise_prior, prior_line = priors_for(store.load(), workload)
+    priors, noise_prior, prior_line = priors_for(store.load(), workload, control)
     command = f"lanectl gate {' '.join(names)} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         # Every image before the first switch: a refusal mid-bracket would leave a candidate serving.
@@ -157,7 +156,10 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                                promote=promote, kernel_log=_kernel_log(), order=order, until_decided=until_decided,
                                priors=priors, noise_prior=noise_prior, progress=progress, probes=probes)
             data, verdict = bracket.as_dict(), bracket.verdict
-            messages = (info(prior_line),)
+            # The control's config is known only once it ran: a calibration of another config was refused then.
+            refused = next((c.noise_prior["refused"] for c in bracket.candidates
+                            if c.noise_prior and c.noise_prior.get("refused")), None)
+            messages = (info(f"calibration not used: {refused}" if refused else prior_line),)
     run_dir = None
     if out is not None:
         name = f"calibrate-{names[0]}" if calibrate else f"gate-{'+'.join(names)}"
@@ -199,17 +201,23 @@ def _keep_noise(store: Any, lane: str, workload: Workload, data: dict[str, Any])
 def report(run_dir: Path) -> Result:
     """A gate run written by `gate --out`, judged again from the per-request rates it keeps (format 2): its
     figures and verdicts as the evidence says, where the recorded ones differ, and its plot drawn again."""
+    from lanectl.bench.calibration_file import kept_calibration
     from lanectl.bench.plot import plot
     from lanectl.bench.results_file import load_results
     from lanectl.bench.verdict import recheck
 
     results = load_results(run_dir)
-    rechecked = recheck(results)
+    rechecked = recheck(results, kept_calibration(results.get("workload")))
     not_drawn = plot(rechecked.gate, run_dir / "ratios.png")
     messages: tuple[Message, ...] = (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),)
+    if rechecked.not_reproduced:
+        messages += (warning(f"{run_dir / 'results.json'}: the verdict is not reproduced: the evidence does not hold "
+                             f"together in {len(rechecked.not_reproduced)} place(s), so no candidate passes on it "
+                             f"({rechecked.not_reproduced[0]})"),)
     if rechecked.differences:
         messages += (warning(f"{run_dir / 'results.json'}: the recorded figures differ from its per-request rates "
                              f"in {len(rechecked.differences)} place(s); shown as the rates say"),)
     data = {**rechecked.gate, "results_version": results.get("version", 1), "recomputed": rechecked.recomputed,
-            "differences": rechecked.differences}
+            "differences": rechecked.differences, "not_reproduced": rechecked.not_reproduced,
+            "priors_checked": rechecked.priors_checked}
     return Result("report", data, messages)

@@ -7,8 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lanectl.bench.calibration_file import kept_calibration
 from lanectl.bench.release_note import NoteInputs, release_note
-from lanectl.bench.verdict import Rechecked, candidates_of
+from lanectl.bench.verdict import KeptCalibration, Rechecked, candidates_of
 from lanectl.errors import BadInput
 from lanectl.output import Message, Result, info, warning
 from lanectl.recipe.catalog import Catalog
@@ -91,15 +92,18 @@ def write_note(path: Path, text: str) -> None:
 
 def written_note(catalog: Catalog | None, results: dict[str, Any], run_name: str,
                  earlier_gates: list[dict[str, Any]] | None,
-                 image_ids: dict[str, str] | None = None) -> tuple[str, Rechecked]:
+                 image_ids: dict[str, str] | None = None, *,
+                 kept: KeptCalibration | None = None) -> tuple[str, Rechecked]:
     """The note's Markdown, written from the figures recomputed from the run's per-request rates (format 2),
-    saying where the recorded ones differ; and that recomputation."""
+    saying where the recorded ones differ and where the evidence does not hold together (its priors held to
+    `kept`, this host's calibration of the workload); and that recomputation."""
     from lanectl.bench.verdict import recheck
 
-    rechecked = recheck(results)
+    rechecked = recheck(results, kept)
     results = {**results, "gate": rechecked.gate}
     inputs = note_inputs(catalog, results, run_name, earlier_gates, image_ids)
-    inputs = replace(inputs, recomputed=rechecked.recomputed, differences=rechecked.differences)
+    inputs = replace(inputs, recomputed=rechecked.recomputed, differences=rechecked.differences,
+                     not_reproduced=rechecked.not_reproduced, priors_checked=rechecked.priors_checked)
     return release_note(results, inputs), rechecked
 
 
@@ -146,7 +150,8 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
     arms = results["gate"].get("arms") or []
     started = arms[0]["started"] if arms else None
     markdown, rechecked = written_note(catalog, results, run_dir.name, earlier_gate_records(started),
-                                       local_image_ids({arm["image"] for arm in arms}))
+                                       local_image_ids({arm["image"] for arm in arms}),
+                                       kept=kept_calibration(results.get("workload")))
     messages: tuple[Message, ...] = ()
     if out is not None:
         write_note(out, markdown)
@@ -158,6 +163,9 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
         write_note(html, note_html(markdown, picture))
         missing = "" if picture else f" (no plot: {plot} is missing; `lanectl report {run_dir}` draws it)"
         messages += (info(f"wrote the release note as HTML to {html}{missing}"),)
+    if rechecked.not_reproduced:
+        messages += (warning(f"the verdict is not reproduced: results.json does not hold together in "
+                             f"{len(rechecked.not_reproduced)} place(s) (the note lists them)"),)
     if rechecked.differences:
         messages += (warning(f"results.json's recorded figures differ from its per-request rates in "
                              f"{len(rechecked.differences)} place(s); the note is written from the rates and "
