@@ -107,7 +107,9 @@ DOCKER_OBJECT_NAME = r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"
 USER_SPEC = r"(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10})(?::(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10}))?"
 ROLE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 TEMPLATE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-RECIPE_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+# The id names the image repository lanectl/<id>: a path component of a Docker reference, which is lowercase
+# letters and digits joined by one ".", one or two "_", or dashes, and neither starts nor ends with a separator.
+RECIPE_ID = r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$"
 # The patterns below are text, compiled by `re` (and kept in its cache) when a recipe is first validated: a
 # command served from the catalog cache validates nothing, and compiling them at import cost it ~1.5 ms.
 DIGEST_PIN = r"@sha256:[0-9a-f]{64}$"
@@ -891,7 +893,8 @@ class RecipeFile(Strict):
     """One YAML file: recipe-level defaults and the lanes that inherit them (maps merge, lists replace)."""
 
     schema_: Literal["lanectl/v1"] = Field(alias="schema")
-    id: str = Field(pattern=RECIPE_ID, description="Recipe id; names the image repository lanectl/<id>.")
+    id: str = Field(pattern=RECIPE_ID, max_length=128,
+                    description="Recipe id; names the image repository lanectl/<id>.")
     description: str = ""
     naming: Naming = Field(default_factory=Naming)
     keep_stopped_lanes: int = Field(3, ge=0, le=20)

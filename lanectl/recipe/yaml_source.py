@@ -12,6 +12,7 @@ levels of nesting; each failure is a located `Problem`, never a traceback.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,7 +258,7 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
 
 def _scalar(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.SafeLoader) -> Any:
     try:
-        return constructor.construct_object(node, deep=True)
+        value = constructor.construct_object(node, deep=True)
     except (ValueError, OverflowError, yaml.YAMLError) as exc:
         # e.g. a 5000-digit integer (Python's int() refuses it), `2026-13-45` as a date, bad !!binary.
         reason = getattr(exc, "problem", None) or str(exc)
@@ -268,3 +269,14 @@ def _scalar(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml
             Problem(doc.file, line, column, format_path(path),
                     f"cannot read this value: {reason}; quote it to make it a string")
         ) from None
+    if isinstance(value, str) and (half := _LONE_SURROGATE.search(value)) is not None:
+        # Only a double-quoted "\\udc80" makes one (the file itself is strict UTF-8). It is half a UTF-16 pair, no
+        # character: no file, Dockerfile or terminal can hold it, and every command that wrote it would fail.
+        line, column = node.start_mark.line + 1, node.start_mark.column + 1
+        raise _Located(Problem(doc.file, line, column, format_path(path),
+                               f"holds \\u{ord(half.group()):04x}, half of a UTF-16 surrogate pair and no "
+                               "character; write the character itself (or its \\U escape)"))
+    return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
