@@ -33,6 +33,9 @@ class ImportedRecipe:
 def import_jm_recipe(path: Path, *, lane: str = "main") -> ImportedRecipe:
     """`path` is the recipe's folder or its recipe.yaml; the launch command is read from beside it."""
     recipe_file = path / "recipe.yaml" if path.is_dir() else path
+    if recipe_file.is_symlink():
+        # Read through, a link to another file (the shadow file) would have its lines quoted in the errors.
+        raise BadInput(f"{recipe_file} is a symbolic link; give the J-M recipe's own file (copy it into the folder)")
     if not recipe_file.is_file():
         raise BadInput(f"{recipe_file}: no such file (expected a J-M recipe folder or its recipe.yaml)")
     try:
