@@ -171,7 +171,8 @@ def yaml_kind(path: Path) -> YamlKind:
 
 
 def _schema_of(data: bytes) -> str | None:
-    match = _SCHEMA_KEY.search(data.decode("utf-8", errors="replace"))
+    # An editor's UTF-8 byte order mark before the first key: YAML skips it, and so does this.
+    match = _SCHEMA_KEY.search(data.decode("utf-8", errors="replace").removeprefix("\ufeff"))
     return match["schema"] if match else None
 
 

@@ -118,7 +118,8 @@ GIT_COMMIT = r"^[0-9a-f]{40}$"
 SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
 # A vLLM release as PyPI names it: 0.31.0, 0.32.0.post1, 0.33.0rc1.
 VLLM_RELEASE = r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:(?:rc|\.post|\.dev)[0-9]{1,4})?$"
-PORT = Annotated[int, Bounds(ge=1, le=65535)]
+# Strict: YAML's `true` is no port, though Python would take it for 1, and "8000" in quotes is text.
+PORT = Annotated[int, Bounds(ge=1, le=65535, strict=True)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
 CONTROL_CHARACTER = r"[\x00-\x1f\x7f]"

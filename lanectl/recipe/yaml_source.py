@@ -230,9 +230,14 @@ class YamlSyntaxError(ValueError):
 def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.SafeLoader) -> Any:
     doc.value_at[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
+        own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
         constructor.flatten_mapping(node)  # resolves YAML merge keys (<<) the way safe_load would
+        # flatten_mapping puts the merged pairs first, then the mapping's own: an own key overrides a merged one
+        # (YAML's merge rule, `<<: *defaults` then `port: 9000`), and only two own keys are a duplicate.
+        merged = len(node.value) - own
         result: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
+        from_merge: set[Any] = set()
+        for index, (key_node, value_node) in enumerate(node.value):
             key = _scalar(key_node, path, doc, constructor)
             if key is None:
                 # `null:`, `~:` or an empty key: as text it would be "None" (a lane named None).
@@ -242,7 +247,12 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
             if not isinstance(key, str | int):
                 key = str(key)
             child = (*path, key)
-            if key in result:
+            if index < merged:
+                from_merge.add(key)
+            elif key in from_merge:
+                from_merge.discard(key)
+                del result[key]
+            if key in result and index >= merged:
                 line, column = key_node.start_mark.line + 1, key_node.start_mark.column + 1
                 raise _Located(
                     Problem(doc.file, line, column, format_path(child),
@@ -256,7 +266,13 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
     return _scalar(node, path, doc, constructor)
 
 
+_SEXAGESIMAL_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 def _scalar(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.SafeLoader) -> Any:
+    if node.tag in _SEXAGESIMAL_TAGS and isinstance(node.value, str) and ":" in node.value:
+        # YAML 1.1's base-60 numbers: `host: 1:30` would be port 90. YAML 1.2 has none; it is the text written.
+        return node.value
     try:
         value = constructor.construct_object(node, deep=True)
     except (ValueError, OverflowError, yaml.YAMLError) as exc:

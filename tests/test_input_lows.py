@@ -1,0 +1,53 @@
+"""The low findings of the fifth input pass (issue 52): YAML that meant something else than it read, numbers and
+paths that ran away, and text that reached the terminal raw. Each through the CLI, in this process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import lanectl
+from tests.test_recipe_validation import GOOD
+
+
+def validate(project: Path) -> tuple[int, str, str]:
+    result = lanectl("validate", cwd=project)
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(("written", "shown"), [("true", "True"), ("1:30", "'1:30'"), ('"18000"', "'18000'")])
+def test_a_port_that_is_no_number_is_refused(project, write_recipe, written, shown):
+    """`host: true` published port 1, and `host: 1:30` (YAML 1.1's base 60) port 90."""
+    write_recipe(GOOD.replace("host: 18000", f"host: {written}"))
+    code, _, stderr = validate(project)
+    assert code == 2
+    assert stderr.splitlines()[0] == (f"recipes/r.yaml:12:33: defaults.engine.ports[0].host: Input should be a valid "
+                                      f"integer, got {shown}")
+
+
+def test_a_recipe_with_a_utf8_byte_order_mark_is_recognised(project, write_recipe):
+    path = write_recipe(GOOD)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert validate(project) == (0, "ok: 2 lanes in 1 recipes (a, b)\n", "")
+
+
+def test_a_yaml_merge_override_is_the_value_and_two_own_keys_are_still_a_duplicate(project, write_recipe):
+    """`<<: *health` then `startup_budget_minutes: 5` is YAML's way to override a merged key; it was refused as a
+    duplicate key."""
+    merged = GOOD.replace("  health:\n", "  health: &health\n", 1)
+    merged = merged.replace("  a: {}\n", "  a:\n    health:\n      <<: *health\n      startup_budget_minutes: 5\n")
+    write_recipe(merged)
+    assert validate(project) == (0, "ok: 2 lanes in 1 recipes (a, b)\n", "")
+    write_recipe(merged.replace("      startup_budget_minutes: 5\n",
+                                "      startup_budget_minutes: 5\n      startup_budget_minutes: 6\n"))
+    code, _, stderr = validate(project)
+    assert code == 2 and "lanes.a.health.startup_budget_minutes: duplicate key" in stderr
+
+
+def test_a_merged_value_is_overridden_by_the_mappings_own(tmp_path):
+    from lanectl.recipe.yaml_source import load_yaml
+
+    doc = load_yaml("base: &b {port: 1, host: a}\nlane:\n  <<: *b\n  port: 9000\n", "x.yaml")
+    assert doc.data["lane"] == {"port": 9000, "host": "a"}
+
