@@ -51,3 +51,23 @@ def test_a_merged_value_is_overridden_by_the_mappings_own(tmp_path):
     doc = load_yaml("base: &b {port: 1, host: a}\nlane:\n  <<: *b\n  port: 9000\n", "x.yaml")
     assert doc.data["lane"] == {"port": 9000, "host": "a"}
 
+
+
+def test_a_folder_without_a_recipe_is_an_error_not_0_lanes(project, tmp_path):
+    """`--recipes /etc` said "ok: 0 lanes in 0 recipes ()" and exited 0."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "hosts").write_text("127.0.0.1 localhost\n")
+    result = lanectl("--recipes", str(tmp_path / "etc"), "validate", cwd=project)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"lanectl: no lanectl recipe found in {tmp_path / 'etc'}: a recipe is a .yaml with "
+                             "`schema: lanectl/v1`; `lanectl init` starts one\n")
+
+
+@pytest.mark.parametrize("folder", ['"/var/lib/text\\0file"', "textfile", '"/var/lib/\\x1b[2Jtext"'])
+def test_a_textfile_dir_that_no_pass_could_write_is_refused(project, write_recipe, folder):
+    """A NUL in textfile_dir passed validate, then made every `watchdog check` exit 2."""
+    write_recipe(GOOD.replace("  health:\n", f"  watchdog:\n    alert: {{textfile_dir: {folder}}}\n  health:\n", 1))
+    code, _, stderr = validate(project)
+    assert code == 2
+    assert stderr.splitlines()[0].startswith("recipes/r.yaml:14:27: defaults.watchdog.alert.textfile_dir: must be an "
+                                             "absolute folder without control characters, got ")

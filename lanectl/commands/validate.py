@@ -23,6 +23,11 @@ def validate_recipes(project: Project, paths: list[Path]) -> Result:
            "add the schema key, or move the file out of the recipes folder")
     if unknown and not catalog.lanes:
         raise BadInput(f"no lanectl recipe found; not recognised: {', '.join(unknown)}: {why}")
+    if not catalog.lanes:
+        # `--recipes /etc` said "ok: 0 lanes": a folder without a recipe validates nothing.
+        where = ", ".join(str(path) for path in paths) or project.display(project.recipes_dir)
+        raise BadInput(f"no lanectl recipe found in {where}: a recipe is a .yaml with `schema: lanectl/v1`; "
+                       "`lanectl init` starts one")
     return Result("validate", {
         "recipes": [project.display(r.file) for r in catalog.recipes],
         "lanes": sorted(catalog.lanes),

@@ -648,6 +648,13 @@ class XidPolicy(Strict):
             raise ValueError(f"Xid codes {both} are listed as both application and hardware faults")
 
 
+def _textfile_dir(value: str | None) -> str | None:
+    # Written by every watchdog pass, from cron: a relative folder would be cron's, and a NUL made each pass fail.
+    if value is not None and (not value.startswith("/") or re.search(CONTROL_CHARACTER, value)):
+        raise ValueError(f"must be an absolute folder without control characters, got {value!r}")
+    return value
+
+
 @frozen(kw_only=True)
 class Alert(Strict):
     """Where the watchdog reports what it did: a webhook, node_exporter's textfile folder."""
@@ -655,7 +662,8 @@ class Alert(Strict):
     webhook_url_env: str | None = Field(
         "LANECTL_ALERT_WEBHOOK", pattern=ENV_NAME, description="Name of the variable holding the webhook URL."
     )
-    textfile_dir: str | None = Field(None, description="node_exporter textfile collector folder.")
+    textfile_dir: Annotated[str | None, After(_textfile_dir)] = Field(
+        None, description="node_exporter textfile collector folder (an absolute path).")
 
 
 @frozen(kw_only=True)
