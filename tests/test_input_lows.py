@@ -71,3 +71,12 @@ def test_a_textfile_dir_that_no_pass_could_write_is_refused(project, write_recip
     assert code == 2
     assert stderr.splitlines()[0].startswith("recipes/r.yaml:14:27: defaults.watchdog.alert.textfile_dir: must be an "
                                              "absolute folder without control characters, got ")
+
+
+@pytest.mark.parametrize("duration", ["9" * 400, "9" * 400 + "d", "367d"])
+def test_a_duration_past_a_year_is_refused_before_anything_waits(project, write_recipe, duration):
+    """`--lock-wait` of 400 nines is float infinity: `down` waited for the engine lock forever."""
+    write_recipe(GOOD)
+    result = lanectl("down", "--lock-wait", duration, cwd=project, env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("lanectl: --lock-wait ") and result.stderr.endswith(": at most 366d\n")

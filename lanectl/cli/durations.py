@@ -20,4 +20,10 @@ def parse_duration(text: str, *, option: str) -> float:
         position = match.end()
     if not text or position != len(text):
         raise BadInput(f"{option} {text!r}: expected a duration like 90s, 10m, 2h or 1h30m")
+    if total > MAX_SECONDS:  # 400 nines is float infinity: a wait that never ends, a `since` before time
+        shown = text if len(text) <= 20 else f"{text[:17]}…"
+        raise BadInput(f"{option} {shown!r}: at most {MAX_SECONDS // 86400}d")
     return total
+
+
+MAX_SECONDS = 366 * 86400
