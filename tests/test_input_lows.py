@@ -80,3 +80,15 @@ def test_a_duration_past_a_year_is_refused_before_anything_waits(project, write_
     result = lanectl("down", "--lock-wait", duration, cwd=project, env={"DOCKER_HOST": "unix:///nonexistent.sock"})
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith("lanectl: --lock-wait ") and result.stderr.endswith(": at most 366d\n")
+
+
+@pytest.mark.parametrize("command", [["history"], ["watchdog", "status"]])
+def test_a_state_dir_that_is_a_file_is_bad_input(project, write_recipe, tmp_path, command):
+    """A state folder that is a file exited 1 (or with a traceback, for `history`): it is the user's setting."""
+    write_recipe(GOOD)
+    (tmp_path / "state").write_text("")
+    result = lanectl(*command, cwd=project, env={"LANECTL_STATE_DIR": str(tmp_path / "state"),
+                                                "DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"lanectl: state folder {tmp_path / 'state'}: {tmp_path / 'state'} is not a folder; "
+                             "set LANECTL_STATE_DIR to a folder (lanectl makes it when missing)\n")
