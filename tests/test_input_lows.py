@@ -92,3 +92,14 @@ def test_a_state_dir_that_is_a_file_is_bad_input(project, write_recipe, tmp_path
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"lanectl: state folder {tmp_path / 'state'}: {tmp_path / 'state'} is not a folder; "
                              "set LANECTL_STATE_DIR to a folder (lanectl makes it when missing)\n")
+
+
+@pytest.mark.parametrize("args", [["validate", "--\u202eevil"], ["lanes", "extra\u2028argument"]])
+def test_a_usage_error_shows_what_was_typed_escaped(project, args):
+    """click's usage errors quoted the typed option raw: U+202E turned the rest of the line around."""
+    from lanectl.output import has_controls
+
+    result = lanectl(*args, cwd=project)
+    assert result.returncode == 2
+    assert not has_controls(result.stderr), repr(result.stderr)
+    assert "\\u202e" in result.stderr or "\\u2028" in result.stderr
