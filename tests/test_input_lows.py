@@ -103,3 +103,25 @@ def test_a_usage_error_shows_what_was_typed_escaped(project, args):
     assert result.returncode == 2
     assert not has_controls(result.stderr), repr(result.stderr)
     assert "\\u202e" in result.stderr or "\\u2028" in result.stderr
+
+
+def test_report_draws_hostile_names_without_a_raw_control_on_stderr(tmp_path):
+    """matplotlib's missing-glyph warnings quoted a lane name's ESC and BEL raw on stderr; a `$` in one started
+    its mathtext."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from lanectl.output import has_controls
+    from tests.test_note_hostile import forged_results
+
+    results = json.loads(json.dumps(forged_results()).replace("demo-h1", "demo-h1 $\\\\frac{"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(results))
+    from tests.test_cli import lanectl_process
+
+    # Its own process: in this one, pytest would catch the warnings before they reached stderr.
+    result = lanectl_process("report", str(run), cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    assert not has_controls(result.stderr) and "Glyph" not in result.stderr, repr(result.stderr)
+    assert (run / "ratios.png").read_bytes().startswith(b"\x89PNG")
