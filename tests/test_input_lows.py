@@ -73,13 +73,14 @@ def test_a_textfile_dir_that_no_pass_could_write_is_refused(project, write_recip
                                              "absolute folder without control characters, got ")
 
 
-@pytest.mark.parametrize("duration", ["9" * 400, "9" * 400 + "d", "367d"])
-def test_a_duration_past_a_year_is_refused_before_anything_waits(project, write_recipe, duration):
+@pytest.mark.parametrize("duration", ["9" * 400, "9" * 400 + "d", "1" + "0" * 308 + "d"])
+def test_an_infinite_duration_is_refused_before_anything_waits(project, write_recipe, duration):
     """`--lock-wait` of 400 nines is float infinity: `down` waited for the engine lock forever."""
     write_recipe(GOOD)
     result = lanectl("down", "--lock-wait", duration, cwd=project, env={"DOCKER_HOST": "unix:///nonexistent.sock"})
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.startswith("lanectl: --lock-wait ") and result.stderr.endswith(": at most 366d\n")
+    assert result.stderr.startswith("lanectl: --lock-wait ")
+    assert result.stderr.endswith(": not a finite duration; give one like 90s, 10m or 2h\n")
 
 
 @pytest.mark.parametrize("command", [["history"], ["watchdog", "status"]])
