@@ -36,8 +36,11 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
     from lanectl.dockerapi.containers import ContainerEngine
     from lanectl.errors import BadInput
     from lanectl.state.lanes import LaneStateStore
+    from lanectl.state.out_paths import check_output_folder
     from lanectl.state.paths import StateFiles, state_dir
 
+    if out is not None:
+        check_output_folder(out, "--out")
     named = catalog.lane(lane) if lane else None
     active = LaneStateStore(StateFiles(state_dir()).lanes).load().active
     target = named or (catalog.lanes.get(active) if active else None)
@@ -54,9 +57,18 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
     data = {"bench": result.summary(), "workload": workload.name, "concurrency": concurrency}
     messages: tuple[Message, ...] = ()
     if out is not None:
-        data["run_dir"] = str(write_results(out, f"bench-{target.name}", data))
-        messages = (info(f"results in {data['run_dir']}"),)
+        try:
+            data["run_dir"] = str(write_results(out, f"bench-{target.name}", data))
+            messages = (info(f"results in {data['run_dir']}"),)
+        except OSError as exc:
+            messages = (_not_written(out, exc),)
     return Result("bench", data, messages)
+
+
+def _not_written(out: Path, exc: OSError) -> Message:
+    # --out was checked before the run; what failed since (a full disk, a folder removed) must not lose the run.
+    return warning(f"--out {out}: could not write the results ({exc.strerror or exc}); they are only in this "
+                   "output (--json prints them whole)")
 
 
 def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
@@ -108,9 +120,12 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
     from lanectl.commands.switch import switcher
     from lanectl.errors import BadInput
     from lanectl.lanes.switcher import built_tag
+    from lanectl.state.out_paths import check_output_folder
     from lanectl.state.paths import StateFiles, state_dir
 
     check_gate_options(bar, max_false_promotion, until_decided, arms, calibrate, order)
+    if out is not None:
+        check_output_folder(out, "--out")
     names = [candidate] if isinstance(candidate, str) else list(candidate)
     if not names:
         raise BadInput("name at least one candidate lane")
@@ -163,8 +178,11 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
     run_dir = None
     if out is not None:
         name = f"calibrate-{names[0]}" if calibrate else f"gate-{'+'.join(names)}"
-        run_dir, drawn = _write_run(out, name, data, workload.name, concurrency)
-        messages += drawn
+        try:
+            run_dir, drawn = _write_run(out, name, data, workload.name, concurrency)
+            messages += drawn
+        except OSError as exc:
+            messages += (_not_written(out, exc),)
     return Result("gate", {**data, "run_dir": str(run_dir) if run_dir else None}, messages,
                   exit_code=EXIT_OK if verdict == Verdict.PASS else EXIT_FAILED)
 

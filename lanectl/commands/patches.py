@@ -3,8 +3,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lanectl.errors import EXIT_FAILED, EXIT_OK, BadInput
-from lanectl.image.in_image.patching import PatchFormatError, PatchReport, format_report, parse_patch_file
-from lanectl.image.patch_check import check_patch_files
+from lanectl.image.in_image.patching import PatchFormatError, PatchReport, format_report
+from lanectl.image.patch_check import check_patch_files, read_patch_file
 from lanectl.output import Result
 from lanectl.project import Project, cache_dir, leaves
 
@@ -29,7 +29,7 @@ def check_project_patches(project: Project, progress: Callable[[int, int], None]
         raise BadInput(str(exc)) from None
     data, parts = [], []
     for path, report in zip(files, reports, strict=True):
-        patch = parse_patch_file(path)
+        patch = read_patch_file(path)
         lines = format_report(report)
         summary, details = _summary(report, lines), lines[1:]
         data.append({
