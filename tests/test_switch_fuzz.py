@@ -552,3 +552,25 @@ def test_a_recreate_of_the_serving_lane_that_fails_its_gate_leaves_it_serving_an
     assert box.state().active == "demo-h2"
     assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"]
     promises_hold(box)
+
+
+class FullStateFolder(LaneStateStore):
+    """state.json on a disk that has filled up: every write fails as the kernel fails it."""
+
+    def save(self, state: Any) -> Any:
+        raise OSError(28, "No space left on device", str(self.path))
+
+
+def test_a_full_state_folder_fails_the_rollback_first_step_and_leaves_the_standby_asleep():
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)  # demo-h1 waits asleep
+    full = FuzzSwitcher(box.catalog, box.engine, Journal(box.folder / "journal.jsonl"),  # type: ignore[arg-type]
+                        FullStateFolder(box.folder / "state.json"), reporter=QuietReporter(), no_gpu=True,
+                        environ={}, calls=box.engines, interrupt=Interrupt(), host_memory=lambda: 64.0,
+                        gpu_memory=lambda: None)
+    outcome = full.rollback(None)
+    assert outcome.result != "ok" and "No space left on device" in outcome.message, outcome.message
+    assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"], \
+        "the standby the rollback was about to wake is still there"
+    assert set(box.awake_lanes()) == {"demo-h2"}
+    promises_hold(box)

@@ -110,6 +110,7 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
     wake_started: dict[str, float] = field(default_factory=dict)
     never_slept: set[str] = field(default_factory=set)  # lanes a wake found awake with no standby recorded
+    changed: set[str] = field(default_factory=set)  # containers this run created, started or woke
 
 
 class Executor:
@@ -271,6 +272,8 @@ class Executor:
             message, result = f"{failure}. Rolled back: {plan.previous} is serving again", "rolled-back"
             if plan.previous in run.woken:
                 message += f" ({run.woken[plan.previous]})"
+            if run.warnings:
+                message += f". BUT: {'; '.join(w.rstrip('.') for w in run.warnings)}"
         else:
             message = f"{failure}. {plan.lane} is stopped for debugging; nothing else was started ({plan.alone})"
             result = "failed"
@@ -284,7 +287,7 @@ class Executor:
     def _way_back(self, run: _Run) -> str | None:
         """Run the way back; None when it brought what it must back, else why not (after the plan's abandon)."""
         for phase in run.plan.way_back:
-            failed = self._phase(run, phase, way_back=True)
+            failed = self._phase(run, self._undoing(run, phase), way_back=True)
             if failed is not None:
                 for step in run.plan.abandon:
                     try:
@@ -294,6 +297,18 @@ class Executor:
                 return failed.gate.failed_check + ": " + failed.gate.detail if failed.gate and \
                     failed.gate.failed_check else str(failed)
         return None
+
+    def _undoing(self, run: _Run, phase: Phase) -> Phase:
+        """The way back undoes only what this run changed: a target still recorded asleep whose containers this
+        run never created, started or woke is the standby it was about to wake, and it stays asleep rather than
+        being stopped (a state folder that filled up failed the first step of a rollback, and its way back
+        dropped the standby). A continuation (`finish`, `undo`) goes back from what a killed run changed, so it
+        stops everything its plan names."""
+        if run.plan.kind in ("finish", "undo") or self.standby_state.standby(run.plan.lane or "") is None:
+            return phase
+        steps = tuple(step for step in phase.steps if not (
+            step.action == "stop" and step.lane == run.plan.lane and step.container not in run.changed))
+        return replace(phase, steps=steps)
 
     def _aborted(self, run: _Run, signum: int) -> SwitchOutcome:
         name = signal.Signals(signum).name
@@ -400,6 +415,7 @@ class Executor:
         elif action == "create":
             assert step.spec is not None, "a plan's create step carries its spec"
             owner = {STATE_DIR_LABEL: os.path.realpath(self.states.path.parent)}
+            run.changed.add(step.container)
             self.engine.create(replace(step.spec, labels={**step.spec.labels, **owner}), with_gpus=True,
                                environ=self.environ)
         elif action == "start":
@@ -408,6 +424,8 @@ class Executor:
             # The gate judges the log of the run this step began; a primary that was already running (a way back
             # taken before its lane was stopped) is judged from its own start.
             started = self.engine.start(step.container)
+            if started:
+                run.changed.add(step.container)
             if step.role == ROLE_PRIMARY and started:
                 run.started[step.lane] = moment
             elif step.role == ROLE_PRIMARY:
@@ -497,6 +515,7 @@ class Executor:
                 run.never_slept.add(lane.name)
                 return "it was never put to sleep: nothing to wake"
             self._refuse_awake_beside(step)
+            run.changed.update(lane.container_name(role) for role in lane.roles)
             run.wake_started[lane.name] = time.monotonic()
             self.calls.wake(lane)
             return ""

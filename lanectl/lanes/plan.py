@@ -679,7 +679,8 @@ def _restore(inventory: Inventory, lane: Lane | None, *,
     # guards the active lane only) or sits beside whatever kept it from coming back.
     abandon = (*stop_steps(inventory.with_stopped(lane), lane, "it did not come back", every=True),
                Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
-    return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)))), abandon
+    # Past its gate the lane serves: a state file that cannot be written is reported, never a reason to stop it.
+    return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)), optional=True)), abandon
 
 
 def _prune(inventory: Inventory, target: Lane, running_after: set[str]) -> tuple[Step, ...]:
