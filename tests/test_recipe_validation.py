@@ -288,3 +288,12 @@ def test_split_kv_settings_are_checked_where_they_are_written(project, write_rec
 def test_split_kv_settings_the_overlay_supports_pass(project, write_recipe, env):
     write_recipe(GOOD.replace('env: {X: "1"}', f"env: {env}"))
     assert load_catalog(Project.locate()).lane("b").spec.engine.env
+
+
+def test_a_top_level_problem_does_not_hide_the_lanes_problems(project, write_recipe):
+    """An unknown top-level key and a bad id are listed together with each lane's own problem, in file order."""
+    bad = (GOOD.replace("id: t", "id: T!\nowner: ops", 1)
+               .replace("      env: {X: \"1\"}\n", "      env: {X: \"1\"}\n    gpus: {count: 0}\n", 1))
+    write_recipe(bad)
+    listed = problems(project)
+    assert [line.split(": ", 2)[1] for line in listed] == ["id", "owner", "lanes.b.gpus"], listed

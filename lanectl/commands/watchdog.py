@@ -132,7 +132,8 @@ def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = 
     unit = render_cron(command, environ) if cron else render_systemd(command, environ)
     messages = install([unit], dry_run=dry_run, root=root)
     if dry_run:
-        messages += [f"--- {unit.path} ---", unit.content.rstrip("\n")]
+        # One message per line: a message is one line on the terminal (a line break in it is shown escaped).
+        messages += [f"--- {unit.path} ---", *unit.content.rstrip("\n").splitlines()]
     elif not cron:
         messages.append("now: systemctl daemon-reload && systemctl enable --now lanectl-watchdog")
     return Result("watchdog.install", {"lines": messages})
