@@ -149,6 +149,8 @@ def status(result: Result) -> list[Line]:
             lines.append(line(("    dead     ", "bold red"), (lane["dead"], "red")))
         if lane["pushed"]:
             lines.append(line(f"    pushed   {lane['pushed']['reference']}"))
+        if lane.get("without_gpus"):
+            lines.append(line("    runs without GPUs (started with --no-gpu), though its recipe asks for some"))
         for c in lane["containers"]:
             detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
             if c["exit_code"] not in (None, 0):

@@ -34,6 +34,9 @@ def lane_status(catalog: Catalog) -> Result:
     snapshot = take_snapshot(catalog, engine, files, also=catalog.lanes, environ=os.environ,
                              create_secret_key=False, host_memory=available_gib)
     inventory = Inventory(catalog, snapshot)
+    # A lane started with --no-gpu is judged against the containers such a start creates: its missing GPUs are said
+    # once for the lane, not reported as drift under each container.
+    without_gpus = Inventory(catalog, snapshot, with_gpus=False)
     state, standbys = snapshot.state, snapshot.standby
     now = datetime.now(UTC)
     # Mid-switch the active lane is stopped on purpose (stop-first); `unfinished_switch` says so instead.
@@ -45,6 +48,8 @@ def lane_status(catalog: Catalog) -> Result:
         own = inventory.containers(lane)
         details = {c.name: engine.container(c.name) for c in own}
         primary = inventory.container(lane, "primary")
+        no_gpu = _started_without_gpus(inventory, own)
+        judged = without_gpus if no_gpu else inventory
         health = None
         if primary is not None and primary.listed.running:
             probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
@@ -62,7 +67,8 @@ def lane_status(catalog: Catalog) -> Result:
             "standby": _standby(standbys.standby(lane.name), now, primary),
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
-            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, inventory.drift(c),
+            "without_gpus": no_gpu,
+            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, judged.drift(c),
                                       now) for c in own],
             "pushed": _pushed(pushes, plan.tag, lane.spec.image.registry),
         })
@@ -129,6 +135,12 @@ def _dead(lane: Lane, own: list[LaneContainer]) -> str | None:
         elif not listed.running:
             down.append(f"{role} {exit_detail(listed.state, listed.exit_code)}")
     return "; ".join(down) or None
+
+
+def _started_without_gpus(inventory: Inventory, own: list[LaneContainer]) -> bool:
+    """Whether the lane's containers were created without the GPUs their recipe asks for (`--no-gpu`)."""
+    asked = [(c, desired) for c in own if (desired := inventory.desired(c.lane, c.role)) and desired.fields["gpus"]]
+    return bool(asked) and all(c.fields is not None and not c.fields.get("gpus") for c, _ in asked)
 
 
 def _wanted_image(inventory: Inventory, container: LaneContainer) -> str | None:
