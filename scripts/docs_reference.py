@@ -263,84 +263,145 @@ def recipe_reference(schema: Schema | None = None) -> str:
 
 # ---------------------------------------------------------------------------------------------------- commands
 
-def command_reference() -> str:
+# The modules whose COMMAND_DOCS hold each command's example and exit codes, beside the command's own code.
+COMMAND_MODULES = ("validate", "lanes", "render", "diff", "schema", "build", "switch", "status", "logs", "history",
+                   "doctor", "gate", "init", "patches", "watchdog", "fleet", "pin", "import_jm")
+GENERAL_EXIT_CODES = {0: "success", 1: "the operation failed", 2: "bad input or usage (nothing was changed)"}
+
+
+def command_docs() -> dict[str, dict[str, Any]]:
+    """Each command's hand-written example and exit codes, by its name as typed (`watchdog check`)."""
+    found: dict[str, dict[str, Any]] = {}
+    for module in COMMAND_MODULES:
+        for name, entry in importlib.import_module(f"lanectl.commands.{module}").COMMAND_DOCS.items():
+            if name in found:
+                raise ValueError(f"lanectl {name}: documented twice (lanectl.commands.{module})")
+            found[name] = entry
+    return found
+
+
+def leaf_commands() -> list[tuple[list[str], Any, Any]]:
+    """(words after `lanectl`, click command, its context) of every command that runs something, in --help order;
+    the groups (`watchdog`, `fleet`, …) are not in the list, their commands are."""
     import typer
 
     from lanectl.cli.app import app
 
     # Recent typer releases carry their own copy of click: its objects are used through typer and their interface.
     root = typer.main.get_command(app)
-    lines = [
-        "# Command reference",
-        "",
-        "Every `lanectl` command with its arguments and options, generated from the command-line app "
-        "(`lanectl/cli/app.py`) each time this site is built; `lanectl COMMAND --help` prints the same. "
-        "Exit codes everywhere: **0** success, **1** the operation failed, **2** bad input or usage. "
-        "`--json` output is an envelope `{\"lanectl\": 1, \"command\": …, \"data\": …}`.",
-        "",
-    ]
+    found: list[tuple[list[str], Any, Any]] = []
 
-    def walk(command: Any, names: list[str]) -> None:
-        context = typer.Context(command, info_name=" ".join(names))
-        if names[1:]:
-            lines.extend(command_section(command, context, names))
-        if hasattr(command, "list_commands"):
-            for name in command.list_commands(context):
-                child = command.get_command(context, name)
-                if child is not None and not child.hidden:
-                    walk(child, [*names, name])
+    def walk(command: Any, names: list[str], parent: Any) -> None:
+        context = typer.Context(command, info_name=names[-1] if names else "lanectl", parent=parent)
+        if not hasattr(command, "list_commands"):
+            found.append((names, command, context))
+            return
+        for name in command.list_commands(context):
+            child = command.get_command(context, name)
+            if child is not None and not child.hidden:
+                walk(child, [*names, name], context)
 
-    root_context = typer.Context(root, info_name="lanectl")
-    lines += ["## lanectl", "", root.help or "", "", "```text", usage(root, root_context, ["lanectl"]), "```", ""]
-    lines += options_list(root, root_context)
-    walk(root, ["lanectl"])
+    walk(root, [], None)
+    return found
+
+
+def command_slug(names: list[str]) -> str:
+    return "-".join(names)
+
+
+def command_page_path(names: list[str]) -> str:
+    return f"reference/commands/{command_slug(names)}.md"
+
+
+def usage_line(command: Any, context: Any) -> str:
+    """The usage line exactly as `--help` prints it (its placeholders included)."""
+    return " ".join(["Usage:", context.command_path, *command.collect_usage_pieces(context)])
+
+
+def help_records(command: Any, context: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(arguments, options) as `--help` lists them: the name with its placeholder, and the help text."""
+    arguments, options = [], []
+    for param in command.get_params(context):
+        record = param.get_help_record(context)
+        if param.param_type_name == "argument":
+            help_text = " ".join((getattr(param, "help", None) or "").split())
+            required = "  [required]" if param.required else ""
+            arguments.append((param.make_metavar(context), help_text + required))
+        elif record is not None and param.name != "help":
+            options.append((record[0], " ".join(record[1].split())))
+    return arguments, options
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def command_page(names: list[str], command: Any, context: Any, docs: dict[str, Any]) -> str:
+    import inspect
+
+    name = " ".join(names)
+    lines = [f"# lanectl {name}", ""]
+    if command.help:
+        lines += [inspect.cleandoc(command.help), ""]
+    lines += ["```text", usage_line(command, context), "```", ""]
+    arguments, options = help_records(command, context)
+    if arguments:
+        lines += ["## Arguments", "", "| Argument | What it is |", "|---|---|"]
+        lines += [f"| `{_cell(metavar)}` | {_cell(text)} |" for metavar, text in arguments] + [""]
+    if options:
+        lines += ["## Options", "", "| Option | What it does |", "|---|---|"]
+        lines += [f"| `{_cell(names_)}` | {_cell(text)} |" for names_, text in options] + [""]
+    lines += ["## Example", "", "```console", docs["example"].rstrip("\n"), "```", ""]
+    lines += ["## Exit codes", "", "| Code | Meaning |", "|---|---|"]
+    lines += [f"| {code} | {_cell(text)} |" for code, text in sorted(docs["exit"].items())] + [""]
     return "\n".join(lines)
 
 
-def command_section(command: Any, context: Any, names: list[str]) -> list[str]:
-    import inspect
+def command_index(commands: list[tuple[list[str], Any, Any]]) -> str:
+    import typer
 
-    lines = [f"## {' '.join(names[1:])}", ""]
-    lines += ["```text", usage(command, context, names), "```", ""]
-    if command.help:
-        lines += [inspect.cleandoc(command.help), ""]
-    lines += options_list(command, context)
-    return lines
+    from lanectl.cli.app import app
+
+    root = typer.main.get_command(app)
+    context = typer.Context(root, info_name="lanectl")
+    lines = [
+        "# Command reference",
+        "",
+        "A page per `lanectl` command: what it does, its arguments and options as `lanectl COMMAND --help` prints "
+        "them, an example and what its exit codes mean. The pages are written from the command-line app "
+        "(`lanectl/cli/app.py`) and each command's `COMMAND_DOCS` (beside its code in `lanectl/commands/`) each "
+        "time this site is built.",
+        "",
+        "| Command | What it does |",
+        "|---|---|",
+    ]
+    for names, command, _ in commands:
+        summary = (command.help or "").strip().split("\n\n")[0].replace("\n", " ")
+        lines.append(f"| [`lanectl {' '.join(names)}`](commands/{command_slug(names)}.md) | {_cell(summary)} |")
+    lines += ["", "## Every command", "", "```text", usage_line(root, context), "```", ""]
+    _, options = help_records(root, context)
+    lines += ["| Option | What it does |", "|---|---|"]
+    lines += [f"| `{_cell(names_)}` | {_cell(text)} |" for names_, text in options] + [""]
+    lines += ["Exit codes, unless a command's page says more: "
+              + "; ".join(f"**{code}** {text}" for code, text in GENERAL_EXIT_CODES.items())
+              + ". A command ended by a signal exits 128 plus its number (130 for Ctrl-C, 143 for SIGTERM).", "",
+              "`--json` output is an envelope `{\"lanectl\": 1, \"command\": …, \"data\": …}`.", ""]
+    return "\n".join(lines)
 
 
-def usage(command: Any, context: Any, names: list[str]) -> str:
-    pieces = [*names, "[OPTIONS]"]
-    for param in command.get_params(context):
-        if param.param_type_name == "argument":
-            metavar = param.metavar or param.name.upper() + ("..." if param.nargs == -1 else "")
-            pieces.append(metavar if param.required else f"[{metavar}]")
-    if hasattr(command, "list_commands"):
-        pieces.append("COMMAND [ARGS]...")
-    return " ".join(pieces)
+def command_pages() -> dict[str, str]:
+    """The command reference's pages by their path under docs/: the index, then one per command."""
+    commands = leaf_commands()
+    docs = command_docs()
+    pages = {COMMANDS_PAGE: command_index(commands)}
+    for names, command, context in commands:
+        pages[command_page_path(names)] = command_page(names, command, context, docs[" ".join(names)])
+    return pages
 
 
-def options_list(command: Any, context: Any) -> list[str]:
-    arguments, options = [], []
-    for param in command.get_params(context):
-        help_text = " ".join((getattr(param, "help", None) or "").split())
-        if param.param_type_name == "argument":
-            metavar = param.metavar or param.name.upper() + ("..." if param.nargs == -1 else "")
-            arguments.append(f"- `{metavar}`" + (f": {help_text}" if help_text else ""))
-        elif param.param_type_name == "option" and not param.hidden and param.name != "help":
-            names = ", ".join(param.opts + param.secondary_opts)
-            if not param.is_flag:
-                names += f" {param.metavar or param.name.upper()}"
-            default = param.default
-            if not param.is_flag and default not in (None, (), []) and param.show_default is not False:
-                shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
-                help_text += f" (default: {shown})"
-            options.append(f"- `{names}`" + (f": {help_text.strip()}" if help_text.strip() else ""))
-    lines: list[str] = []
-    if arguments:
-        lines += ["Arguments:", "", *arguments, ""]
-    if options:
-        lines += ["Options:", "", *options, ""]
-    return lines
+def command_reference() -> str:
+    """Every page of the command reference, one after the other (`python scripts/docs_reference.py commands`)."""
+    return "\n".join(command_pages().values())
 
 
 # ---------------------------------------------------------------------------------------------------- MkDocs hook
@@ -359,12 +420,31 @@ def measurements() -> str:
     return f"{title}\n\n{intro}{rest.lstrip()}"
 
 
+def generated_pages() -> dict[str, str]:
+    return {RECIPE_PAGE: recipe_reference(), **command_pages(), MEASUREMENTS_PAGE: measurements()}
+
+
+def on_config(config: Any) -> Any:
+    """The command pages join the nav under the command reference, in the order `--help` lists the commands."""
+    pages = [{f"lanectl {' '.join(names)}": command_page_path(names)} for names, _, _ in leaf_commands()]
+    config["nav"] = _with_command_pages(config["nav"], pages)
+    return config
+
+
+def _with_command_pages(nav: Any, pages: list[dict[str, str]]) -> Any:
+    if isinstance(nav, list):
+        return [_with_command_pages(item, pages) for item in nav]
+    if isinstance(nav, dict):
+        return {title: ([{"Overview": COMMANDS_PAGE}, *pages] if target == COMMANDS_PAGE
+                        else _with_command_pages(target, pages)) for title, target in nav.items()}
+    return nav
+
+
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
-    for page, render in ((RECIPE_PAGE, recipe_reference), (COMMANDS_PAGE, command_reference),
-                         (MEASUREMENTS_PAGE, measurements)):
-        files.append(File.generated(config, page, content=render()))
+    for page, content in generated_pages().items():
+        files.append(File.generated(config, page, content=content))
     return files
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import typer
+import yaml
 
 from lanectl.cli.app import app
 from lanectl.commands.validate import validate_recipes
@@ -76,25 +77,44 @@ def test_every_field_example_validates_as_a_recipe() -> None:
     assert result.exit_code == 0
 
 
-def test_the_command_reference_has_every_command_and_option() -> None:
-    reference = docs_reference().command_reference()
-    root = typer.main.get_command(app)
+def test_every_command_has_a_page_with_its_usage_options_example_and_exit_codes_as_help_prints_them() -> None:
+    from typer.testing import CliRunner
 
-    def walk(command: Any, names: list[str]) -> None:
-        context = typer.Context(command, info_name=" ".join(names))
-        if names:
-            assert f"\n## {' '.join(names)}\n" in reference, f"no section for `lanectl {' '.join(names)}`"
-            section = reference.split(f"\n## {' '.join(names)}\n", 1)[1].split("\n## ", 1)[0]
-            for param in command.get_params(context):
-                if param.param_type_name == "option" and not param.hidden and param.name != "help":
-                    assert f"`{param.opts[0]}" in section, f"lanectl {' '.join(names)}: {param.opts[0]} missing"
-        if hasattr(command, "list_commands"):
-            for name in command.list_commands(context):
-                child = command.get_command(context, name)
-                if child is not None and not child.hidden:
-                    walk(child, [*names, name])
+    reference = docs_reference()
+    pages = reference.command_pages()
+    commands = reference.leaf_commands()
+    assert len(commands) > 25  # the walk found the app's commands, not an empty group
+    for names, _, _ in commands:
+        page = pages[reference.command_page_path(names)]
+        help_text = CliRunner().invoke(app, [*names, "--help"], prog_name="lanectl", env={"COLUMNS": "1000"}).stdout
+        usage = help_text.splitlines()[0]
+        assert f"```text\n{usage}\n```" in page, f"lanectl {' '.join(names)}: usage differs from --help"
+        for line in help_text.split("Options:", 1)[1].splitlines():
+            if line.strip().startswith("-") and "--help" not in line:
+                option = line.strip().split("  ")[0]
+                assert f"| `{option}` |" in page, f"lanectl {' '.join(names)}: {option} is not on its page as --help"
+        assert "## Example\n\n```console\n" in page and "$ " in page, f"lanectl {' '.join(names)}: no example"
+        assert "## Exit codes\n\n| Code | Meaning |\n|---|---|\n| 0 |" in page
 
-    walk(root, [])
+
+def test_every_command_is_documented_once_and_nothing_else_is() -> None:
+    reference = docs_reference()
+    commands = {" ".join(names) for names, _, _ in reference.leaf_commands()}
+    documented = reference.command_docs()
+    assert set(documented) == commands, f"no COMMAND_DOCS for {commands - set(documented)}; " \
+                                        f"for no command: {set(documented) - commands}"
+    for name, entry in documented.items():
+        assert set(entry) == {"example", "exit"}, name
+        assert f"lanectl {name}" in entry["example"], f"{name}: its example does not run it"
+        assert 0 in entry["exit"] and all(isinstance(text, str) and text for text in entry["exit"].values()), name
+
+
+def test_every_command_page_is_in_the_nav() -> None:
+    reference = docs_reference()
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    nav = reference.on_config(config)["nav"]
+    listed = set(re.findall(r"'(reference/commands/[a-z-]+\.md)'", str(nav)))
+    assert listed == {reference.command_page_path(names) for names, _, _ in reference.leaf_commands()}
 
 
 def test_the_readme_is_a_front_page() -> None:
@@ -142,8 +162,7 @@ def prose(markdown: str) -> str:
 def pages() -> list[tuple[str, str]]:
     found = [(str(path.relative_to(REPO)), path.read_text()) for path in [README, *sorted(DOCS.rglob("*.md"))]]
     reference = docs_reference()
-    found += [(reference.RECIPE_PAGE, reference.recipe_reference()),
-              (reference.COMMANDS_PAGE, reference.command_reference())]
+    found += list(reference.generated_pages().items())
     return found
 
 

@@ -171,3 +171,22 @@ def init_project(folder: Path) -> Result:
     where = "" if folder.resolve() == Path.cwd() else f"cd {shlex.quote(str(folder))} && "
     steps = f"lanectl validate && lanectl build --all && lanectl up {FIRST_LANE} --no-gpu"
     return Result("init", {"written": [str(path) for path in written], "next": where + steps})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "init": {
+        "example": """\
+$ lanectl init my-lanes
+wrote my-lanes/recipes/starter.yaml
+wrote my-lanes/recipes/workloads/smoke.yaml
+wrote my-lanes/lanectl.schema.json
+$ cd my-lanes && lanectl validate && lanectl build --all && lanectl up stub-a --no-gpu
+""",
+        "exit": {
+            0: "the project was written",
+            2: ("a file it would write is already there, or the folder cannot be written (nothing is left behind)"),
+        },
+    },
+}

@@ -62,3 +62,19 @@ def _summary(report: PatchReport, lines: list[str]) -> str:
         raise AssertionError(f"patching.format_report changed the shape of its first line: {lines[0]!r}")
     return lines[0].removeprefix(prefix)
 
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "patches check": {
+        "example": """\
+$ lanectl patches check
+""",
+        "exit": {
+            0: "every patch applies, or is already upstream (or the project has no patches)",
+            1: "a patch conflicts with the pinned upstream source",
+            2: "an invalid recipe or patch file",
+        },
+    },
+}

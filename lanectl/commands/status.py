@@ -167,3 +167,19 @@ def _container(container: LaneContainer, state: ContainerState | None, built: st
         "uptime_seconds": uptime,
         "restarts": state.restart_count if state else 0,
     }
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "status": {
+        "example": """\
+$ lanectl status
+$ lanectl status --json | jq '.data.lanes[] | select(.active) | .health'
+""",
+        "exit": {
+            0: "the state was read (whatever it shows: status does not judge)",
+            2: "an invalid recipe",
+        },
+    },
+}

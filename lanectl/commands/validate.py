@@ -24,3 +24,20 @@ def validate_recipes(project: Project, paths: list[Path]) -> Result:
         "recipes": [project.display(r.file) for r in catalog.recipes],
         "lanes": sorted(catalog.lanes),
     }, tuple(warning(f"{name}: not a lanectl recipe, workload or probe, so not loaded: {why}") for name in unknown))
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "validate": {
+        "example": """\
+$ lanectl validate
+ok: 2 lanes in 1 recipes (stub-a, stub-b)
+$ lanectl validate recipes/starter.yaml    # one file; a folder checks every recipe under it
+""",
+        "exit": {
+            0: "every recipe is valid",
+            2: "one or more problems, each listed as `file:line:column: field: what to do`",
+        },
+    },
+}
