@@ -20,6 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 RECIPE_PAGE = "reference/recipe-fields.md"
 COMMANDS_PAGE = "reference/commands.md"
+ENVIRONMENT_PAGE = "reference/environment.md"
 MEASUREMENTS_PAGE = "measurements.md"
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 # Where the examples come from, first match wins: the production recipe, the demo's, then the docs' own example of
@@ -404,6 +405,35 @@ def command_reference() -> str:
     return "\n".join(command_pages().values())
 
 
+# ---------------------------------------------------------------------------------------------------- variables
+
+def environment_reference() -> str:
+    from lanectl.environment import GROUPS, VARIABLES
+
+    lines = [
+        "# Environment variables",
+        "",
+        "Every environment variable lanectl reads, written from its registry (`lanectl/environment.py`) each time "
+        "this site is built; a test holds the registry to the code's reads. A command-line option, where there is "
+        "one, wins over its variable.",
+        "",
+        "**Carried** variables are written into the cron file and the systemd unit that "
+        "[`watchdog install`](commands/watchdog-install.md) writes, with the values they have when it runs, so "
+        "the watchdog uses the same state, lock, recipes and engine as the commands you type. Paths among them "
+        "must be absolute. Secrets (the alert webhook, a lane's `secret_env`) are never carried: keep them in the "
+        "env file the units read (`/etc/lanectl/watchdog.env`, mode 0600).",
+        "",
+    ]
+    for group in GROUPS:
+        members = [v for v in VARIABLES if v.group == group]
+        lines += [f"## {group}", "", "| Variable | What it does | Default | Carried |", "|---|---|---|---|"]
+        for v in members:
+            name = v.name if v.name.startswith("(") else f"`{v.name}`"
+            lines.append(f"| {name} | {_cell(v.meaning)} | {_cell(v.default)} | {'yes' if v.carried else ''} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------- MkDocs hook
 
 def measurements() -> str:
@@ -421,7 +451,8 @@ def measurements() -> str:
 
 
 def generated_pages() -> dict[str, str]:
-    return {RECIPE_PAGE: recipe_reference(), **command_pages(), MEASUREMENTS_PAGE: measurements()}
+    return {RECIPE_PAGE: recipe_reference(), **command_pages(), ENVIRONMENT_PAGE: environment_reference(),
+            MEASUREMENTS_PAGE: measurements()}
 
 
 def on_config(config: Any) -> Any:

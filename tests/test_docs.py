@@ -189,3 +189,12 @@ def test_the_voice_check_finds_a_development_log(sample: str) -> None:
 def test_the_voice_check_leaves_code_alone() -> None:
     text = "# Page\n\n```\nls -I foo  # we list\n```\n\nRun `grep -i me`.\n"
     assert not FIRST_PERSON.search(prose(text))
+
+
+def test_the_variables_page_lists_every_variable_of_the_registry() -> None:
+    from lanectl.environment import VARIABLES
+
+    page = docs_reference().environment_reference()
+    for variable in VARIABLES:
+        shown = variable.name if variable.name.startswith("(") else f"`{variable.name}`"
+        assert f"| {shown} |" in page, variable.name
