@@ -11,7 +11,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import typer
 import yaml
 
 from lanectl.cli.app import app
