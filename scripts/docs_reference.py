@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPE_PAGE = "reference/recipe-fields.md"
 COMMANDS_PAGE = "reference/commands.md"
 ENVIRONMENT_PAGE = "reference/environment.md"
+CHANGELOG_PAGE = "changelog.md"
+CHANGELOG = REPO / "CHANGELOG.md"
 MEASUREMENTS_PAGE = "measurements.md"
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 # Where the examples come from, first match wins: the production recipe, the demo's, then the docs' own example of
@@ -452,11 +454,15 @@ def measurements() -> str:
 
 def generated_pages() -> dict[str, str]:
     return {RECIPE_PAGE: recipe_reference(), **command_pages(), ENVIRONMENT_PAGE: environment_reference(),
-            MEASUREMENTS_PAGE: measurements()}
+            MEASUREMENTS_PAGE: measurements(), CHANGELOG_PAGE: CHANGELOG.read_text()}
 
 
 def on_config(config: Any) -> Any:
-    """The command pages join the nav under the command reference, in the order `--help` lists the commands."""
+    """The site is named with the version it documents; the command pages join the nav under the command
+    reference, in the order `--help` lists the commands."""
+    from lanectl import __version__
+
+    config["site_name"] = f"lanectl {__version__}"
     pages = [{f"lanectl {' '.join(names)}": command_page_path(names)} for names, _, _ in leaf_commands()]
     config["nav"] = _with_command_pages(config["nav"], pages)
     return config

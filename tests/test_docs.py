@@ -197,3 +197,43 @@ def test_the_variables_page_lists_every_variable_of_the_registry() -> None:
     for variable in VARIABLES:
         shown = variable.name if variable.name.startswith("(") else f"`{variable.name}`"
         assert f"| {shown} |" in page, variable.name
+
+
+# ------------------------------------------------------------------------------------------------ the changelog
+
+CHANGELOG_SECTIONS = {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def changelog_problems(changelog: str, version: str) -> list[str]:
+    """What keeps CHANGELOG.md from saying what `version` is (Keep a Changelog's shape)."""
+    releases = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", changelog, re.MULTILINE)
+    problems = []
+    if not releases or releases[0][0] != "Unreleased":
+        problems.append("the first section is not ## [Unreleased]")
+    if version not in {name for name, date in releases if date}:
+        problems.append(f"no dated section ## [{version}] - YYYY-MM-DD for the version lanectl says it is")
+    problems += [f"unknown section ### {name}" for name in re.findall(r"^### (.+)$", changelog, re.MULTILINE)
+                 if name not in CHANGELOG_SECTIONS]
+    return problems
+
+
+def test_the_version_lanectl_reports_has_its_changelog_entry() -> None:
+    import tomllib
+
+    from lanectl import __version__
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"] == __version__
+    assert changelog_problems((REPO / "CHANGELOG.md").read_text(), __version__) == []
+
+
+def test_a_version_bump_without_an_entry_is_found() -> None:
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert changelog_problems(changelog, "9.9.9") == [
+        "no dated section ## [9.9.9] - YYYY-MM-DD for the version lanectl says it is"]
+
+
+def test_the_site_is_named_with_the_version() -> None:
+    from lanectl import __version__
+
+    config = docs_reference().on_config(yaml.safe_load((REPO / "mkdocs.yml").read_text()))
+    assert config["site_name"] == f"lanectl {__version__}"
