@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -178,7 +178,13 @@ def _flat(value: Any) -> bool:
 
 
 def example_text(field: str, value: Any) -> str:
-    value = shortened(value)
+    """The example as YAML, cut to its first entries; a cut one ends with a comment that says so."""
+    cut = shortened(value) != value
+    text = _example_yaml(field, shortened(value))
+    return f"{text}\n# … (more entries in the recipe it comes from)" if cut else text
+
+
+def _example_yaml(field: str, value: Any) -> str:
     dump = {"sort_keys": False, "width": 10_000, "allow_unicode": True}
     if _flat(value):
         return yaml.safe_dump({field: value}, default_flow_style=None, **dump).rstrip("\n") if isinstance(
@@ -202,36 +208,193 @@ def placeholder(node: Schema) -> Any:
             "boolean": True, "array": [], "object": {}}.get(kind, "VALUE")
 
 
+# ---------------------------------------------------------------------------------------------------- validators
+
+def record_classes() -> dict[str, type]:
+    """The model classes by the names the schema gives them (a lane's fields are LaneSpec's)."""
+    from lanectl.recipe import model
+
+    classes = {name: value for name, value in vars(model).items() if model.is_record(value)}
+    classes[LANE_MODEL] = model.LaneSpec
+    return classes
+
+
+def required_in_a_lane() -> dict[str, set[str]]:
+    """The fields a merged lane must have, by model: optional in `defaults` and in each lane, but one of the two
+    must set them (the editor's schema leaves `required` out for that reason)."""
+    from pydantic import TypeAdapter
+
+    from lanectl.recipe.model import LaneSpec
+
+    schema = TypeAdapter(LaneSpec).json_schema(by_alias=True)
+    required = {name: set(node.get("required", [])) for name, node in schema.get("$defs", {}).items()}
+    required[LANE_MODEL] = set(schema.get("required", []))
+    return required
+
+
+def factory_defaults(cls: type) -> dict[str, Any]:
+    """The defaults a field's factory makes (an empty map, a list from NVIDIA's Xid catalog), which the JSON
+    Schema leaves out, as plain data by the field's key."""
+    import dataclasses
+
+    from lanectl.recipe.model import as_data, is_record
+
+    found = {}
+    for field in dataclasses.fields(cls):
+        if field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+            found[field.metadata.get("alias", field.name)] = as_data(value) if is_record(type(value)) else value
+    return found
+
+
+def messages_raised(function: Any, *, calls: tuple[str, ...] = ("ValueError",), argument: int = 0) -> list[str]:
+    """The messages `function` raises (or, with `calls`, passes to those calls as their `argument`th argument), as
+    its source spells them: a module constant's value filled in, any other value shown as `…`."""
+    import ast
+    import inspect
+    import textwrap
+
+    namespace = vars(sys.modules[function.__module__])
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    found = []
+    for node in ast.walk(tree):
+        call = node.exc if isinstance(node, ast.Raise) else node
+        if not isinstance(call, ast.Call) or len(call.args) <= argument:
+            continue
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        if name in calls and (text := _spelled(call.args[argument], namespace)):
+            where = _where(call.args[0]) if argument else ""
+            text = f"`{where}`: {text}" if where else text
+            if text not in found:
+                found.append(text)
+    return found
+
+
+def _where(node: Any) -> str:
+    """The field a `doc.problem(locate((…)), …)` call names, as a path (`engine.ports[…]`); "" when it cannot tell."""
+    import ast
+
+    if isinstance(node, ast.Call) and node.args:
+        node = node.args[0]
+    if isinstance(node, ast.IfExp):
+        node = node.body
+    if not isinstance(node, ast.Tuple):
+        return ""
+    parts = []
+    for element in node.elts:
+        if isinstance(element, ast.Constant) and isinstance(element.value, str):
+            parts.append(f".{element.value}")
+        else:
+            parts.append("[…]" if parts else "….")
+    return "".join(parts).lstrip(".").replace("..", ".")
+
+
+def _spelled(node: Any, namespace: dict[str, Any]) -> str:
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_spelled(part, namespace) for part in node.values)
+    if isinstance(node, ast.FormattedValue):
+        value = namespace.get(node.value.id) if isinstance(node.value, ast.Name) else None
+        return str(value) if isinstance(value, str | int | float) and node.format_spec is None else "…"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _spelled(node.left, namespace) + _spelled(node.right, namespace)
+    return ""
+
+
+def field_checks(cls: type) -> dict[str, list[str]]:
+    """Each field's own checks beyond its type (the `After` validators in its annotation), by the field's key."""
+    import typing
+
+    from lanectl.recipe.model import After, record_fields
+
+    def checks(annotation: Any) -> list[Any]:
+        found = []
+        for argument in typing.get_args(annotation):
+            found += checks(argument)
+        for extra in getattr(annotation, "__metadata__", ()):
+            if isinstance(extra, After):
+                found.append(extra.check)
+        return found
+
+    return {key: [message for check in checks(annotation) for message in messages_raised(check)]
+            for _, key, annotation in record_fields(cls)}
+
+
+def model_rules(cls: type) -> list[str]:
+    """What a model checks across its fields (its `__post_init__`)."""
+    post_init = cls.__dict__.get("__post_init__")
+    return messages_raised(post_init) if post_init else []
+
+
+def lane_rules() -> list[str]:
+    """What `lanectl validate` checks across a merged lane's fields, and between lanes, as its messages say it."""
+    from lanectl.recipe import catalog, shutdown
+
+    checks = (catalog._check_consistency, catalog._check_standby, catalog._check_standby_neighbours,
+              catalog._standby_fit, shutdown.check_shutdown)
+    return [message for check in checks for message in messages_raised(check, calls=("problem",), argument=1)]
+
+
+class ModelFacts(NamedTuple):
+    """What the validators of one model say beyond its schema."""
+
+    required_in_lane: set[str]  # required once a lane is merged (set in `defaults` or in the lane)
+    defaults: dict[str, Any]  # defaults its factories make
+    checks: dict[str, list[str]]  # each field's own checks, as their messages say
+
+
 def field_entry(schema: Schema, model: str, field: str, node: Schema, examples: dict[tuple[str, str], tuple[Any, str]],
-                required: set[str]) -> list[str]:
+                required: set[str], facts_of: ModelFacts | None = None) -> list[str]:
     lines = [f"#### `{field}`", ""]
     facts = [type_text(node)]
     if field in required:
-        facts.append("required")
-    if "default" in node:
-        default = node["default"]
-        if isinstance(default, dict | list) and len(json.dumps(default)) > 60:
-            facts.append("default: see the fields below" if ref_name(node) else "default: as in the example")
-        else:
-            facts.append(f"default `{json.dumps(default)}`")
+        facts.append("**required**")
+    elif facts_of and field in facts_of.required_in_lane:
+        facts.append("**required** in every lane (set it in `defaults` or in the lane)" if model == LANE_MODEL
+                     else "**required** wherever this section is given (in the merged lane)")
+    default = node.get("default", facts_of.defaults.get(field) if facts_of else None)
+    has_default = "default" in node or (facts_of is not None and field in facts_of.defaults)
+    long_default = has_default and isinstance(default, dict | list) and len(json.dumps(default)) > 60
+    if has_default and long_default and ref_name(node):
+        facts.append("default: as its fields below say")
+    elif has_default and not long_default:
+        facts.append(f"default `{json.dumps(default)}`")
+    elif not has_default and field not in required and not (facts_of and field in facts_of.required_in_lane):
+        facts.append("not set by default")
     summary = "; ".join(facts) + "."
     lines += [summary[:1].upper() + summary[1:], ""]
+    if long_default and not ref_name(node):
+        lines += ["Default:", "", "```yaml", yaml.safe_dump({field: default}, default_flow_style=None, width=110,
+                                                            sort_keys=False).rstrip("\n"), "```", ""]
     if node.get("description"):
         lines += [node["description"], ""]
+    checks = facts_of.checks.get(field, []) if facts_of else []
+    if checks:
+        lines += ["Refused, with these messages: " + "; ".join(f"*{_cell(check)}*" for check in checks) + ".", ""]
     if (model, field) in examples:
         value, recipe = examples[(model, field)]
         source = f"from `{recipe}`"
-    elif "default" in node and node["default"] not in (None, [], {}):
-        value, source = node["default"], "its default"
+    elif has_default and default not in (None, [], {}):
+        value, source = default, "its default"
     else:
         value, source = placeholder(node), "a value of its type"
     lines += [f"Example ({source}):", "", "```yaml", example_text(field, value), "```", ""]
     return lines
 
 
+def model_facts() -> dict[str, ModelFacts]:
+    required = required_in_a_lane()
+    return {name: ModelFacts(required.get(name, set()), factory_defaults(cls), field_checks(cls))
+            for name, cls in record_classes().items() if name != "Strict"}
+
+
 def recipe_reference(schema: Schema | None = None) -> str:
     schema = schema or recipe_schema()
     examples = collect_examples(schema)
+    facts = model_facts()
     lines = [
         "# Recipe field reference",
         "",
@@ -258,9 +421,18 @@ def recipe_reference(schema: Schema | None = None) -> str:
         lines += [f"## {title} {{#{anchor(model)}}}", "", f"Where: {where}.", ""]
         if node.get("description") and model != ROOT:
             lines += [node["description"], ""]
+        rules = model_rules(record_classes()[model]) if model in record_classes() else []
+        if model == LANE_MODEL:
+            lines += ["Checked across a lane's fields once it is merged, and between lanes, by `lanectl validate` "
+                      "(as its messages say them; `…` stands for a value from the recipe):", ""]
+            lines += [f"- {rule}" for rule in lane_rules()] + [""]
+        elif rules:
+            lines += ["Checked across its fields (as `lanectl validate` says it; `…` stands for a value from the "
+                      "recipe):", ""]
+            lines += [f"- {rule}" for rule in rules] + [""]
         required = set(node.get("required", []))
         for field, field_node in model_properties(schema, model).items():
-            lines += field_entry(schema, model, field, field_node, examples, required)
+            lines += field_entry(schema, model, field, field_node, examples, required, facts.get(model))
     return "\n".join(lines)
 
 

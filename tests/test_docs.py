@@ -237,3 +237,54 @@ def test_the_site_is_named_with_the_version() -> None:
 
     config = docs_reference().on_config(yaml.safe_load((REPO / "mkdocs.yml").read_text()))
     assert config["site_name"] == f"lanectl {__version__}"
+
+
+# ------------------------------------------------------------------------------------------------ field reference
+
+def field_text(reference: str, model: str, field: str) -> str:
+    section = reference.split(f"{{#model-{model}}}", 1)[1].split("\n## ", 1)[0]
+    return section.split(f"#### `{field}`\n", 1)[1].split("\n#### ", 1)[0]
+
+
+def test_the_field_reference_marks_fields_a_merged_lane_requires() -> None:
+    reference = docs_reference().recipe_reference()
+    for model, field in (("health", "startup_budget_minutes"), ("health", "served_model_name"),
+                         ("imagespec", "base"), ("lanepartial", "image")):
+        assert "**required**" in field_text(reference, model, field), f"{model}.{field}"
+    assert "**required**" not in field_text(reference, "health", "poll_interval_seconds")
+
+
+def test_the_field_reference_shows_defaults_a_factory_makes() -> None:
+    from lanectl.host.xid import DEFAULT_HARDWARE_CODES
+
+    text = field_text(docs_reference().recipe_reference(), "xidpolicy", "hardware_codes")
+    assert "Default:" in text and str(sorted(DEFAULT_HARDWARE_CODES)[-1]) in text.split("Example")[0]
+    assert "default `{}`" in field_text(docs_reference().recipe_reference(), "engine", "env")
+
+
+def test_the_field_reference_lists_the_rules_validation_enforces() -> None:
+    reference = docs_reference().recipe_reference()
+    assert "must be at least 1 or 'all'" in field_text(reference, "gpurequest", "count")
+    gpus = reference.split("{#model-gpurequest}", 1)[1].split("\n#### ", 1)[0]
+    assert "give exactly one of 'count' or 'device_ids'" in gpus
+    xid = reference.split("{#model-xidpolicy}", 1)[1].split("\n#### ", 1)[0]
+    assert "listed as both application and hardware faults" in xid
+    lane = reference.split("{#model-lanepartial}", 1)[1].split("\n#### ", 1)[0]
+    assert "no time to drain its requests on a stop" in lane
+    assert "`health.served_model_name`: is … but the engine serves …" in lane
+
+
+def test_a_rule_is_read_from_its_validator_not_copied() -> None:
+    SUFFIX = " at most 15"
+
+    def check(value: int) -> None:
+        if value > 15:
+            raise ValueError(f"must be{SUFFIX}, got {value}")
+
+    reference = docs_reference()
+    check.__module__ = __name__
+    globals()["SUFFIX"] = SUFFIX
+    try:
+        assert reference.messages_raised(check) == ["must be at most 15, got …"]
+    finally:
+        del globals()["SUFFIX"]
