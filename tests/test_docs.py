@@ -288,3 +288,47 @@ def test_a_rule_is_read_from_its_validator_not_copied() -> None:
         assert reference.messages_raised(check) == ["must be at most 15, got …"]
     finally:
         del globals()["SUFFIX"]
+
+
+# ------------------------------------------------------------------------------------------------ design history
+
+# How development history reads: what lanectl did before, what an import or a request cost the code, why it was
+# built so. It belongs in docs/design/; operator pages say what lanectl does and what to do.
+DESIGN_WORDS = re.compile(
+    r"\bwas the \w+'s before\b|\bwas once\b|\bunder the earlier\b|\bearlier model\b|\bused to be\b"
+    r"|\bimport(?:s|ed|ing)? (?:was|cost|costs)\b|\bms of CPU\b|\bquick command's start\b"
+    r"|\b\d+ Docker requests\b|\bpydantic\b|\bhttp\.client\b|\bthis (?:commit|change|fix)\b",
+    re.IGNORECASE)
+# Pages for those who work on lanectl itself, where its internals are the subject.
+DEVELOPER_PAGES = {"development.md", "stub-engine.md"}
+# Operator pages other work is rewriting now; their design paragraphs move to docs/design/ next (strict: the test
+# fails once a page is clean, so that it is taken off this list).
+STILL_CARRYING_HISTORY = {"switching.md", "bench-and-gate.md"}
+
+
+def operator_pages() -> list[tuple[str, str]]:
+    return [(name, text) for name, text in pages()
+            if not name.startswith(("docs/design/", "README")) and Path(name).name not in DEVELOPER_PAGES]
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    pytest.param(name, text, marks=[pytest.mark.xfail(strict=True, reason="design paragraphs not moved yet")]
+                 if Path(name).name in STILL_CARRYING_HISTORY else [])
+    for name, text in operator_pages()], ids=[name for name, _ in operator_pages()])
+def test_no_operator_page_carries_design_history(name: str, text: str) -> None:
+    found = DESIGN_WORDS.search(prose(text))
+    assert not found, f"{name}: {found.group(0)!r} is design history; move it to docs/design/"
+
+
+@pytest.mark.parametrize("sample", [
+    "109 (context switch timeout) was the application's before.",
+    "Results files written under the earlier model are read as before.",
+    "pydantic's import was a third of a quick command's start.",
+    "A switch of two lanes makes 10 Docker requests.",
+])
+def test_the_design_words_are_found(sample: str) -> None:
+    assert DESIGN_WORDS.search(sample)
+
+
+def test_the_design_pages_are_on_the_site() -> None:
+    assert {"docs/design/architecture.md", "docs/design/decisions.md"} <= {name for name, _ in pages()}
