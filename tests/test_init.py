@@ -160,3 +160,13 @@ def test_a_port_out_of_range_is_refused(tmp_path, port):
     result = lanectl("init", "p", "--port", port, cwd=tmp_path)
     assert result.returncode == 2 and "a host port is a number from 1 to 65535" in result.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_patches_check_passes_in_a_project_without_patches(tmp_path):
+    """The CI step the docs give runs `patches check` in every project, the starter's included."""
+    assert lanectl("init", "p", cwd=tmp_path).returncode == 0
+    result = lanectl("patches", "check", cwd=tmp_path / "p")
+    assert result.returncode == 0, result.stderr
+    assert "no *.patch files under patches: nothing to check" in result.stderr
+    as_json = lanectl("patches", "check", "--json", cwd=tmp_path / "p")
+    assert (as_json.returncode, json.loads(as_json.stdout)["data"]) == (0, {"patches": []})
