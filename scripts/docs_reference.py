@@ -620,8 +620,8 @@ def measurements() -> str:
     text = runner.rewrite({}, RESULTS.read_text() if RESULTS.exists() else "")
     intro = ("The figures below are `benchmarks/RESULTS.md`, written by `make bench` from the benchmark scripts' own "
              "output (see [Development](development.md#benchmarks)); nothing here is copied by hand.\n\n")
-    title, _, rest = text.partition("\n")
-    return f"{title}\n\n{intro}{rest.lstrip()}"
+    _, _, rest = text.partition("\n")  # its own title names the file; the site's nav calls it Measurements
+    return f"# Measurements\n\n{intro}{rest.lstrip()}"
 
 
 def generated_pages() -> dict[str, str]:
