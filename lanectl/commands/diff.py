@@ -37,7 +37,7 @@ COMMAND_DOCS = {
 $ lanectl diff stub-a stub-b
 stub-a -> stub-b
   image  lanectl/demo:stub-a-8c64cdec2fc2 -> lanectl/demo:stub-b-e0461b1ad595
-  env  ~ STUB_DECODE_TOKENS_PER_S: 100 -> 120
+  env  ~ STUB_DECODE_TOKENS_PER_S: 100 -> 150
   same base image (lanectl/base-python:bookworm, built on this host: no registry digest)
   same serve flags
 """,

@@ -69,7 +69,7 @@ lanes:
     # Compare them: lanectl gate {second} --control {first} --workload smoke --concurrency 1,4 --no-gpu
     description: The candidate, decoding faster.
     engine:
-      env: {{STUB_DECODE_TOKENS_PER_S: "120"}}   # merges into the default env
+      env: {{STUB_DECODE_TOKENS_PER_S: "150"}}   # merges into the default env: 1.5x the control
 """
 
 STARTER_WORKLOAD = """\
