@@ -25,6 +25,7 @@ JM_FIXTURE = REPO / "tests" / "fixtures" / "jm"
 RUNNABLE = re.compile(r"^<!-- runnable -->\n```(?:sh|bash)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 # What each guide's run must print, beyond exiting 0: the outcomes its prose describes.
 PRINTED = {
+    "upgrading.md": ["ok: 2 lanes in 1 recipes (stub-a, stub-b)", "LANECTL_STATE_DIR="],
     "gate-and-release-note.md": ["gate exited 0", "verdict: PASS", "# Passed, not promoted: stub-b"],
     "first-lane.md": ["ok: 3 lanes in 2 recipes (dsv41, stub-a, stub-b)", "ok: stub-a is serving"],
     "switching-in-production.md": ["ok: stub-b is serving", "up exited 1",
