@@ -165,7 +165,7 @@ $ lanectl up demo-h1 --no-gpu     # the demo and tests: the recipe's GPU request
             1: ("the switch failed: the lane did not pass its health gate (the previous lane was brought back unless "
                 "--no-rollback), or the host lock stayed busy past --lock-wait"),
             2: "an unknown lane, a bad option value or an invalid recipe; nothing was changed",
-            130: "interrupted by Ctrl-C: the output says which lane serves, if any; the next up or rollback finishes it",
+            130: "interrupted by Ctrl-C: the output says which lane serves, if any; the next up or rollback ends it",
             143: "ended by SIGTERM, as for 130",
         },
     },
@@ -178,7 +178,7 @@ $ lanectl rollback --to h1-REF   # to a lane of your choice, through the same he
             0: "the lane went back to serving",
             1: "the way back failed its health gate, or no known-good lane is left",
             2: "an unknown lane or an invalid recipe; nothing was changed",
-            130: "interrupted by Ctrl-C: the output says which lane serves, if any; the next up or rollback finishes it",
+            130: "interrupted by Ctrl-C: the output says which lane serves, if any; the next up or rollback ends it",
             143: "ended by SIGTERM, as for 130",
         },
     },
