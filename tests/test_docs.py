@@ -332,3 +332,29 @@ def test_the_design_words_are_found(sample: str) -> None:
 
 def test_the_design_pages_are_on_the_site() -> None:
     assert {"docs/design/architecture.md", "docs/design/decisions.md"} <= {name for name, _ in pages()}
+
+
+def test_every_option_an_example_uses_is_one_its_command_has() -> None:
+    """A renamed or removed option leaves no example behind that uses it."""
+    import shlex
+
+    reference = docs_reference()
+    commands = {" ".join(names): (command, context) for names, command, context in reference.leaf_commands()}
+    checked = 0
+    for name, entry in reference.command_docs().items():
+        for line in entry["example"].splitlines():
+            words = shlex.split(line.split("#", 1)[0].removeprefix("$ ").removeprefix("sudo "))
+            for end in ("|", "&&"):
+                words = words[:words.index(end)] if end in words else words
+            if words[:1] != ["lanectl"]:
+                continue
+            used = " ".join(words[1:len(name.split()) + 1])
+            if used not in commands:
+                continue
+            command, context = commands[used]
+            known = {opt for param in command.get_params(context) for opt in param.opts + param.secondary_opts}
+            for word in words:
+                if word.startswith("-"):
+                    assert word.split("=", 1)[0] in known, f"{name}: example uses {word}, which {used} does not have"
+                    checked += 1
+    assert checked > 20
