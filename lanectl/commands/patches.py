@@ -65,7 +65,6 @@ def _summary(report: PatchReport, lines: list[str]) -> str:
     return lines[0].removeprefix(prefix)
 
 
-
 # The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
 # command-line app): an example, and what each exit code means.
 COMMAND_DOCS = {
