@@ -187,6 +187,12 @@ def test_a_lane_started_without_gpus_is_said_to_be_so_once_not_reported_as_drift
     assert text.count("runs without GPUs (started with --no-gpu)") == 1, text
 
 
+def test_a_dry_run_without_an_unfinished_switch_says_reconcile_null(lanes, state):
+    data = json.loads(cli(lanes, state, "up", "demo-h1", "--no-gpu", "--dry-run", "--json").stdout)["data"]
+    assert "reconcile" in data and data["reconcile"] is None
+    assert data["lane"] == "demo-h1" and data["keys"]
+
+
 def test_a_rebuild_under_the_same_tag_reaches_the_containers(lanes, state):
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     old_image = inspect(lanes, "demo-h1")["Image"]

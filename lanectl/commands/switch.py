@@ -90,7 +90,7 @@ def dry_run_plan(catalog: Catalog, planner: Callable[[Snapshot], Plan], *lanes: 
     Changes nothing and takes no lock."""
     switcher = _switcher(catalog, reporter=reporter, no_gpu=no_gpu)
     snapshot = switcher.snapshot(*lanes, create_secret_key=False)
-    data: dict[str, object] = {}
+    data: dict[str, object] = {"reconcile": None}  # every key of the envelope there always, null when it has nothing
     lines: list[str] = []
     unfinished = plan_reconcile(catalog, snapshot, with_gpus=not no_gpu)
     if unfinished is not None:
