@@ -181,7 +181,7 @@ def example_text(field: str, value: Any) -> str:
     """The example as YAML, cut to its first entries; a cut one ends with a comment that says so."""
     cut = shortened(value) != value
     text = _example_yaml(field, shortened(value))
-    return f"{text}\n# … (more entries in the recipe it comes from)" if cut else text
+    return f"{text}\n# … (cut: more entries follow)" if cut else text
 
 
 def _example_yaml(field: str, value: Any) -> str:
