@@ -1,9 +1,11 @@
-"""The docs site's two generated pages: the recipe field reference and the command reference.
+"""The docs site's generated pages: the recipe field reference, a page per command, the environment variables,
+the measurements and the changelog.
 
-Both are written from the code each time the site is built (an MkDocs hook: mkdocs.yml `hooks:`), never kept as
-files, so neither can drift: the recipe reference from the JSON Schema `lanectl schema` prints (the pydantic model),
+All are written each time the site is built (an MkDocs hook: mkdocs.yml `hooks:`), never kept as files, so none
+can drift: the recipe reference from the JSON Schema `lanectl schema` prints and the validators' own messages,
 with an example of each field taken from the shipped recipes where they set it, else its default; the command
-reference from the typer app. `python scripts/docs_reference.py recipe|commands` prints one of them.
+pages from the typer app and each command's COMMAND_DOCS (lanectl/commands/); the variables from
+lanectl/environment.py. `python scripts/docs_reference.py recipe|commands` prints one of them.
 """
 
 from __future__ import annotations
