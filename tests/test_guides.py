@@ -35,7 +35,8 @@ PRINTED = {
     "first-lane.md": ["ok: 3 lanes in 2 recipes (dsv41, stub-a, stub-b)", "ok: stub-a is serving"],
     "switching-in-production.md": ["ok: stub-b is serving", "up exited 1",
                                    "rolled-back: stub-broken failed its health gate"],
-    "watchdog.md": ["check exited 1", "none: healthy", "lanectl_watchdog_restarts_total{lane=\"stub-a\"} 1",
+    "watchdog.md": ["check exited 1", "none: healthy", "restarted 1x by the watchdog",
+                    "lanectl_watchdog_restarts_total{lane=\"stub-a\"} 1",
                     "LANECTL_LOCK_DIR="],
 }
 

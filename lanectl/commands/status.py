@@ -16,6 +16,7 @@ from lanectl.state.journal import Journal
 from lanectl.state.paths import StateFiles, state_dir
 from lanectl.state.pushes import PushStore
 from lanectl.state.standby import StandbyRecord
+from lanectl.watchdog.state import WatchdogStateStore
 
 
 def lane_status(catalog: Catalog) -> Result:
@@ -31,6 +32,8 @@ def lane_status(catalog: Catalog) -> Result:
     files = StateFiles(directory)
     journal = Journal(files.journal)
     pushes = PushStore(directory)
+    # The watchdog restarts a lane by starting its containers again, which Docker's restart count never sees.
+    watchdog_restarts = WatchdogStateStore(files.watchdog, quarantine=False).load().restarts_total
     snapshot = take_snapshot(catalog, engine, files, also=catalog.lanes, environ=os.environ,
                              create_secret_key=False, host_memory=available_gib)
     inventory = Inventory(catalog, snapshot)
@@ -68,6 +71,7 @@ def lane_status(catalog: Catalog) -> Result:
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
             "without_gpus": no_gpu,
+            "watchdog_restarts": watchdog_restarts.get(lane.name, 0),
             "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, judged.drift(c),
                                       now) for c in own],
             "pushed": _pushed(pushes, plan.tag, lane.spec.image.registry),
