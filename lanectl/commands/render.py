@@ -78,7 +78,7 @@ COMMAND_DOCS = {
 $ lanectl render stub-a | head -3
 # lane stub-a  image lanectl/demo:stub-a-8c64cdec2fc2  inputs 8c64cdec2fc2…
 # ---- Dockerfile ----
-# Rendered by lanectl from images/stub-engine/Dockerfile.j2: lane stub-a of recipe demo.
+# Rendered by lanectl from lanectl's built-in template stub-engine/Dockerfile.j2: lane stub-a of recipe demo.
 $ lanectl render h2-REF --out /tmp/h2-context    # the whole build context, to read or to diff
 """,
         "exit": {
