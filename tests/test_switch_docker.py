@@ -174,6 +174,25 @@ def test_a_kept_stopped_lane_whose_recipe_changed_is_recreated_when_it_comes_bac
     assert inspect(lanes, "demo-h1")["Config"]["StopTimeout"] == 40
 
 
+def test_a_lane_started_without_gpus_is_said_to_be_so_once_not_reported_as_drift(lanes, state):
+    """The demo's `up --no-gpu` of a recipe that asks for GPUs: status says the lane runs without them, once."""
+    lanes.edit_lane("demo-h1", '    engine:\n      gpus: {device_ids: ["0"]}\n'
+                               '    companions:\n      rtx:\n        engine:\n          gpus: {device_ids: ["1"]}\n')
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    lane = row(status(lanes, state), "demo-h1")
+    assert lane["without_gpus"] is True
+    assert [c["drift"] for c in lane["containers"]] == [[], []]
+    text = cli(lanes, state, "status").stdout
+    assert "differs from the recipe" not in text, text
+    assert text.count("runs without GPUs (started with --no-gpu)") == 1, text
+
+
+def test_a_dry_run_without_an_unfinished_switch_says_reconcile_null(lanes, state):
+    data = json.loads(cli(lanes, state, "up", "demo-h1", "--no-gpu", "--dry-run", "--json").stdout)["data"]
+    assert "reconcile" in data and data["reconcile"] is None
+    assert data["lane"] == "demo-h1" and data["keys"]
+
+
 def test_a_rebuild_under_the_same_tag_reaches_the_containers(lanes, state):
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     old_image = inspect(lanes, "demo-h1")["Image"]

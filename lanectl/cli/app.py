@@ -599,11 +599,14 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
 
 @app.command()
 def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (created when missing).")]
-         = Path("."), as_json: JsonOption = False) -> None:
+         = Path("."),
+         port: Annotated[int, typer.Option("--port", help="The host port the starter's lanes publish; choose "
+                                                          "one no other service uses.")] = 18100,
+         as_json: JsonOption = False) -> None:
     """Start a recipes project: a commented starter recipe with two stub-engine lanes (no GPU needed)."""
     from lanectl.commands.init import init_project
 
-    show(init_project(folder), as_json)
+    show(init_project(folder, port), as_json)
 
 
 import_app = _typer("Recipes from other formats, as lanectl recipes.")

@@ -239,3 +239,41 @@ def report(run_dir: Path) -> Result:
             "differences": rechecked.differences, "not_reproduced": rechecked.not_reproduced,
             "priors_checked": rechecked.priors_checked}
     return Result("report", data, messages)
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "bench": {
+        "example": """\
+$ lanectl bench --workload smoke --concurrency 1,8 --out /tmp/bench-h2
+""",
+        "exit": {
+            0: "measured",
+            1: "the lane did not serve or a request failed",
+            2: "an unknown lane or workload, or a bad option value",
+        },
+    },
+    "gate": {
+        "example": """\
+$ lanectl gate h2-REF --control h1-REF --bar 1.025 --out runs/h2-vs-h1
+$ lanectl gate stub-b --control stub-a --workload smoke --no-gpu     # the starter project, on the CPU stub
+$ lanectl gate h2-REF --calibrate --arms 8 --workload coding         # A/A: how noisy this host is
+""",
+        "exit": {
+            0: "PASS (with --calibrate: the false-promotion rate is within --max-false-promotion)",
+            1: "FAIL or INCONCLUSIVE, or a lane did not serve; with --promote nothing was promoted",
+            2: "an unknown lane or workload, a bad option value or an invalid recipe; nothing was switched",
+        },
+    },
+    "report": {
+        "example": """\
+$ lanectl report runs/h2-vs-h1                          # the tables again, and ratios.png redrawn
+$ lanectl report runs/h2-vs-h1 --release-note --out RELEASE-NOTE.md
+""",
+        "exit": {
+            0: "written",
+            2: "not a folder `gate --out` wrote, or its results.json is damaged",
+        },
+    },
+}

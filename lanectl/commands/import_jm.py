@@ -167,3 +167,20 @@ def import_jm_command(path: Path, *, lane: str = "main", out_file: Path | None =
             raise OperationFailed(f"--out {out_file}: could not write it ({exc.strerror or exc})") from None
     return Result("import.jm", {"recipe": imported.text, "out": None if out_file is None else str(out_file),
                                 "unmapped": imported.unmapped})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "import jm": {
+        "example": """\
+$ lanectl import jm ../J-M-Recipes/recipes/deepseek-v4-flash --lane h2-REF \
+    --out recipes/deepseek.yaml
+$ lanectl validate recipes/deepseek.yaml
+""",
+        "exit": {
+            0: "converted; each field it could not map is listed with its location",
+            2: "not a jm-recipe/v1 recipe, or an unknown lane",
+        },
+    },
+}

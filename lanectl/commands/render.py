@@ -81,3 +81,22 @@ def _write_files(files: Any, containers: list[dict[str, Any]], out_dir: Path) ->
         target.chmod(item.mode)
     with (root / "containers.json").open("x") as handle:
         handle.write(json.dumps(containers, indent=2) + "\n")
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "render": {
+        "example": """\
+$ lanectl render stub-a | head -3
+# lane stub-a  image lanectl/demo:stub-a-8c64cdec2fc2  inputs 8c64cdec2fc2…
+# ---- Dockerfile ----
+# Rendered by lanectl from lanectl's built-in template stub-engine/Dockerfile.j2: lane stub-a of recipe demo.
+$ lanectl render h2-REF --out /tmp/h2-context    # the whole build context, to read or to diff
+""",
+        "exit": {
+            0: "rendered",
+            2: "an unknown lane, an invalid recipe or an unusable --out folder",
+        },
+    },
+}

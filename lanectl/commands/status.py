@@ -16,6 +16,7 @@ from lanectl.state.journal import Journal
 from lanectl.state.paths import StateFiles, state_dir
 from lanectl.state.pushes import PushStore
 from lanectl.state.standby import StandbyRecord
+from lanectl.watchdog.state import WatchdogStateStore
 
 
 def lane_status(catalog: Catalog) -> Result:
@@ -31,9 +32,14 @@ def lane_status(catalog: Catalog) -> Result:
     files = StateFiles(directory)
     journal = Journal(files.journal)
     pushes = PushStore(directory)
+    # The watchdog restarts a lane by starting its containers again, which Docker's restart count never sees.
+    watchdog_restarts = WatchdogStateStore(files.watchdog, quarantine=False).load().restarts_total
     snapshot = take_snapshot(catalog, engine, files, also=catalog.lanes, environ=os.environ,
                              create_secret_key=False, host_memory=available_gib)
     inventory = Inventory(catalog, snapshot)
+    # A lane started with --no-gpu is judged against the containers such a start creates: its missing GPUs are said
+    # once for the lane, not reported as drift under each container.
+    without_gpus = Inventory(catalog, snapshot, with_gpus=False)
     state, standbys = snapshot.state, snapshot.standby
     now = datetime.now(UTC)
     # Mid-switch the active lane is stopped on purpose (stop-first); `unfinished_switch` says so instead.
@@ -45,6 +51,8 @@ def lane_status(catalog: Catalog) -> Result:
         own = inventory.containers(lane)
         details = {c.name: engine.container(c.name) for c in own}
         primary = inventory.container(lane, "primary")
+        no_gpu = _started_without_gpus(inventory, own)
+        judged = without_gpus if no_gpu else inventory
         health = None
         if primary is not None and primary.listed.running:
             probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
@@ -64,7 +72,9 @@ def lane_status(catalog: Catalog) -> Result:
             "standby": _standby(standbys.standby(lane.name), now, primary),
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
-            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, inventory.drift(c),
+            "without_gpus": no_gpu,
+            "watchdog_restarts": watchdog_restarts.get(lane.name, 0),
+            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, judged.drift(c),
                                       now) for c in own],
             "pushed": _pushed(pushes, plan.tag, lane.spec.image.registry),
         })
@@ -148,6 +158,12 @@ def _dead(lane: Lane, own: list[LaneContainer]) -> str | None:
     return "; ".join(down) or None
 
 
+def _started_without_gpus(inventory: Inventory, own: list[LaneContainer]) -> bool:
+    """Whether the lane's containers were created without the GPUs their recipe asks for (`--no-gpu`)."""
+    asked = [(c, desired) for c in own if (desired := inventory.desired(c.lane, c.role)) and desired.fields["gpus"]]
+    return bool(asked) and all(c.fields is not None and not c.fields.get("gpus") for c, _ in asked)
+
+
 def _wanted_image(inventory: Inventory, container: LaneContainer) -> str | None:
     """The image ID the role's container would be created from now (a companion may run an image of its own)."""
     desired = inventory.desired(container.lane, container.role)
@@ -172,3 +188,19 @@ def _container(container: LaneContainer, state: ContainerState | None, built: st
         "uptime_seconds": uptime,
         "restarts": state.restart_count if state else 0,
     }
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "status": {
+        "example": """\
+$ lanectl status
+$ lanectl status --json | jq '.data.lanes[] | select(.active) | .health'
+""",
+        "exit": {
+            0: "the state was read (whatever it shows: status does not judge)",
+            2: "an invalid recipe",
+        },
+    },
+}

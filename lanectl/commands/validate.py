@@ -55,3 +55,20 @@ def render_problems(catalog: Catalog) -> list[Problem]:
         problems.append(Problem(file, line, 1 if line else 0, "", f"the image template does not render: {reason} "
                                                                   f"(lanes {', '.join(lanes)}); fix the template"))
     return problems
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "validate": {
+        "example": """\
+$ lanectl validate
+ok: 2 lanes in 1 recipes (stub-a, stub-b)
+$ lanectl validate recipes/starter.yaml    # one file; a folder checks every recipe under it
+""",
+        "exit": {
+            0: "every recipe is valid",
+            2: "one or more problems, each listed as `file:line:column: field: what to do`",
+        },
+    },
+}

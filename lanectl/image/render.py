@@ -348,7 +348,11 @@ def _plan_image(lane: Lane, fetched: Mapping[str, Path] | None,
         files.append(ContextFile("lanectl-build/patching.py", (HELPERS_DIR / "patching.py").read_bytes()))
     files.append(ContextFile("lanectl-run/exit_guard.py", (HELPERS_DIR / "exit_guard.py").read_bytes()))
 
+    name = spec.image.template
     context = {
+        # Where the Dockerfile came from, for its first line: the project's own template, or lanectl's.
+        "template_source": f"images/{name}/Dockerfile.j2" if template.parent == images_dir
+        else f"lanectl's built-in template {name}/Dockerfile.j2",
         "lane": lane.name,
         "recipe": lane.recipe.id,
         "base": spec.image.base,

@@ -259,33 +259,19 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
         recipe_file = validated(RecipeFile, raw)
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, doc, RecipeFile))
+        # A top-level problem (a bad id, an unknown key) must not hide the lanes' own: one run lists them all.
+        for name, body in _readable_lanes(raw):
+            problems.extend(_check_lane(project, doc, raw.get("defaults") or {}, name, body, kernels, inputs)[0])
         return []
     recipe = Recipe(id=recipe_file.id, file=file, project_root=project.root, description=recipe_file.description,
                     naming=recipe_file.naming, keep_stopped_lanes=recipe_file.keep_stopped_lanes)
     lanes = []
     locators: dict[str, typing.Callable[[PathKey], PathKey]] = {}
     for name, body in recipe_file.lanes.items():
-        merged = merge(recipe_file.defaults, body)
-
-        def locate(loc: PathKey, name: str = name) -> PathKey:
-            own = ("lanes", name, *loc)
-            if doc.has(own) or not doc.has(("defaults", *loc)):
-                return own
-            return ("defaults", *loc)
-
-        # File references are checked even when the lane has type errors, so one run lists both.
-        lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels, inputs)
-        try:
-            spec = validated(LaneSpec, merged)
-        except ValidationError as exc:
-            problems.extend(lane_problems)
-            problems.extend(problems_from_validation(exc, doc, LaneSpec, locate))
-            continue
-        lane_problems.extend(_check_consistency(doc, spec, locate))
-        lane_problems.extend(_check_standby(doc, spec, locate))
-        lane_problems.extend(check_shutdown(doc, spec, locate))
+        lane_problems, spec, lane_kernels, locate = _check_lane(project, doc, recipe_file.defaults, name, body,
+                                                                kernels, inputs)
         problems.extend(lane_problems)
-        if lane_problems:
+        if spec is None:
             continue
         # From here on every role that runs `vllm serve` carries the --shutdown-timeout it will stop with.
         spec = with_shutdown_timeouts(spec)
@@ -294,6 +280,43 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
         locators[str(name)] = locate
     problems.extend(_check_standby_neighbours(doc, lanes, locators))
     return lanes
+
+
+def _readable_lanes(raw: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+    """The lanes of a file whose top level is invalid that can still be checked: those of a `lanes` mapping, under
+    `defaults` that are a mapping (else their merge means nothing)."""
+    lanes, defaults = raw.get("lanes"), raw.get("defaults", {})
+    if not isinstance(lanes, dict) or not isinstance(defaults, dict | None):
+        return []
+    return [(name, body) for name, body in lanes.items() if isinstance(body, dict)]
+
+
+def _check_lane(project: Project, doc: YamlDocument, defaults: dict[str, Any], name: Any, body: dict[str, Any],
+                kernels: _KernelLoader, inputs: set[Path]
+                ) -> tuple[list[Problem], LaneSpec | None, list[KernelSpec], typing.Callable[[PathKey], PathKey]]:
+    """One lane's problems, located in the file; its spec and kernels when it has none."""
+    from pydantic import ValidationError
+
+    from lanectl.recipe.validation import problems_from_validation
+
+    merged = merge(defaults, body)
+
+    def locate(loc: PathKey) -> PathKey:
+        own = ("lanes", name, *loc)
+        if doc.has(own) or not doc.has(("defaults", *loc)):
+            return own
+        return ("defaults", *loc)
+
+    # File references are checked even when the lane has type errors, so one run lists both.
+    lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels, inputs)
+    try:
+        spec = validated(LaneSpec, merged)
+    except ValidationError as exc:
+        return [*lane_problems, *problems_from_validation(exc, doc, LaneSpec, locate)], None, [], locate
+    lane_problems.extend(_check_consistency(doc, spec, locate))
+    lane_problems.extend(_check_standby(doc, spec, locate))
+    lane_problems.extend(check_shutdown(doc, spec, locate))
+    return lane_problems, None if lane_problems else spec, lane_kernels, locate
 
 
 def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],

@@ -60,11 +60,30 @@ class Bounds:
         return {**handler(source), **self.limits}  # type: ignore[typeddict-item]
 
 
+# The annotations of fields that take a YAML boolean or integer as it is, never text that reads like one. Not floats:
+# PyYAML reads `1e3` (no dot) as text, which a float field must still take as the number it means.
+STRICT_SCALARS = frozenset({"bool", "int", "bool | None", "int | None"})
+
+
 class Strict:
     """The base of every record: unknown keys are refused, and `.inf` and `.nan`, valid YAML floats, are
     no budget, window or timeout."""
 
     __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # `init: "no"` is text, and pydantic would read it as false; `stop_timeout_seconds: "30"` as 30. A boolean
+        # or integer field takes a YAML boolean or integer only, as the field reference says.
+        super().__init_subclass__(**kwargs)
+        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+            if annotation not in STRICT_SCALARS:
+                continue
+            current = cls.__dict__.get(name, dataclasses.MISSING)
+            if isinstance(current, dataclasses.Field):
+                setattr(cls, name, dataclasses.field(default=current.default, default_factory=current.default_factory,
+                                                     metadata={**current.metadata, "strict": True}))
+            else:
+                setattr(cls, name, dataclasses.field(default=current, metadata={"strict": True}))
 
 
 def validated(cls: type[Record], data: Any) -> Record:
