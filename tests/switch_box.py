@@ -261,11 +261,26 @@ class FakeEngines:
         if lane.name in self.failing_gates or not running:
             check = "generation" if running else "container-exited"
             return GateResult(False, check, f"{lane.name} is broken", 0.1, ("a log line",), ())
+        elsewhere = self._not_published_there(lane)
+        if elsewhere:
+            # A real gate probes the lane's ports: a container that publishes others does not answer there.
+            return GateResult(False, "health", f"{elsewhere}: connection refused", 0.1, (), ())
         if lane.container_name() in asleep:
             # A sleeping vLLM answers /health 200 and queues the generation probe unanswered.
             return GateResult(False, "generation", "generation probe timed out (health 200: engine stuck?)", 0.1,
                               ("a log line",), ())
         return GateResult(True, None, "ready", 0.1, (), ())
+
+    def _not_published_there(self, lane: Lane) -> str:
+        """The first running container of the lane that does not publish the host ports the gate is given."""
+        for role, engine in lane.spec.engines():
+            held = self.engine.held.get(lane.container_name(role))
+            if held is None or held.state != "running" or not held.spec.ports:
+                continue
+            given = {int(port.published) for port in engine.ports}
+            if {int(port["host"]) for port in held.spec.ports} != given:
+                return f"{lane.container_name(role)} does not publish {sorted(given)}"
+        return ""
 
     def sleep(self, lane: Lane, role: str) -> str:
         if lane.name in self.failing_sleeps:

@@ -574,3 +574,19 @@ def test_a_full_state_folder_fails_the_rollback_first_step_and_leaves_the_standb
         "the standby the rollback was about to wake is still there"
     assert set(box.awake_lanes()) == {"demo-h2"}
     promises_hold(box)
+
+
+def test_a_recreate_for_a_new_port_that_fails_its_gate_puts_the_old_container_back_and_gates_it_on_its_port():
+    """A new host port for demo-h2's companion plus a gate the new containers fail: the old containers are put
+    back and serve on their old port; the way back's gate probes that port, so demo-h2 is serving again and stays
+    active (it probed the new port, said no lane is serving, exited 1 and cleared `active`)."""
+    box = machine("demo-h2")
+    box.edit_companion_port(lane="demo-h2", port=18102)
+    old = box.engine.held["lanectl-demo-demo-h2-rtx"]
+    engines = box.engines
+    engines.on_gate = lambda lane: (engines.failing_gates.discard if box.engine.held.get(
+        lane.container_name("rtx")) is old else engines.failing_gates.add)(lane.name)
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and (box.last.result, box.last.lane) == ("rolled-back", "demo-h2"), box.last
+    assert box.state().active == "demo-h2" and box.engine.held["lanectl-demo-demo-h2-rtx"] is old
+    promises_hold(box)

@@ -25,6 +25,7 @@ from lanectl.health.gate import INTERRUPTED, PROBE_ACCESS_LINE, GateResult
 from lanectl.lanes.engine_calls import EngineCalls
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
 from lanectl.lanes.invariants import awake_beside, own_stop_timeout
+from lanectl.lanes.inventory import as_published
 from lanectl.lanes.plan import Phase, Plan, Step, gpu_memory_shortfall
 from lanectl.lanes.standby import StandbyError, resident_gib
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -490,7 +491,9 @@ class Executor:
     def _engine_step(self, run: _Run, step: Step, lane: Lane) -> str:
         action = step.action
         if action == "gate":
-            result = self.calls.gate(lane, step.seconds, run.started.get(lane.name))
+            # Held to its gate where its containers really publish (their own spec, not the recipe's now).
+            result = self.calls.gate(as_published(lane, self.engine.list_containers()), step.seconds,
+                                     run.started.get(lane.name))
             if result.failed_check == INTERRUPTED:
                 raise StepFailed(f"interrupted by {self.interrupt.name} while {lane.name} was held to its gate",
                                  result)

@@ -14,6 +14,8 @@ containers whose spec is unknown: a switch recreates them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -21,7 +23,8 @@ from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
 from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
 from lanectl.image.containers import plan_containers, spec_changes, spec_digest, spec_fields, stamped
 from lanectl.lanes.snapshot import Snapshot
-from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.recipe.model import PortMapping
 from lanectl.records import frozen
 
 # A container being replaced is renamed `<name>.was-<id>` until its replacement passes its gate (lanes/plan.py).
@@ -225,6 +228,45 @@ class Inventory:
         if self.snapshot.secret_key_new:
             now = {**now, "secret_env": {name: "" for name in now.get("secret_env") or {}}}
         return spec_changes(container.fields, now)
+
+
+def as_published(lane: Lane, listed: Iterable[ListedContainer]) -> Lane:
+    """The lane with each role's ports as its container was created with them (its recorded spec), where that
+    differs from the recipe: a container put back after a failed recreate serves on its own port, and is held
+    to its gate there, not on the port the recipe names now."""
+    by_name = {c.name: c for c in listed}
+    spec = lane.spec
+    for role in lane.roles:
+        container = by_name.get(lane.container_name(role))
+        fields = _fields(container.labels) if container is not None else None
+        recorded = _ports((fields or {}).get("ports"))
+        engine = spec.engine if role == ROLE_PRIMARY else spec.companions[role].engine
+        if recorded is None or recorded == list(engine.ports):
+            continue
+        if role == ROLE_PRIMARY:
+            spec = replace(spec, engine=replace(spec.engine, ports=recorded))
+        else:
+            companion = spec.companions[role]
+            spec = replace(spec, companions={**spec.companions,
+                                             role: replace(companion, engine=replace(companion.engine,
+                                                                                     ports=recorded))})
+    return lane if spec is lane.spec else replace(lane, spec=spec)
+
+
+def _ports(texts: Any) -> list[PortMapping] | None:
+    """Ports as a container's spec fields record them (`127.0.0.1:18000->8000/tcp`); None when unreadable."""
+    if not isinstance(texts, list):
+        return None
+    ports = []
+    for text in texts:
+        published, arrow, rest = str(text).partition("->")
+        inside, slash, protocol = rest.partition("/")
+        address, colon, host = published.rpartition(":")
+        if not (arrow and slash and host.isdigit() and inside.isdigit() and protocol in ("tcp", "udp")):
+            return None
+        ports.append(PortMapping(container=int(inside), host=int(host), host_ip=address if colon else "0.0.0.0",
+                                 protocol=protocol))  # type: ignore[arg-type]
+    return ports
 
 
 def host_ports(lane: Lane) -> set[tuple[str, int]]:
