@@ -355,6 +355,22 @@ def test_an_active_lane_put_to_sleep_by_anyone_is_not_healthy_and_up_brings_it_b
     assert serving(status(lanes, state), "demo-h1")
 
 
+def test_a_ctrl_c_before_the_serving_lane_was_put_to_sleep_leaves_it_serving_as_it_was(lanes, state):
+    """demo-h2 serves, demo-h1 sleeps as the older standby; `up t-drain15` gets a SIGINT right after it stopped
+    demo-h1's companion (disarm, that stop): demo-h2 was never put to sleep, so the way back neither wake-checks
+    nor restarts it (it failed the wake check, no standby being recorded, and restarted it cold)."""
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    h2_started = started_at(lanes, "demo-h2")
+    interrupted = lanes.cli("up", "t-drain15", "--no-gpu", state=state,
+                            extra_env={"LANECTL_TEST_SIGNAL_AFTER_STEP": "2:INT"})
+    assert interrupted.returncode == 130, interrupted.stdout + interrupted.stderr
+    assert "demo-h2 is serving again" in interrupted.stdout + interrupted.stderr
+    assert "it was never put to sleep: nothing to wake" in interrupted.stderr, interrupted.stderr
+    assert started_at(lanes, "demo-h2") == h2_started, "demo-h2 was restarted"
+    assert serving(status(lanes, state), "demo-h2")
+
+
 def last_switch_steps(lanes: LaneProject, state: Path) -> list[str]:
     entries = records(lanes, state)
     switch = [r for r in entries if r["kind"] == "intent"][-1]["switch"]
