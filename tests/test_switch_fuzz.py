@@ -590,3 +590,13 @@ def test_a_recreate_for_a_new_port_that_fails_its_gate_puts_the_old_container_ba
     assert box.last is not None and (box.last.result, box.last.lane) == ("rolled-back", "demo-h2"), box.last
     assert box.state().active == "demo-h2" and box.engine.held["lanectl-demo-demo-h2-rtx"] is old
     promises_hold(box)
+
+
+def test_a_secret_missing_from_lanectls_environment_is_refused_before_the_serving_lane_sleeps():
+    box = machine("demo-h1")  # demo-h1 serves; demo-h2 would be created with HF_TOKEN, which is not set
+    box.catalog = with_engine(box.catalog, "demo-h2", secret_env=["HF_TOKEN"])
+    box._build()
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is None, "refused before any change (exit 2)"
+    assert set(box.awake_lanes()) == {"demo-h1"} and box.engine.asleep(box._lane("demo-h1")) == []
+    promises_hold(box)

@@ -204,7 +204,8 @@ def _why_lost(inventory: Inventory, lane: Lane, drift: bool) -> str | None:
     for role in lane.roles:
         container = inventory.container(lane, role)
         if container is None:
-            return f"its {role} container was removed while asleep"
+            # lanectl cannot tell a container removed while its lane slept from a role the recipe gained since.
+            return f"it has no {role} container (removed while asleep, or a role added to its recipe since)"
         if not container.listed.running:
             code = container.listed.exit_code
             return f"its {role} container {container.listed.state} while asleep" + (
@@ -410,6 +411,17 @@ def refuse_other_state_folder(inventory: Inventory) -> None:
                        "who owns it), or `lanectl down` from there first; nothing was changed")
 
 
+def _refuse_unset_secrets(snapshot: Snapshot, steps: Sequence[Step]) -> None:
+    """A container is created with its secrets' values from lanectl's environment: one that is not set would fail
+    the create, after the serving lane was stopped or put to sleep. Refused before anything changes."""
+    for step in steps:
+        unset = sorted(set(step.spec.secret_env) & snapshot.secrets_unset) if step.spec is not None else []
+        if step.action == "create" and unset:
+            raise BadInput(f"{step.container} must be created, and its secret {unset[0]} is not set in lanectl's "
+                           f"environment; export {unset[0]} (or add it to the env file the watchdog reads) and run "
+                           "the command again; nothing was changed")
+
+
 def require_built(snapshot: Snapshot, lane: Lane) -> None:
     if snapshot.built(lane.name) is None:
         tag = snapshot.image_plans[lane.name].tag if lane.name in snapshot.image_plans else lane.name
@@ -486,6 +498,7 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
         bring_up = bring_up_steps(inventory, target)
         phases.append(Phase((*bring_up, _gate(target))))
     asides = _asides(bring_up)
+    _refuse_unset_secrets(snapshot, bring_up)
     phases.append(Phase((Step("activate", target.name),), optional=True))
     prune = (*_drop_asides(asides, "replaced by a container that passed its gate"),
              *_prune(inventory, target, {target.name, *(lane.name for lane in live if lane not in leaving),

@@ -52,6 +52,7 @@ class Snapshot:
     # secrets' digests cannot tell a changed secret from a lost key (drift does not judge them; a dry run, which
     # makes no key, plans the same).
     secret_key_new: bool = False
+    secrets_unset: frozenset[str] = frozenset()  # secrets the lanes in scope name that lanectl's environment lacks
 
     def built(self, lane: str) -> str | None:
         """The image ID of the lane's current build, None when it is not built."""
@@ -110,7 +111,8 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                     image_plans=plans,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
                     host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping,
-                    state_dir=os.path.realpath(files.root), secret_key_new=key_new)
+                    state_dir=os.path.realpath(files.root), secret_key_new=key_new,
+                    secrets_unset=frozenset(name for name in secrets if name not in environ))
 
 
 def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:
