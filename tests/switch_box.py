@@ -338,3 +338,21 @@ def engine_from(box: Box) -> MemoryEngine:
         engine.held[container.name] = Held(spec, container.state, asleep=container.name in box.sleeping)
         engine.images.setdefault(container.image, container.image_id)
     return engine
+
+
+class Killed(BaseException):
+    """What kill -9 does to a switch: nothing after the step that was journaled runs, and nothing is cleaned."""
+
+
+class Interrupting(QuietReporter):
+    """Acts after the Nth step is shown, which is after it was journaled: as the test seams do for real."""
+
+    def __init__(self, after: int, act: Any) -> None:
+        super().__init__()
+        self.after, self.act, self.shown = after, act, 0
+
+    def step(self, text: str, *, ok: bool = True) -> None:
+        super().step(text, ok=ok)
+        self.shown += 1
+        if self.shown == self.after:
+            self.act()

@@ -24,6 +24,8 @@ from lanectl.state.standby import StandbyStore
 from tests.switch_box import (
     Box,
     FakeEngines,
+    Interrupting,
+    Killed,
     QuietReporter,
     engine_from,
     keys,
@@ -339,24 +341,6 @@ def test_a_recreate_that_fails_its_gate_puts_the_old_containers_back_and_they_se
     assert outcome.message.endswith("Rolled back: demo-h2 is serving again")
     assert run.engine.held[H2] is old and run.engine.running() == {H2, f"{H2}-rtx"}
     assert not [name for name in run.engine.held if ".was-" in name], "nothing left set aside"
-
-
-class Killed(BaseException):
-    """What kill -9 does to a switch: nothing after the step that was journaled runs, and nothing is cleaned."""
-
-
-class Interrupting(QuietReporter):
-    """Acts after the Nth step is shown, which is after it was journaled: as the test seams do for real."""
-
-    def __init__(self, after: int, act) -> None:
-        super().__init__()
-        self.after, self.act, self.shown = after, act, 0
-
-    def step(self, text: str, *, ok: bool = True) -> None:
-        super().step(text, ok=ok)
-        self.shown += 1
-        if self.shown == self.after:
-            self.act()
 
 
 def snapshot_of(run: Run, catalog: Catalog):

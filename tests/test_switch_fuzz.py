@@ -38,7 +38,17 @@ from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneStateStore
 from lanectl.state.standby import StandbyStore
-from tests.switch_box import Box, FakeEngines, MemoryEngine, QuietReporter, repo_catalog, with_engine, with_lane
+from tests.switch_box import (
+    Box,
+    FakeEngines,
+    Interrupting,
+    Killed,
+    MemoryEngine,
+    QuietReporter,
+    repo_catalog,
+    with_engine,
+    with_lane,
+)
 
 LANES = ("demo-h1", "demo-h2", "demo-h2-8")
 STEPS_PER_EXAMPLE = 25
@@ -60,24 +70,6 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 INTERRUPTIONS = st.one_of(st.none(), st.tuples(st.sampled_from(["kill", "int", "int2", "operator-start"]),
                                                st.integers(1, 12), st.integers(0, 7)))
 How = tuple[str, int, int] | None
-
-
-class Killed(BaseException):
-    """kill -9: nothing after the step that was journaled runs, and nothing is cleaned up."""
-
-
-class Acting(QuietReporter):
-    """Does `act` once, after the Nth step is shown (journaled): as the test seams do for real."""
-
-    def __init__(self, after: int, act: Callable[[], None]) -> None:
-        super().__init__()
-        self.after, self.act, self.shown = after, act, 0
-
-    def step(self, text: str, *, ok: bool = True) -> None:
-        super().step(text, ok=ok)
-        self.shown += 1
-        if self.shown == self.after:
-            self.act()
 
 
 class CountingEngine(MemoryEngine):
@@ -186,7 +178,7 @@ class BoxMachine(RuleBasedStateMachine):
             else:
                 def act() -> None:
                     self._operator_starts_a_stopped_container(pick)
-            reporter = Acting(after, act)
+            reporter = Interrupting(after, act)
         self.last = None
         try:
             self.last = verb(self.switcher(reporter, interrupt))

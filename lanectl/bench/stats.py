@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from enum import StrEnum
 from statistics import NormalDist
 from typing import Generic, TypeVar
@@ -226,12 +226,18 @@ def f_quantile(p: float, d1: float, d2: float) -> float:
     """The x with P(F <= x) = p, by bisection on `f_cdf` (to 1e-12 of its size)."""
     if not 0 < p < 1 or d1 <= 0 or d2 <= 0:
         raise ValueError("f_quantile needs 0 < p < 1 and d1, d2 > 0")
+    return _positive_quantile(lambda x: f_cdf(x, d1, d2), p)
+
+
+def _positive_quantile(cdf: Callable[[float], float], p: float) -> float:
+    """The x >= 0 with cdf(x) = p, for an increasing cdf: bracketed by doubling, then bisected to 1e-12 of its
+    size."""
     low, high = 0.0, 1.0
-    while f_cdf(high, d1, d2) < p:
+    while cdf(high) < p:
         low, high = high, high * 2
     for _ in range(200):
         middle = (low + high) / 2
-        if f_cdf(middle, d1, d2) < p:
+        if cdf(middle) < p:
             low = middle
         else:
             high = middle
@@ -358,18 +364,7 @@ def t_quantile(p: float, df: float) -> float:
         raise ValueError("t_quantile needs 0 < p < 1 and df > 0")
     if p < 0.5:
         return -t_quantile(1 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        low, high = high, high * 2
-    for _ in range(200):
-        middle = (low + high) / 2
-        if t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-        if high - low <= 1e-12 * max(1.0, high):
-            break
-    return (low + high) / 2
+    return _positive_quantile(lambda x: t_cdf(x, df), p)
 
 
 # -- calibration ----------------------------------------------------------------------------------
