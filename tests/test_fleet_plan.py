@@ -12,12 +12,14 @@ from lanectl.errors import BadInput, OperationFailed
 from lanectl.fleet.plan import (
     choose_nodes,
     current_task,
+    gated_label,
     last_task_error,
     plan_service,
     service_drift,
     service_fields,
     service_labels,
     service_name,
+    spec_mark,
     task_problem,
     why_swarm_rolled_back,
 )
@@ -265,16 +267,31 @@ def service(lane: str, role: str, node_name: str, sid: str, **kw) -> ServiceStat
                         update_message="")
 
 
+def gated(name: str, services: list[ServiceState], **labels: str) -> NodeInfo:
+    """A node whose last passed gate saw `services` as they are."""
+    marks = {gated_label(s.name): spec_mark(s.spec) for s in services if s.node == name}
+    return node(name, labels={"gpu": "gb300", **labels, **marks})
+
+
 def test_fleet_status_is_healthy_only_when_every_node_is_up_and_every_lane_answers():
-    nodes = [node("s1"), node("s2", labels={"gpu": "gb300", LEASE_LABEL: "ops@s1 pid 7 @1"})]
     services = [service("f1", "primary", "s1", "a"), service("f1", "primary", "s2", "b")]
+    nodes = [gated("s1", services), gated("s2", services, **{LEASE_LABEL: "ops@s1 pid 7 @1"})]
     tasks = {"a": [task("running")], "b": [task("running")]}
     ok = summarize(nodes, services, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
     assert ok["healthy"] and ok["problems"] == []
     assert ok["nodes"][1]["lease"] == "ops@s1 pid 7 @1" and LEASE_LABEL not in ok["nodes"][1]["labels"]
+    assert ok["nodes"][1]["labels"] == {"gpu": "gb300"}, "the gated marks are not the node's own labels"
     assert [lane["lane"] for row in ok["nodes"] for lane in row["lanes"]] == ["f1", "f1"]
 
-    down = summarize([node("s1"), node("s2", state="down")], services, tasks, {"a": Probe(True, "200")})
+    changed = [services[0], service("f2", "primary", "s2", "b")]
+    ungated = summarize(nodes, changed, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
+    assert ungated["problems"] == ["s2: f2 primary changed since the node last passed its gate (r-primary-s2); "
+                                   "`lanectl up f2 --fleet` gates it"]
+    assert [lane["gated"] for row in ungated["nodes"] for lane in row["lanes"]] == [True, False]
+    never = summarize([node("s1"), nodes[1]], services, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
+    assert not never["healthy"], "a service no gate ever saw is not called serving"
+
+    down = summarize([nodes[0], node("s2", state="down")], services, tasks, {"a": Probe(True, "200")})
     assert not down["healthy"]
     assert down["problems"] == ["s2: node is down; its lanes (f1) cannot be reached"]
 

@@ -4,16 +4,20 @@ over an in-memory Swarm behind the interface of `dockerapi/swarm.py` (the real s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import OperationFailed
+from lanectl.fleet.plan import gated_label
 from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
+from lanectl.fleet.status import summarize
 from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
 from lanectl.lanes.interrupt import Interrupt
@@ -27,6 +31,10 @@ SECRETS = {"HF_TOKEN": "d1"}
 DRAINED = ("(EngineCore pid=7) INFO 12-03 10:16:21 [core.py:1452] [shutdown] EngineCore: draining in-flight requests "
            "count=2 timeout=105s\n(EngineCore pid=7) INFO 12-03 10:16:30 [core.py:1463] [shutdown] EngineCore: request "
            "processing complete; starting resource teardown\n")
+
+
+class Killed(BaseException):
+    """lanectl's process was killed (SIGKILL): nothing of the run happens after this point."""
 
 
 class FakeSwarm:
@@ -46,12 +54,31 @@ class FakeSwarm:
         self.stopped: set[str] = set()  # tasks an update stopped: their engine logged its drain
         self.started: dict[str, float] = {}  # service -> when its last update began (UNIX time, as Swarm says)
         self.clock = 1000.0
+        # A call ("update fleet-t-rtx-s2") -> what happens to lanectl right after Swarm took it (a kill, signals).
+        self.after_call: dict[str, Callable[[], None]] = {}
+
+    def kill_after(self, call: str) -> None:
+        def kill() -> None:
+            raise Killed(call)
+        self.after_call[call] = kill
+
 
     def nodes(self) -> list[NodeInfo]:
         return list(self.node_list)
 
     def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
         self.calls.append(f"lease {node.hostname}")
+
+    def record_gated(self, node: NodeInfo, marks: dict[str, str | None]) -> None:
+        self.calls.append(f"gated {node.hostname}")
+        index = next(i for i, n in enumerate(self.node_list) if n.id == node.id)
+        labels = dict(self.node_list[index].labels)
+        for service, mark in marks.items():
+            labels.pop(gated_label(service), None)
+            if mark is not None:
+                labels[gated_label(service)] = mark
+        self.node_list[index] = dataclasses.replace(self.node_list[index], labels=labels)
+        self._maybe_die(f"gated {node.hostname}")
 
     def release_lease(self, node: NodeInfo) -> None:
         self.calls.append(f"release {node.hostname}")
@@ -74,6 +101,7 @@ class FakeSwarm:
         self.calls.append(f"create {name}")
         self.specs[name], self.previous[name], self.states[name] = copy.deepcopy(spec), None, None
         self.task_list[name] = [self._task(name)]
+        self._maybe_die(f"create {name}")
         return str(name)
 
     def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
@@ -88,6 +116,7 @@ class FakeSwarm:
             self.previous[name], self.specs[name], self.states[name] = self.specs[name], copy.deepcopy(spec), \
                 "completed"
         self.task_list[name].append(self._task(name))
+        self._maybe_die(f"update {name}")
 
     def rollback_service(self, current: ServiceState) -> None:
         name = current.name
@@ -97,6 +126,7 @@ class FakeSwarm:
         self.specs[name], self.previous[name] = self.previous[name] or self.specs[name], self.specs[name]
         self.states[name] = "rollback_completed"
         self.task_list[name].append(self._task(name))
+        self._maybe_die(f"rollback {name}")
 
     def remove_service(self, service_id: str) -> None:
         self.calls.append(f"remove {service_id}")
@@ -118,6 +148,11 @@ class FakeSwarm:
         self.clock += 1
         return TaskInfo(id=f"{name}-{self.clock:.0f}", node_id="n", state=state, desired_state=desired, message="",
                         error=error, exit_code=None, created=f"{self.clock:09.0f}")
+
+    def _maybe_die(self, call: str) -> None:
+        then = self.after_call.pop(call, None)
+        if then is not None:
+            then()
 
     def _stop_task(self, name: str) -> None:
         self.stopped |= {t.id for t in self.task_list[name] if t.state == "running"}
@@ -169,7 +204,9 @@ def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=N
 
 
 def up(catalog, swarm: FakeSwarm, journal: Journal, lane: str, **kw):
-    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane(lane), canary="s2")
+    hosts = tuple(n.hostname for n in swarm.nodes())
+    nodes = hosts if len(hosts) == 1 else ()
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane(lane), canary="s2", nodes=nodes)
     return plan, rollout(catalog, swarm, journal, **kw).run(plan, why=f"up {lane} --fleet",
                                                           unfinished=journal.unfinished_intent())
 
@@ -377,3 +414,92 @@ def test_the_monitor_seam_shortens_only_swarms_watch_after_the_first_healthy_ans
         assert spec["RollbackConfig"] == {**planned["RollbackConfig"], "Monitor": 1_500_000_000}
         assert spec["TaskTemplate"] == planned["TaskTemplate"], "the health check is as planned"
     assert planned["UpdateConfig"]["Monitor"] != 1_500_000_000, "the plan itself is unchanged"
+
+
+# -- a node is gated before any run calls it serving ---------------------------------------------------------
+
+HANGS = passing_gate({("f1", "s2")})  # f1 answers /health on s2 but generates nothing (the issue's hp-hang)
+
+
+def fleet_healthy(swarm: FakeSwarm) -> bool:
+    """`fleet status`'s verdict from what Swarm shows (every task answers its probe)."""
+    services = swarm.lane_services()
+    return bool(summarize(swarm.nodes(), services, {s.id: swarm.tasks(s.id) for s in services}, {})["healthy"])
+
+
+def rollback_run(catalog, swarm: FakeSwarm, journal: Journal, **kw):
+    plan = plan_fleet_rollback(catalog, snapshot_of(swarm, journal), None)
+    return plan, rollout(catalog, swarm, journal, **kw).run(plan, why="rollback --fleet",
+                                                          unfinished=journal.unfinished_intent())
+
+
+@pytest.fixture
+def one_node() -> FakeSwarm:
+    return FakeSwarm(["s2"])
+
+
+def hang_left_behind_then_h2(catalog, swarm: FakeSwarm, journal: Journal) -> None:
+    """The issue's start: a killed `up f1` leaves f1 on both services before the node's gate; `up f2` then
+    serves and passes its gate, so `rollback --fleet` goes back to f1."""
+    up(catalog, swarm, journal, "f2")
+    swarm.kill_after("update fleet-t-rtx-s2")
+    with pytest.raises(Killed):
+        up(catalog, swarm, journal, "f1", gate=HANGS)
+    assert {swarm.lane_of(n) for n in swarm.specs} == {"f1"}
+    assert up(catalog, swarm, journal, "f2")[1].result == "ok"
+
+
+def test_a_rollback_interrupted_before_its_gate_leaves_a_node_that_up_gates_and_status_calls_degraded(
+        catalog, one_node, journal):
+    hang_left_behind_then_h2(catalog, one_node, journal)
+    back, outcome = rollback_run(catalog, one_node, journal, environ={SIGNAL_AFTER_STEP_ENV: "2:INT"})
+    assert back.lane == "f1" and outcome.result == "interrupted"
+    assert list(outcome.steps) == ["service-rollback:fleet-t-primary-s2", "service-rollback:fleet-t-rtx-s2"]
+    assert not fleet_healthy(one_node), "f1 was never gated on s2"
+    plan, again = up(catalog, one_node, journal, "f1", gate=HANGS)
+    assert plan.keys == ["node-gate:fleet-t-primary-s2"]
+    assert again.result == "failed" and again.exit_code == 1, again.message
+    assert again.nodes[0].result == "failed"
+
+
+def test_a_rollback_killed_during_its_companion_step_is_continued_with_the_gate(catalog, one_node, journal):
+    hang_left_behind_then_h2(catalog, one_node, journal)
+    one_node.kill_after("rollback fleet-t-rtx-s2")
+    with pytest.raises(Killed):
+        rollback_run(catalog, one_node, journal, gate=HANGS)
+    assert not fleet_healthy(one_node)
+    assert plan_fleet_up(catalog, snapshot_of(one_node, journal), catalog.lane("f1"), nodes=("s2",)).keys == [
+        "node-gate:fleet-t-primary-s2"]
+    back, again = rollback_run(catalog, one_node, journal, gate=HANGS)
+    assert back.keys == ["node-gate:fleet-t-primary-s2"], "the rollback it continues has only its gate left"
+    assert again.result == "failed", again.message
+
+
+@pytest.mark.parametrize("stop", ["kill", "two signals"])
+def test_an_up_stopped_during_its_only_service_update_plans_the_gate_it_skipped(
+        catalog, one_node, journal, write_recipe, stop):
+    up(catalog, one_node, journal, "f1")
+    write_recipe(RECIPE.replace("ports: [{container: 8001, host: 18001}]", "ports: [{container: 8001, host: 18003}]"))
+    changed = load_catalog(Project.locate())
+    interrupt = Interrupt()
+    if stop == "kill":
+        one_node.kill_after("update fleet-t-rtx-s2")
+    else:
+        def two_signals() -> None:
+            interrupt.arrived(signal.SIGINT)
+            interrupt.arrived(signal.SIGINT)
+        one_node.after_call["update fleet-t-rtx-s2"] = two_signals
+    plan = plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1"))
+    assert plan.keys == ["service-update:fleet-t-rtx-s2", "node-gate:fleet-t-primary-s2"]
+    if stop == "kill":
+        with pytest.raises(Killed):
+            rollout(changed, one_node, journal, interrupt=interrupt).run(plan, why="up")
+    else:
+        assert rollout(changed, one_node, journal, interrupt=interrupt).run(plan, why="up").result == "aborted"
+    # Swarm finished the update on its own; the dry run must still show the gate.
+    rest = plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1"))
+    assert plan_data(rest)["keys"] == ["node-gate:fleet-t-primary-s2"]
+    assert not fleet_healthy(one_node)
+    outcome = rollout(changed, one_node, journal).run(rest, why="up", unfinished=journal.unfinished_intent())
+    assert outcome.result == "ok" and fleet_healthy(one_node)
+    assert plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1")).kind == "noop"

@@ -14,7 +14,7 @@ from typing import Any
 
 from lanectl.dockerapi.containers import DockerEngine, docker_epoch
 from lanectl.dockerapi.engine_api import EngineAPI, EngineError, NotFound, filters
-from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, LEASE_LABEL
+from lanectl.dockerapi.labels import FLEET_LABEL, GATED_LABEL_PREFIX, LABEL_PREFIX, LEASE_LABEL
 from lanectl.errors import OperationFailed
 from lanectl.records import frozen
 
@@ -136,6 +136,17 @@ class SwarmEngine(DockerEngine):
                 self._update_node_labels(raw, labels)
         except (EngineError, OperationFailed):
             pass  # a node that went away keeps a stale lease; the next run takes it over
+
+    def record_gated(self, node: NodeInfo, marks: Mapping[str, str | None]) -> None:
+        """Note on `node`, per service, the mark of the spec its gate just passed (None: forget the service)."""
+        raw = self._inspect_node(node.id)
+        labels = dict(raw["Spec"].get("Labels") or {})
+        for service, mark in marks.items():
+            if mark is None:
+                labels.pop(GATED_LABEL_PREFIX + service, None)
+            else:
+                labels[GATED_LABEL_PREFIX + service] = mark
+        self._update_node_labels(raw, labels)
 
     def _inspect_node(self, node_id: str) -> dict[str, Any]:
         return dict(self.api.get(self.api.url("/nodes/{}", node_id)))

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerSpec
-from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
-from lanectl.dockerapi.swarm import NodeInfo, TaskInfo
+from lanectl.dockerapi.labels import FLEET_LABEL, GATED_LABEL_PREFIX, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health.engine_exit import exit_code_text
 from lanectl.image.containers import spec_changes, spec_digest, spec_fields
@@ -266,11 +266,33 @@ def service_drift(labels: Mapping[str, str], lane: Lane, fields: Mapping[str, An
     return changes + [c for c in spec_changes(recorded, fields) if c not in changes]
 
 
+# -- the last gated state of each service ---------------------------------------------------------------
+
+def gated_label(service: str) -> str:
+    """The node label that holds the mark of `service`'s spec as the node's last passed gate saw it."""
+    return GATED_LABEL_PREFIX + service
+
+
+def spec_mark(spec: Mapping[str, Any]) -> str:
+    """A short digest of a service's whole spec as Swarm holds it: any update, by lanectl, by Swarm's own
+    rollback or by hand, changes it; Swarm's rollback to a spec restores that spec's mark."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def ungated_services(node: NodeInfo, services: Sequence[ServiceState]) -> list[str]:
+    """Those of `services` whose spec is not the one `node`'s last passed gate saw: changed since (an update
+    lanectl began and Swarm finished, a rollback, an edit by hand), or never gated at all."""
+    return [s.name for s in services if node.labels.get(gated_label(s.name)) != spec_mark(s.spec)]
+
+
 # -- what Swarm reports --------------------------------------------------------------------------------
 
 UPDATE_DONE = "completed"
 ROLLED_BACK = "rollback_completed"
 UPDATE_FAILED_STATES = ("paused", "rollback_paused", ROLLED_BACK)
+# Swarm is still replacing the service's task (an update or rollback a killed lanectl began, or one by hand).
+UPDATE_IN_PROGRESS = ("updating", "rollback_started")
 
 
 def current_task(tasks: Sequence[TaskInfo]) -> TaskInfo | None:

@@ -31,9 +31,11 @@ from lanectl.fleet.plan import (
     SECOND_NS,
     UPDATE_DONE,
     UPDATE_FAILED_STATES,
+    UPDATE_IN_PROGRESS,
     NodeInfo,
     current_task,
     service_name,
+    spec_mark,
     task_problem,
     why_swarm_rolled_back,
 )
@@ -346,6 +348,7 @@ class FleetRollout:
             return self._rollback(run, lane, step)
         if step.action == "service-remove":
             self.swarm.remove_service(step.container)
+            self.swarm.record_gated(node, {step.container: None})
             return "removed"
         if step.action == "node-gate":
             return self._gate(lane, node, step)
@@ -397,6 +400,11 @@ class FleetRollout:
         service = self.swarm.service(step.container)
         if service is None:
             raise StepFailed(f"service {step.container} is gone", check="swarm")
+        problem = self._wait_settled(lane, node, step.key)
+        if problem is not None:
+            raise StepFailed(problem, check="swarm")
+        # The marks are taken before the gate: a service changed while the gate ran is not called gated.
+        marks = self._marks(lane, node)
         result = self.gate(self.swarm, lane, node, service.id, self.reporter, self.interrupt.pending)
         if result.failed_check == INTERRUPTED:
             raise GateInterrupted(result.detail)
@@ -404,7 +412,17 @@ class FleetRollout:
             raise StepFailed(f"failed its health gate ({result.failed_check}): {result.detail}",
                              check=result.failed_check or "gate", exit_code=result.exit_code,
                              log_tail=[line for line in result.log_tail if not PROBE_ACCESS_LINE.search(line)][-30:])
+        self.swarm.record_gated(node, marks)
         return "; ".join(("passed", *result.companions))
+
+    def _marks(self, lane: Lane, node: NodeInfo) -> dict[str, str | None]:
+        """Each of the lane's services on `node` by the mark of its spec now; a role without one, None."""
+        marks: dict[str, str | None] = {}
+        for role in lane.roles:
+            name = service_name(lane, role, node.hostname)
+            service = self.swarm.service(name)
+            marks[name] = None if service is None else spec_mark(service.spec)
+        return marks
 
     def _done(self, run: _Run, step: Step, detail: str, facts: dict[str, Any], *, ok: bool = True) -> None:
         """Journal a step that ran, show it, and honour the test seams."""
@@ -429,6 +447,9 @@ class FleetRollout:
                             log_tail=diagnostics["log_tail"])
         if failure.check in ("lease", "node"):
             run.results[host] = NodeOutcome(host, "failed", f"left as it was: {failure}")
+        elif host not in run.changed:
+            run.results[host] = NodeOutcome(host, "failed", f"does not serve, and this run changed nothing there "
+                                            f"to put back: {failure}")
         for phase in plan.way_back:
             back_host = phase.steps[0].node
             changed = run.changed.get(back_host)
@@ -544,6 +565,27 @@ class FleetRollout:
                 last = now
             time.sleep(self.poll_seconds)
         return f"Swarm did not finish within {self._budget_seconds(lane):.0f} s (last: {last})"
+
+    def _wait_settled(self, lane: Lane, node: NodeInfo, step: str) -> str | None:
+        """Until Swarm has finished every update of the lane's services on `node` (one a killed run began goes
+        on without it): a gate that ran meanwhile could pass on the task being replaced."""
+        deadline = time.monotonic() + self._budget_seconds(lane)
+        names = [service_name(lane, role, node.hostname) for role in lane.roles]
+        last = ""
+        while time.monotonic() < deadline:
+            busy = [s for n in names if (s := self.swarm.service(n)) is not None
+                    and s.update_state in UPDATE_IN_PROGRESS]
+            if not busy:
+                return None
+            if self.interrupt.pending():
+                raise GateInterrupted(f"Swarm was still updating {busy[0].name}")
+            now = f"  {step}: Swarm is still updating {', '.join(s.name for s in busy)}"
+            if now != last:
+                self.reporter.step(now)
+                last = now
+            self.interrupt.sleep(self.poll_seconds)
+        return f"Swarm did not finish updating the services on {node.hostname} within " \
+               f"{self._budget_seconds(lane):.0f} s"
 
     def _wait_created(self, lane: Lane, service_id: str, step: str) -> str | None:
         """A new service has no previous spec to roll back to: its first task must reach running."""

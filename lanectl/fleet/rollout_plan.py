@@ -27,6 +27,7 @@ from lanectl.fleet.plan import (
     service_fields,
     service_name,
     task_problem,
+    ungated_services,
 )
 from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
@@ -117,12 +118,12 @@ def plan_fleet_up(catalog: Catalog, snapshot: FleetSnapshot, lane: Lane, *, node
             steps.append(step)
             back.insert(0, _undo_step(catalog, lane, node, step, current))
         primary = service_name(lane, ROLE_PRIMARY, node.hostname)
-        names = [service_name(lane, c.role, node.hostname) for c in containers]
-        if not steps and not _ungated(snapshot, lane, names, primary):
+        if not steps and not _ungated(snapshot, lane, node):
             continue
         steps.append(Step("node-gate", lane.name, primary, ROLE_PRIMARY, gate_seconds(lane), node=node.hostname))
         phases.append(Phase(tuple(steps)))
-        way_back.insert(0, Phase(tuple(back) + _restored_gate(catalog, node, back)))
+        if back:  # a node only gated (its services were already as the recipe says) has nothing to put back
+            way_back.insert(0, Phase(tuple(back) + _restored_gate(catalog, node, back)))
     hosts = ", ".join(n.hostname for n in order)
     kind: Kind = "rollback" if rollback else "up"
     if not phases:
@@ -132,16 +133,14 @@ def plan_fleet_up(catalog: Catalog, snapshot: FleetSnapshot, lane: Lane, *, node
                 notes=tuple(notes), with_gpus=with_gpus, budget_seconds=gate_seconds(lane))
 
 
-def _ungated(snapshot: FleetSnapshot, lane: Lane, services: list[str], gate: str) -> bool:
-    """Whether an interrupted rollout of `lane` changed these services of a node and stopped before the node's
-    gate: a service Swarm updated is no proof that the node serves, so the rollout that continues it gates it."""
-    intent = snapshot.unfinished
-    if intent is None or intent.get("action") != FLEET_UP or intent.get("to") != lane.name:
-        return False
-    done = {str(key) for key in intent.get("done_steps") or []}
-    if f"node-gate:{gate}" in done or f"node-gate:{gate}" not in (intent.get("steps") or []):
-        return False
-    return any(f"{action}:{name}" in done for action in ("service-create", "service-update") for name in services)
+def _ungated(snapshot: FleetSnapshot, lane: Lane, node: NodeInfo) -> bool:
+    """Whether any of the recipe's services on `node` differs from what the node's last passed gate saw.
+
+    Decided from the services as they are, never from the journal: an update Swarm finished after lanectl
+    died, a rollback interrupted before its gate, or an edit by hand all leave a node that no gate has seen
+    serve. A service Swarm updated is no proof that the node serves, so the rollout gates it."""
+    mine = [s for s in snapshot.services if s.recipe == lane.recipe.id and s.node == node.hostname]
+    return bool(ungated_services(node, mine))
 
 
 def _service_step(lane: Lane, node: NodeInfo, container: ContainerSpec, wanted: dict[str, Any],
@@ -194,6 +193,11 @@ def plan_fleet_rollback(catalog: Catalog, snapshot: FleetSnapshot, to: Lane | No
     if to is not None:
         on = tuple(nodes) or tuple(sorted({s.node for s in services if s.recipe == to.recipe.id}))
         return plan_fleet_up(catalog, snapshot, to, nodes=on, canary=canary, with_gpus=with_gpus, rollback=True)
+    if (snapshot.unfinished or {}).get("action") == FLEET_ROLLBACK:
+        rest = _rest_of_rollback(catalog, snapshot, snapshot.unfinished or {}, nodes=nodes, canary=canary,
+                                 with_gpus=with_gpus)
+        if rest is not None:
+            return rest
     interrupted = snapshot.unfinished if (snapshot.unfinished or {}).get("action") == FLEET_UP else None
     primaries = [s for s in services if s.role == ROLE_PRIMARY and s.update_state == UPDATE_DONE
                  and s.previous_spec and (not nodes or s.node in nodes)
@@ -224,6 +228,38 @@ def plan_fleet_rollback(catalog: Catalog, snapshot: FleetSnapshot, to: Lane | No
         steps.append(Step("node-gate", target.name, primary, ROLE_PRIMARY, gate_seconds(target), node=host))
         phases.append(Phase(tuple(steps)))
     return Plan("rollback", target.name, primaries[0].lane, tuple(phases), with_gpus=with_gpus,
+                budget_seconds=gate_seconds(target))
+
+
+def _rest_of_rollback(catalog: Catalog, snapshot: FleetSnapshot, intent: Mapping[str, Any], *,
+                      nodes: tuple[str, ...], canary: str | None, with_gpus: bool) -> Plan | None:
+    """What an interrupted or killed `rollback --fleet` left undone, decided from what the services are: on each
+    node it named, every service that has not gone back yet goes back, and the node is gated unless its
+    services are the ones its last passed gate saw."""
+    target = catalog.lanes.get(str(intent.get("to")))
+    if target is None:
+        return None
+    refuse_foreign(snapshot, target)
+    named = {str(key).partition(":")[2] for key in intent.get("steps") or []}
+    hosts = sorted({s.node for s in snapshot.services if s.name in named and (not nodes or s.node in nodes)},
+                   key=lambda h: (h != canary, h))
+    by_host = {n.hostname: n for n in snapshot.nodes}
+    phases = []
+    for host in hosts:
+        mine = sorted((s for s in snapshot.services if s.node == host and s.recipe == target.recipe.id),
+                      key=lambda s: s.role != ROLE_PRIMARY)
+        steps = [Step("service-rollback", target.name, s.name, s.role, gate_seconds(target), node=host)
+                 for s in mine if s.lane != target.name and s.previous_lane == target.name
+                 and s.update_state == UPDATE_DONE]
+        if not steps and host in by_host and not _ungated(snapshot, target, by_host[host]):
+            continue
+        primary = service_name(target, ROLE_PRIMARY, host)
+        steps.append(Step("node-gate", target.name, primary, ROLE_PRIMARY, gate_seconds(target), node=host))
+        phases.append(Phase(tuple(steps)))
+    if not phases:
+        return Plan("noop", target.name, message=f"the rollback to {target.name} is done and gated on "
+                    f"{', '.join(hosts) or 'its nodes'}; nothing to do", with_gpus=with_gpus)
+    return Plan("rollback", target.name, intent.get("from"), tuple(phases), with_gpus=with_gpus,
                 budget_seconds=gate_seconds(target))
 
 

@@ -12,9 +12,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lanectl.dockerapi.labels import LEASE_LABEL, SPEC_FIELDS_LABEL
+from lanectl.dockerapi.labels import GATED_LABEL_PREFIX, LEASE_LABEL, SPEC_FIELDS_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
-from lanectl.fleet.plan import current_task, service_drift, service_fields, task_problem
+from lanectl.fleet.plan import current_task, service_drift, service_fields, task_problem, ungated_services
 from lanectl.fleet.rollout_plan import fleet_containers
 from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -42,7 +42,9 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
     known = {n.hostname for n in nodes}
     for node in sorted(nodes, key=lambda n: n.hostname):
         lanes = []
-        for service in sorted((s for s in services if s.node == node.hostname), key=lambda s: (s.recipe, s.role)):
+        placed = [s for s in services if s.node == node.hostname]
+        ungated = set(ungated_services(node, placed))
+        for service in sorted(placed, key=lambda s: (s.recipe, s.role)):
             service_tasks = tasks.get(service.id, [])
             task = current_task(service_tasks)
             problem = task_problem(service_tasks)
@@ -58,17 +60,24 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
                 "previous_lane": service.previous_lane,
                 "health": None if probe is None else ("ok" if probe.ok else probe.detail),
                 "serving": serving,
+                "gated": service.name not in ungated,
                 "drift": list((drift or {}).get(service.id, [])),
             }
             lanes.append(entry)
-            if node.state == "ready" and not serving:
+            if node.state != "ready":
+                continue
+            if not serving:
                 why = problem or (probe.detail if probe and not probe.ok else f"task {entry['task']}")
                 problems.append(f"{node.hostname}: {service.lane} {service.role} is not serving ({why})")
+            elif service.name in ungated:
+                # A task that answers /health may still generate nothing: only the node's gate says it serves.
+                problems.append(f"{node.hostname}: {service.lane} {service.role} changed since the node last passed "
+                                f"its gate ({service.name}); `lanectl up {service.lane} --fleet` gates it")
         if node.state != "ready":
             unreachable = ", ".join(sorted({str(e["lane"]) for e in lanes}))
             problems.append(f"{node.hostname}: node is {node.state}" + (
                 f"; its lanes ({unreachable}) cannot be reached" if lanes else ""))
-        labels = {k: v for k, v in node.labels.items() if k != LEASE_LABEL}
+        labels = {k: v for k, v in node.labels.items() if k != LEASE_LABEL and not k.startswith(GATED_LABEL_PREFIX)}
         rows.append({
             "hostname": node.hostname, "state": node.state, "availability": node.availability, "role": node.role,
             "addr": node.addr, "engine": node.engine_version, "gpus": node.gpus, "labels": labels,
