@@ -1,0 +1,268 @@
+"""The fleet's promises under any interleaving of the operator's and the world's moves, over the in-memory Swarm.
+
+A Hypothesis state machine: its rules are `up --fleet` and `rollback --fleet` (run whole, interrupted after step k
+by one or two signals, or killed right after any call Swarm took), Swarm finishing or rolling back an update on its
+own after lanectl died, recipe edits (a port moved, a companion removed) and a dead run's lease expiring. After
+every rule: no run ends ok (or noop) for a node whose services changed since a gate last saw them serve, and
+`fleet status` never calls such a node healthy. A failure prints the shrunk sequence of rules.
+
+CI runs a bounded, derandomized search (over 2,000 steps); `HYPOTHESIS_PROFILE=long` (`make fuzz`) searches far
+longer with fresh randomness.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState
+from lanectl.errors import BadInput, OperationFailed
+from lanectl.fleet.plan import spec_mark
+from lanectl.fleet.rollout import FleetRollout
+from lanectl.fleet.rollout_plan import FleetSnapshot, plan_fleet_rollback, plan_fleet_up
+from lanectl.fleet.status import summarize
+from lanectl.health.gate import GateResult
+from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
+from lanectl.lanes.plan import Plan
+from lanectl.project import Project
+from lanectl.recipe.catalog import Catalog, load_catalog
+from lanectl.state.journal import Journal
+from tests.conftest import REPO
+from tests.test_fleet_plan import RECIPE
+from tests.test_fleet_rollout import PUSHED, SECRETS, FakeSwarm, Killed, Reporter
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=120, stateful_step_count=20,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+settings.register_profile("long", deadline=None, max_examples=5000, stateful_step_count=40, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+HOSTS = ["s1", "s2"]
+FUZZ_PUSHED = {**PUSHED, "hang": "reg:5000/fleet-t@sha256:" + "3" * 64}
+GOOD = {"f1", "f2"}  # `hang` answers /health and generates nothing: its gate never passes
+LANES = ["f1", "f2", "hang"]
+FUZZ_RECIPE = RECIPE.replace("lanes:\n  f1: {}\n", "lanes:\n  f1: {}\n  hang: {}\n")
+EDITS = {
+    "as-written": FUZZ_RECIPE,
+    "rtx-port-moved": FUZZ_RECIPE.replace("ports: [{container: 8001, host: 18001}]",
+                                          "ports: [{container: 8001, host: 18003}]"),
+    "rtx-removed": FUZZ_RECIPE.replace("""  companions:
+    rtx:
+      engine:
+        args: [/model, --port, "8001"]
+        ports: [{container: 8001, host: 18001}]
+""", "").replace("""    companions:
+      rtx:
+        engine:
+          ports: [{container: 8001, host: 19001}]
+""", ""),
+}
+# Where lanectl dies or is signalled: "kill" right after the n-th call Swarm took; "INT"/"INT,INT" after step k.
+STOPS = st.one_of(st.just(("none", 0)), st.tuples(st.sampled_from(["INT", "INT,INT", "kill", "kill-mid-update"]),
+                                                  st.integers(1, 8)))
+
+
+def load_edits(root: Path) -> dict[str, Catalog]:
+    for part in ("images", "kernels", "patches"):
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    catalogs = {}
+    for name, text in EDITS.items():
+        assert text != FUZZ_RECIPE or name == "as-written", f"the edit {name} changed nothing"
+        (root / "recipes").mkdir(exist_ok=True)
+        (root / "recipes" / "r.yaml").write_text(text.lstrip("\n"))
+        cwd = Path.cwd()
+        os.chdir(root)
+        try:
+            catalogs[name] = load_catalog(Project.locate())
+        finally:
+            os.chdir(cwd)
+    return catalogs
+
+
+class FuzzSwarm(FakeSwarm):
+    """The in-memory Swarm, able to kill lanectl after the n-th call it takes and, for an update, to go on
+    without it: the update then finishes, or is rolled back by Swarm, a few looks later (or at `settle`)."""
+
+    def __init__(self) -> None:
+        super().__init__(HOSTS)
+        self.kill_at: int | None = None
+        self.mid_update = False
+        self.taken = 0
+        self.unsettled: dict[str, tuple[int, bool, dict[str, Any], dict[str, Any] | None]] = {}
+
+    def _maybe_die(self, call: str) -> None:
+        self.taken += 1
+        if self.kill_at is not None and self.taken >= self.kill_at:
+            self.kill_at = None
+            raise Killed(call)
+
+    def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
+        if not (self.mid_update and self.kill_at is not None and self.taken + 1 >= self.kill_at):
+            return super().update_service(current, spec, environ)
+        # Killed while Swarm replaces the task: the spec is the new one, its task not started yet.
+        name = current.name
+        self.calls.append(f"update {name}")
+        self.unsettled[name] = (3, self.rolls_back, self.specs[name], self.previous[name])
+        self.previous[name], self.specs[name], self.states[name] = self.specs[name], spec, "updating"
+        self._stop_task(name)
+        self._maybe_die(f"update {name}")
+
+    rolls_back = False
+
+    def service(self, service_id: str) -> ServiceState | None:
+        if service_id in self.unsettled:
+            looks, back, old, previous = self.unsettled[service_id]
+            if looks <= 0:
+                self.settle(service_id)
+            else:
+                self.unsettled[service_id] = (looks - 1, back, old, previous)
+        return super().service(service_id)
+
+    def settle(self, name: str) -> None:
+        _, back, old, previous = self.unsettled.pop(name)
+        if name not in self.specs:
+            return
+        if back:  # the new task failed Swarm's health check
+            self.specs[name], self.previous[name], self.states[name] = old, previous, "rollback_completed"
+        else:
+            self.states[name] = "completed"
+        self.task_list[name].append(self._task(name))
+
+
+def marks_on(swarm: FuzzSwarm, host: str) -> dict[str, str]:
+    return {s.name: spec_mark(s.spec) for s in swarm.lane_services() if s.node == host}
+
+
+class FleetMachine(RuleBasedStateMachine):
+    catalogs: dict[str, Catalog] = {}
+    folder: Path = Path()
+    steps = 0  # rules run, over every example
+    results: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swarm = FuzzSwarm()
+        handle, path = tempfile.mkstemp(suffix=".jsonl", dir=self.folder)
+        os.close(handle)
+        os.unlink(path)
+        self.journal = Journal(Path(path))
+        self.catalog = self.catalogs["as-written"]
+        self.gated: dict[str, dict[str, str]] = {h: {} for h in HOSTS}  # host -> marks its last passed gate saw
+
+    # -- the world's truth ------------------------------------------------------------------------------
+
+    def gate(self, swarm: Any, lane: Any, node: NodeInfo, service_id: str, reporter: Any,
+             interrupted: Any = lambda: None) -> GateResult:
+        """The node serves when its primary runs the gated lane and every service there runs a lane that
+        generates, each on a running task."""
+        placed = [s for s in self.swarm.lane_services() if s.node == node.hostname]
+        primary = [s for s in placed if s.role == "primary"]
+        running = all(any(t.state == "running" for t in self.swarm.tasks(s.id)) for s in placed)
+        serves = bool(primary) and primary[0].lane == lane.name and running and all(
+            s.lane in GOOD and s.update_state not in ("updating", "rollback_started") for s in placed)
+        if serves:
+            self.gated[node.hostname] = marks_on(self.swarm, node.hostname)
+        return GateResult(serves, None if serves else "generation", "" if serves else "no tokens", 0.0, (), ())
+
+    def ungated_hosts(self) -> list[str]:
+        """Nodes with a service whose spec no passed gate saw."""
+        return [h for h in HOSTS if any(self.gated[h].get(name) != mark for name, mark in marks_on(
+            self.swarm, h).items())]
+
+    # -- running lanectl -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> FleetSnapshot:
+        services = tuple(self.swarm.lane_services())
+        return FleetSnapshot(nodes=tuple(self.swarm.nodes()), services=services,
+                             tasks={s.id: tuple(self.swarm.tasks(s.id)) for s in services},
+                             service_names=tuple(self.swarm.service_names()), pushed=FUZZ_PUSHED,
+                             secret_digests=SECRETS, unfinished=self.journal.unfinished_intent())
+
+    def run(self, plan: Plan, why: str, stop: tuple[str, int]) -> str:
+        how, when = stop
+        environ = {}
+        if how in ("INT", "INT,INT"):
+            environ[SIGNAL_AFTER_STEP_ENV] = ",".join(f"{when}:{name}" for name in how.split(","))
+        elif how.startswith("kill"):
+            self.swarm.kill_at = self.swarm.taken + when
+            self.swarm.mid_update = how == "kill-mid-update"
+        rollout = FleetRollout(self.catalog, self.swarm, self.journal, reporter=Reporter(),  # type: ignore[arg-type]
+                               environ=environ, gate=self.gate, in_flight=lambda *_: None, poll_seconds=0)
+        try:
+            outcome = rollout.run(plan, why=why, unfinished=self.journal.unfinished_intent())
+        except Killed:
+            FleetMachine.results["killed"] = FleetMachine.results.get("killed", 0) + 1
+            return "killed"
+        finally:
+            self.swarm.kill_at = None
+            self.swarm.mid_update = False
+        FleetMachine.results[outcome.result] = FleetMachine.results.get(outcome.result, 0) + 1
+        return outcome.result
+
+    def check_ended(self, result: str, hosts: list[str], what: str) -> None:
+        if result in ("ok", "noop"):
+            stale = [h for h in hosts if h in self.ungated_hosts()]
+            assert not stale, f"{what} ended {result} while {stale} changed since a gate last saw them serve"
+
+    @rule(lane=st.sampled_from(LANES), stop=STOPS, rolls_back=st.booleans())
+    def up(self, lane: str, stop: tuple[str, int], rolls_back: bool) -> None:
+        self.swarm.rolls_back = rolls_back
+        try:
+            plan = plan_fleet_up(self.catalog, self.snapshot(), self.catalog.lane(lane))
+        except (BadInput, OperationFailed):
+            return
+        result = self.run(plan, f"up {lane} --fleet", stop)
+        self.check_ended(result, HOSTS, f"up {lane} --fleet")
+
+    @rule(stop=STOPS, rolls_back=st.booleans())
+    def rollback(self, stop: tuple[str, int], rolls_back: bool) -> None:
+        self.swarm.rolls_back = rolls_back
+        try:
+            plan = plan_fleet_rollback(self.catalog, self.snapshot(), None)
+        except (BadInput, OperationFailed):
+            return
+        hosts = sorted({s.node for s in plan.steps})
+        result = self.run(plan, "rollback --fleet", stop)
+        self.check_ended(result, hosts, "rollback --fleet")
+
+    @precondition(lambda self: bool(self.swarm.unsettled))
+    @rule()
+    def swarm_settles(self) -> None:
+        for name in list(self.swarm.unsettled):
+            self.swarm.settle(name)
+
+    @rule(edit=st.sampled_from(sorted(EDITS)))
+    def edit_recipe(self, edit: str) -> None:
+        self.catalog = self.catalogs[edit]
+
+    @invariant()
+    def status_never_calls_an_ungated_node_healthy(self) -> None:
+        FleetMachine.steps += 1
+        services = self.swarm.lane_services()
+        seen = summarize(self.swarm.nodes(), services, {s.id: self.swarm.tasks(s.id) for s in services}, {})
+        if seen["healthy"]:
+            assert not self.ungated_hosts(), f"fleet status healthy while {self.ungated_hosts()} were not gated"
+
+
+@pytest.fixture(scope="module")
+def catalogs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Catalog]:
+    return load_edits(tmp_path_factory.mktemp("fuzz-project"))
+
+
+def test_fuzz_the_fleet_never_says_ok_for_a_node_it_did_not_gate(catalogs: dict[str, Catalog]) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="lanectl-fleet-fuzz-", dir="/dev/shm" if Path("/dev/shm").is_dir()
+                                   else None))
+    FleetMachine.catalogs, FleetMachine.folder = catalogs, folder
+    try:
+        run_state_machine_as_test(FleetMachine, settings=PROFILE)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"fleet fuzz: {FleetMachine.steps} steps; run results {FleetMachine.results}")
