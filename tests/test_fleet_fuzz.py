@@ -23,8 +23,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+from lanectl.dockerapi.labels import LEASE_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState
 from lanectl.errors import BadInput, OperationFailed
+from lanectl.fleet.node_lease import (
+    LEGACY_LEASE_SECONDS,
+    NodeLease,
+    closed_switches,
+    pid_alive,
+    read_lease,
+    why_left_behind,
+)
 from lanectl.fleet.plan import spec_mark
 from lanectl.fleet.rollout import FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_fleet_rollback, plan_fleet_up
@@ -34,7 +43,7 @@ from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
 from lanectl.lanes.plan import Plan
 from lanectl.project import Project
 from lanectl.recipe.catalog import Catalog, load_catalog
-from lanectl.state.journal import Journal
+from lanectl.state.journal import Journal, current_user_at_host
 from tests.conftest import REPO
 from tests.test_fleet_plan import RECIPE
 from tests.test_fleet_rollout import PUSHED, SECRETS, FakeSwarm, Killed, Reporter
@@ -102,6 +111,7 @@ class FuzzSwarm(FakeSwarm):
         self.taken += 1
         if self.kill_at is not None and self.taken >= self.kill_at:
             self.kill_at = None
+            self.dead = True
             raise Killed(call)
 
     def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
@@ -156,6 +166,7 @@ class FleetMachine(RuleBasedStateMachine):
         self.journal = Journal(Path(path))
         self.catalog = self.catalogs["as-written"]
         self.gated: dict[str, dict[str, str]] = {h: {} for h in HOSTS}  # host -> marks its last passed gate saw
+        self.now = 1_000_000.0  # the clock leases are judged by
 
     # -- the world's truth ------------------------------------------------------------------------------
 
@@ -194,8 +205,10 @@ class FleetMachine(RuleBasedStateMachine):
         elif how.startswith("kill"):
             self.swarm.kill_at = self.swarm.taken + when
             self.swarm.mid_update = how == "kill-mid-update"
+        self.swarm.dead = False
         rollout = FleetRollout(self.catalog, self.swarm, self.journal, reporter=Reporter(),  # type: ignore[arg-type]
-                               environ=environ, gate=self.gate, in_flight=lambda *_: None, poll_seconds=0)
+                               environ=environ, gate=self.gate, in_flight=lambda *_: None, poll_seconds=0,
+                               clock=lambda: self.now)
         try:
             outcome = rollout.run(plan, why=why, unfinished=self.journal.unfinished_intent())
         except Killed:
@@ -243,11 +256,37 @@ class FleetMachine(RuleBasedStateMachine):
     def edit_recipe(self, edit: str) -> None:
         self.catalog = self.catalogs[edit]
 
+    @rule(host=st.sampled_from(HOSTS))
+    def another_manager_takes_a_lease(self, host: str) -> None:
+        lease = NodeLease("ops@other-manager", 4242, "f" * 32, self.now, 600)
+        self.swarm._label(f"id-{host}", LEASE_LABEL, lease.label())
+
+    @rule()
+    def leases_expire(self) -> None:
+        self.now += 3601
+
+    def leases_left(self) -> dict[str, str]:
+        """As `fleet status` judges each node's lease, by this machine's clock."""
+        closed = closed_switches(self.journal.read().records)
+        host = current_user_at_host().rpartition("@")[2]
+        left = {}
+        for node in self.swarm.nodes():
+            held = node.labels.get(LEASE_LABEL)
+            why = held and why_left_behind(read_lease(held), now=self.now, host=host, pid_alive=pid_alive,
+                                           switch_closed=closed.__contains__, term_seconds=LEGACY_LEASE_SECONDS)
+            if why:
+                left[node.hostname] = why
+        return left
+
     @invariant()
     def status_never_calls_an_ungated_node_healthy(self) -> None:
         FleetMachine.steps += 1
         services = self.swarm.lane_services()
-        seen = summarize(self.swarm.nodes(), services, {s.id: self.swarm.tasks(s.id) for s in services}, {})
+        seen = summarize(self.swarm.nodes(), services, {s.id: self.swarm.tasks(s.id) for s in services}, {},
+                         leases_left=self.leases_left())
+        mine = f" pid {os.getpid()} "
+        killed_here = [n.hostname for n in self.swarm.nodes() if mine in n.labels.get(LEASE_LABEL, "")]
+        assert not (seen["healthy"] and killed_here), f"a killed run's lease on {killed_here} is called healthy"
         if seen["healthy"]:
             assert not self.ungated_hosts(), f"fleet status healthy while {self.ungated_hosts()} were not gated"
 

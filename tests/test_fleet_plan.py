@@ -9,6 +9,7 @@ import pytest
 from lanectl.dockerapi.labels import LEASE_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
+from lanectl.fleet.node_lease import NodeLease, read_lease, why_left_behind
 from lanectl.fleet.plan import (
     choose_nodes,
     current_task,
@@ -330,3 +331,44 @@ def test_doctor_says_what_a_swarm_placement_needs(catalog):
     assert found[0].detail == "manager of 2 node(s); not ready: s2"
     assert found[1].detail == "nodes advertising no NVIDIA-GPU: s2"
     assert [f.severity for f in swarm_findings(manager, [gpu_node], lanes)] == ["ok", "ok"]
+
+
+def test_a_lease_is_left_behind_once_its_term_passed_its_process_is_gone_or_its_switch_closed():
+    lease = read_lease("ops@box1 pid 4242 switch abc123 @1000 +600")
+    assert (lease.holder, lease.pid, lease.switch, lease.since, lease.seconds) == ("ops@box1", 4242, "abc123", 1000,
+                                                                                    600)
+    assert read_lease(lease.label()) == lease
+
+    def judge(lease: NodeLease, *, now: float = 1100, host: str = "box1", alive: bool = True,
+              closed: frozenset[str] = frozenset()) -> str | None:
+        return why_left_behind(lease, now=now, host=host, pid_alive=lambda pid: alive,
+                               switch_closed=closed.__contains__, term_seconds=3600)
+
+    assert judge(lease) is None, "a live run within its term holds the node"
+    assert judge(lease, alive=False) == "its process (pid 4242 on box1) is gone"
+    assert judge(lease, alive=False, host="box2") is None, "another host's pid says nothing here"
+    assert judge(lease, closed=frozenset({"abc123"})) == "its run (switch abc123) has ended"
+    assert judge(lease, now=1600) == "it was taken 600 s ago, longer than its run could last (600 s)"
+    legacy = read_lease("ops@box1 pid 7 @1000")
+    assert (legacy.switch, legacy.seconds) == (None, None)
+    assert judge(legacy) is None and judge(legacy, now=4600) is not None, "an old lease keeps the legacy term"
+    assert judge(read_lease("garbage")) == "it does not say when it was taken"
+
+
+def test_fleet_status_names_a_lease_left_behind_and_is_not_healthy():
+    services = [service("f1", "primary", "s1", "a")]
+    held = "ops@box1 pid 4242 switch abc123 @1000 +600"
+    nodes = [gated("s1", services, **{LEASE_LABEL: held})]
+    tasks = {"a": [task("running")]}
+    live = summarize(nodes, services, tasks, {"a": Probe(True, "200")})
+    assert live["healthy"] and live["nodes"][0]["lease_left_behind"] is None, "a run in progress is no problem"
+    dead = summarize(nodes, services, tasks, {"a": Probe(True, "200")},
+                     leases_left={"s1": "its process (pid 4242 on box1) is gone"})
+    assert dead["problems"] == ["s1: the lease of ops@box1 pid 4242 is left behind (its process (pid 4242 on box1) "
+                                "is gone); the next `up --fleet` or `rollback --fleet` takes it over"]
+    from lanectl.cli.views import fleet_status
+    from lanectl.output import Result
+
+    shown = [line.text for line in fleet_status(Result("fleet-status", dead))]
+    assert f"    lease left behind by {held}: its process (pid 4242 on box1) is gone" in shown
+    assert not any("being changed" in text for text in shown)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from lanectl.dockerapi.labels import LEASE_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import OperationFailed
 from lanectl.fleet.plan import gated_label
@@ -56,9 +58,11 @@ class FakeSwarm:
         self.clock = 1000.0
         # A call ("update fleet-t-rtx-s2") -> what happens to lanectl right after Swarm took it (a kill, signals).
         self.after_call: dict[str, Callable[[], None]] = {}
+        self.dead = False  # lanectl was killed: what it had in hand (a lease) stays as it was
 
     def kill_after(self, call: str) -> None:
         def kill() -> None:
+            self.dead = True
             raise Killed(call)
         self.after_call[call] = kill
 
@@ -66,22 +70,35 @@ class FakeSwarm:
     def nodes(self) -> list[NodeInfo]:
         return list(self.node_list)
 
-    def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
+    def take_lease(self, node: NodeInfo, lease: str, *, left_behind: Callable[[str], str | None]) -> str | None:
         self.calls.append(f"lease {node.hostname}")
-
-    def record_gated(self, node: NodeInfo, marks: dict[str, str | None]) -> None:
-        self.calls.append(f"gated {node.hostname}")
-        index = next(i for i, n in enumerate(self.node_list) if n.id == node.id)
-        labels = dict(self.node_list[index].labels)
-        for service, mark in marks.items():
-            labels.pop(gated_label(service), None)
-            if mark is not None:
-                labels[gated_label(service)] = mark
-        self.node_list[index] = dataclasses.replace(self.node_list[index], labels=labels)
-        self._maybe_die(f"gated {node.hostname}")
+        held = self._node(node.id).labels.get(LEASE_LABEL)
+        why = left_behind(held) if held else None
+        if held and why is None:
+            raise OperationFailed(f"node {node.hostname} is being changed by {held.split(' @', 1)[0]}")
+        self._label(node.id, LEASE_LABEL, lease)
+        return f"{held}: {why}" if held else None
 
     def release_lease(self, node: NodeInfo) -> None:
         self.calls.append(f"release {node.hostname}")
+        if not self.dead:  # a killed process gives nothing back
+            self._label(node.id, LEASE_LABEL, None)
+
+    def _node(self, node_id: str) -> NodeInfo:
+        return next(n for n in self.node_list if n.id == node_id)
+
+    def _label(self, node_id: str, key: str, value: str | None) -> None:
+        index = next(i for i, n in enumerate(self.node_list) if n.id == node_id)
+        labels = {k: v for k, v in self.node_list[index].labels.items() if k != key}
+        if value is not None:
+            labels[key] = value
+        self.node_list[index] = dataclasses.replace(self.node_list[index], labels=labels)
+
+    def record_gated(self, node: NodeInfo, marks: dict[str, str | None]) -> None:
+        self.calls.append(f"gated {node.hostname}")
+        for service, mark in marks.items():
+            self._label(node.id, gated_label(service), mark)
+        self._maybe_die(f"gated {node.hostname}")
 
     def lane_services(self) -> list[ServiceState]:
         return [s for name in self.specs if (s := self.service(name)) is not None]
@@ -198,6 +215,7 @@ def passing_gate(failing: set[tuple[str, str]] = frozenset()):  # type: ignore[a
 
 def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=None,
             interrupt: Interrupt | None = None) -> FleetRollout:
+    swarm.dead = False  # a new lanectl process
     return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ or {},  # type: ignore[arg-type]
                         gate=gate or passing_gate(), in_flight=lambda lane, node, service: 2, poll_seconds=0,
                         interrupt=interrupt)
@@ -503,3 +521,35 @@ def test_an_up_stopped_during_its_only_service_update_plans_the_gate_it_skipped(
     outcome = rollout(changed, one_node, journal).run(rest, why="up", unfinished=journal.unfinished_intent())
     assert outcome.result == "ok" and fleet_healthy(one_node)
     assert plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1")).kind == "noop"
+
+
+# -- leases of runs that are over ----------------------------------------------------------------------------
+
+def test_a_killed_runs_lease_is_named_and_taken_over_by_the_next_run(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    swarm.kill_after("update fleet-t-rtx-s2")
+    with pytest.raises(Killed):
+        up(catalog, swarm, journal, "f2")
+    held = next(n for n in swarm.nodes() if n.hostname == "s2").labels[LEASE_LABEL]
+    assert f" pid {os.getpid()} switch " in held, "the lease names the process and the run"
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "ok", outcome.message
+    [note] = [r["message"] for r in journal.read().records if "took over the lease" in str(r.get("message"))]
+    assert note.startswith(f"s2: took over the lease {held}: its process (pid {os.getpid()} on ")
+    assert all(LEASE_LABEL not in n.labels for n in swarm.nodes()), "given back at the end"
+
+
+def test_a_lease_whose_run_ended_is_taken_over_and_one_of_a_live_run_elsewhere_is_not(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    switch = switches(journal)[-1]["switch"]
+    alive_elsewhere = f"ops@other-manager pid {os.getpid()} switch {'a' * 32} @{time.time():.0f} +3600"
+    swarm._label("id-s2", LEASE_LABEL, alive_elsewhere)
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "failed" and outcome.nodes[0].result == "failed"
+    assert swarm.calls[-1] == "lease s2", "refused before any change"
+    assert "s2 is being changed by ops@other-manager pid" in outcome.message
+    ended = f"ops@other-manager pid 1 switch {switch} @{time.time():.0f} +3600"
+    swarm._label("id-s2", LEASE_LABEL, ended)
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "ok", outcome.message
+    assert any(f"its run (switch {switch}) has ended" in str(r.get("message")) for r in journal.read().records)

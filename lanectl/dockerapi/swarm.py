@@ -7,8 +7,7 @@ there is one description of a lane's service, not a second one in SDK objects.
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any
 
@@ -110,23 +109,23 @@ class SwarmEngine(DockerEngine):
     def nodes(self) -> list[NodeInfo]:
         return [_node(raw) for raw in self.api.get("/nodes")]
 
-    def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
-        """Mark `node` as being changed by `holder`: a node label, so every manager and operator sees it.
+    def take_lease(self, node: NodeInfo, lease: str, *, left_behind: Callable[[str], str | None]) -> str | None:
+        """Mark `node` as being changed: the label `lease`, so every manager and operator sees it.
 
-        Swarm's node version makes it atomic: two lanectl runs racing for one node cannot both succeed.
-        A lease older than `stale_after_seconds` belonged to a run that died; it is taken over.
-        """
+        Swarm's node version makes it atomic: two lanectl runs racing for one node cannot both succeed. A lease
+        held already is taken over when `left_behind` says why its run is over; that reason, with the holder,
+        is returned. Otherwise the node is refused."""
         raw = self._inspect_node(node.id)
         labels = dict(raw["Spec"].get("Labels") or {})
         held = labels.get(LEASE_LABEL)
-        if held:
-            since = _lease_since(held)
-            if since is not None and time.time() - since < stale_after_seconds:
-                raise OperationFailed(f"node {node.hostname} is being changed by {held.split(' @', 1)[0]}; "
-                                      f"wait for it, or clear a dead run's lease with `docker node update "
-                                      f"--label-rm {LEASE_LABEL} {node.hostname}`")
-        labels[LEASE_LABEL] = f"{holder} @{time.time():.0f}"
+        why = left_behind(held) if held else None
+        if held and why is None:
+            raise OperationFailed(f"node {node.hostname} is being changed by {held.split(' @', 1)[0]}; wait for "
+                                  f"it, or clear a dead run's lease with `docker node update --label-rm "
+                                  f"{LEASE_LABEL} {node.hostname}`")
+        labels[LEASE_LABEL] = lease
         self._update_node_labels(raw, labels)
+        return f"{held}: {why}" if held else None
 
     def release_lease(self, node: NodeInfo) -> None:
         try:
@@ -237,14 +236,6 @@ def _with_secrets(spec: dict[str, Any], environ: Mapping[str, str]) -> dict[str,
             raise OperationFailed(f"{spec['Name']}: secret {name} is not set in lanectl's environment")
         container["Env"].append(f"{name}={environ[name]}")
     return body
-
-
-def _lease_since(value: str) -> float | None:
-    _, _, stamp = value.rpartition(" @")
-    try:
-        return float(stamp)
-    except ValueError:
-        return None
 
 
 def _node(raw: dict[str, Any]) -> NodeInfo:

@@ -26,6 +26,14 @@ from typing import Any, Protocol
 
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine, TaskInfo
 from lanectl.errors import OperationFailed
+from lanectl.fleet.node_lease import (
+    LEGACY_LEASE_SECONDS,
+    NodeLease,
+    closed_switches,
+    pid_alive,
+    read_lease,
+    why_left_behind,
+)
 from lanectl.fleet.plan import (
     ROLLED_BACK,
     SECOND_NS,
@@ -239,7 +247,8 @@ class _Run:
 class FleetRollout:
     def __init__(self, catalog: Catalog, swarm: SwarmEngine, journal: Journal, *, reporter: Reporter,
                  interrupt: Interrupt | None = None, environ: Mapping[str, str] | None = None,
-                 gate: NodeGate = gate_on_node, in_flight: InFlight = in_flight_on_node, poll_seconds: float = 0.5):
+                 gate: NodeGate = gate_on_node, in_flight: InFlight = in_flight_on_node, poll_seconds: float = 0.5,
+                 clock: Callable[[], float] = time.time):
         self.catalog = catalog
         self.swarm = swarm
         self.journal = journal
@@ -249,7 +258,8 @@ class FleetRollout:
         self.gate = gate
         self.in_flight = in_flight
         self.poll_seconds = poll_seconds
-        self.holder = f"{current_user_at_host()} pid {os.getpid()}"
+        self.holder = current_user_at_host()
+        self.clock = clock
         self._seams = StepSeams(self.environ)
 
     def run(self, plan: Plan, *, why: str, unfinished: Mapping[str, Any] | None = None) -> FleetOutcome:
@@ -300,10 +310,15 @@ class FleetRollout:
     def _leased(self, run: _Run, node: NodeInfo | None, phase: Phase) -> StepFailed | None:
         if node is None or not node.schedulable:
             return StepFailed(f"node {phase.steps[0].node} is not ready and active", check="node")
+        lease = NodeLease(self.holder, os.getpid(), run.switch, self.clock(), self._lease_seconds(phase))
         try:
-            self.swarm.take_lease(node, self.holder, stale_after_seconds=self._lease_seconds(phase))
+            replaced = self.swarm.take_lease(node, lease.label(), left_behind=self._left_behind)
         except OperationFailed as exc:
             return StepFailed(str(exc), check="lease")
+        if replaced is not None:
+            message = f"{node.hostname}: took over the lease {replaced}"
+            self.journal.append("note", switch=run.switch, lane=run.plan.lane, node=node.hostname, message=message)
+            self.reporter.note(message)
         try:
             for step in phase.steps:
                 if self.interrupt.pending():
@@ -611,6 +626,12 @@ class FleetRollout:
     def _budget_seconds(self, lane: Lane) -> float:
         # Swarm waits out the health check's start period (the startup budget) and then its monitor.
         return lane.spec.health.startup_budget_minutes * 60 + 60
+
+    def _left_behind(self, held: str) -> str | None:
+        closed = closed_switches(self.journal.read().records)
+        return why_left_behind(read_lease(held), now=self.clock(), host=self.holder.rpartition("@")[2],
+                               pid_alive=pid_alive, switch_closed=closed.__contains__,
+                               term_seconds=LEGACY_LEASE_SECONDS)
 
     def _lease_seconds(self, phase: Phase) -> float:
         return 2 * sum(step.seconds + 60 for step in phase.steps) + LEASE_MARGIN_SECONDS

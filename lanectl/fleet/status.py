@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lanectl.dockerapi.labels import GATED_LABEL_PREFIX, LEASE_LABEL, SPEC_FIELDS_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
+from lanectl.fleet.node_lease import LEGACY_LEASE_SECONDS, closed_switches, pid_alive, read_lease, why_left_behind
 from lanectl.fleet.plan import current_task, service_drift, service_fields, task_problem, ungated_services
 from lanectl.fleet.rollout_plan import fleet_containers
 from lanectl.image.render import plan_image
@@ -34,9 +36,12 @@ class Probe:
 
 def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
               tasks: Mapping[str, Sequence[TaskInfo]], probes: Mapping[str, Probe],
-              drift: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
-    """The fleet as one document; `healthy` is false when any node is down or any lane role is not serving.
-    `drift`: service ID -> how it differs from its lane's recipe now, field by field (a switch would update it)."""
+              drift: Mapping[str, list[str]] | None = None,
+              leases_left: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The fleet as one document; `healthy` is false when any node is down, any lane role is not serving or
+    changed since its node's last gate, or a run that is over left its lease. `drift`: service ID -> how it
+    differs from its lane's recipe now, field by field (a switch would update it). `leases_left`: hostname ->
+    why its lease's run is over."""
     problems: list[str] = []
     rows = []
     known = {n.hostname for n in nodes}
@@ -78,10 +83,14 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
             problems.append(f"{node.hostname}: node is {node.state}" + (
                 f"; its lanes ({unreachable}) cannot be reached" if lanes else ""))
         labels = {k: v for k, v in node.labels.items() if k != LEASE_LABEL and not k.startswith(GATED_LABEL_PREFIX)}
+        left = (leases_left or {}).get(node.hostname)
+        if left is not None:
+            problems.append(f"{node.hostname}: the lease of {read_lease(node.labels[LEASE_LABEL]).who()} is left "
+                            f"behind ({left}); the next `up --fleet` or `rollback --fleet` takes it over")
         rows.append({
             "hostname": node.hostname, "state": node.state, "availability": node.availability, "role": node.role,
             "addr": node.addr, "engine": node.engine_version, "gpus": node.gpus, "labels": labels,
-            "lease": node.labels.get(LEASE_LABEL), "lanes": lanes,
+            "lease": node.labels.get(LEASE_LABEL), "lease_left_behind": left, "lanes": lanes,
         })
     for service in services:
         if service.node not in known:
@@ -116,7 +125,22 @@ def observe(swarm: SwarmEngine, catalog: Catalog | None, files: StateFiles | Non
                 or task.state != "running":
             continue
         probes[service.id] = _probe(node, service, catalog)
-    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files))
+    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files), _leases_left(nodes, files))
+
+
+def _leases_left(nodes: Sequence[NodeInfo], files: StateFiles | None) -> dict[str, str]:
+    """hostname -> why its lease's run is over, for each node whose lease is left behind."""
+    from lanectl.state.journal import Journal, current_user_at_host
+
+    held = {n.hostname: read_lease(n.labels[LEASE_LABEL]) for n in nodes if n.labels.get(LEASE_LABEL)}
+    if not held:
+        return {}
+    closed = closed_switches(Journal(files.fleet_journal).read().records) if files is not None else set()
+    host = current_user_at_host().rpartition("@")[2]
+    verdicts = {name: why_left_behind(lease, now=time.time(), host=host, pid_alive=pid_alive,
+                                      switch_closed=closed.__contains__, term_seconds=LEGACY_LEASE_SECONDS)
+                for name, lease in held.items()}
+    return {name: why for name, why in verdicts.items() if why is not None}
 
 
 def _drift(services: Sequence[ServiceState], catalog: Catalog | None,
