@@ -37,7 +37,7 @@ from lanectl.fleet.node_lease import (
 from lanectl.fleet.plan import spec_mark
 from lanectl.fleet.rollout import FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_fleet_rollback, plan_fleet_up
-from lanectl.fleet.status import summarize
+from lanectl.fleet.status import left_over_services, summarize
 from lanectl.health.gate import GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
 from lanectl.lanes.plan import Plan
@@ -231,6 +231,7 @@ class FleetMachine(RuleBasedStateMachine):
         try:
             plan = plan_fleet_up(self.catalog, self.snapshot(), self.catalog.lane(lane))
         except (BadInput, OperationFailed):
+            FleetMachine.results["refused"] = FleetMachine.results.get("refused", 0) + 1
             return
         result = self.run(plan, f"up {lane} --fleet", stop)
         self.check_ended(result, HOSTS, f"up {lane} --fleet")
@@ -241,6 +242,7 @@ class FleetMachine(RuleBasedStateMachine):
         try:
             plan = plan_fleet_rollback(self.catalog, self.snapshot(), None)
         except (BadInput, OperationFailed):
+            FleetMachine.results["refused"] = FleetMachine.results.get("refused", 0) + 1
             return
         hosts = sorted({s.node for s in plan.steps})
         result = self.run(plan, "rollback --fleet", stop)
@@ -283,7 +285,7 @@ class FleetMachine(RuleBasedStateMachine):
         FleetMachine.steps += 1
         services = self.swarm.lane_services()
         seen = summarize(self.swarm.nodes(), services, {s.id: self.swarm.tasks(s.id) for s in services}, {},
-                         leases_left=self.leases_left())
+                         leases_left=self.leases_left(), left_over=left_over_services(services, self.catalog))
         mine = f" pid {os.getpid()} "
         killed_here = [n.hostname for n in self.swarm.nodes() if mine in n.labels.get(LEASE_LABEL, "")]
         assert not (seen["healthy"] and killed_here), f"a killed run's lease on {killed_here} is called healthy"

@@ -19,7 +19,7 @@ from lanectl.errors import OperationFailed
 from lanectl.fleet.plan import gated_label
 from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
-from lanectl.fleet.status import summarize
+from lanectl.fleet.status import left_over_services, summarize
 from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
 from lanectl.lanes.interrupt import Interrupt
@@ -553,3 +553,49 @@ def test_a_lease_whose_run_ended_is_taken_over_and_one_of_a_live_run_elsewhere_i
     plan, outcome = up(catalog, swarm, journal, "f2")
     assert outcome.result == "ok", outcome.message
     assert any(f"its run (switch {switch}) has ended" in str(r.get("message")) for r in journal.read().records)
+
+
+# -- services of a role the recipe no longer has ------------------------------------------------------------
+
+WITHOUT_RTX = RECIPE.replace("""  companions:
+    rtx:
+      engine:
+        args: [/model, --port, "8001"]
+        ports: [{container: 8001, host: 18001}]
+""", "").replace("""    companions:
+      rtx:
+        engine:
+          ports: [{container: 8001, host: 19001}]
+""", "")
+
+
+def test_a_companion_dropped_from_the_recipe_is_removed_by_the_next_switch_and_shown_until_then(
+        catalog, swarm, journal, write_recipe):
+    up(catalog, swarm, journal, "f1")
+    write_recipe(WITHOUT_RTX)
+    dropped = load_catalog(Project.locate())
+    services = swarm.lane_services()
+    left = left_over_services(services, dropped)
+    assert sorted(swarm.service(i).name for i in left) == ["fleet-t-rtx-s1", "fleet-t-rtx-s2"]
+    seen = summarize(swarm.nodes(), services, {s.id: swarm.tasks(s.id) for s in services}, {}, left_over=left)
+    assert "s2: fleet-t-rtx-s2 (rtx of f1) is left over: f1 has no rtx; `lanectl up f1 --fleet` removes it" \
+        in seen["problems"]
+    plan, outcome = up(dropped, swarm, journal, "f1")
+    assert plan.keys == ["service-remove:fleet-t-rtx-s2", "node-gate:fleet-t-primary-s2",
+                         "service-remove:fleet-t-rtx-s1", "node-gate:fleet-t-primary-s1"]
+    assert outcome.result == "ok", outcome.message
+    assert sorted(swarm.specs) == ["fleet-t-primary-s1", "fleet-t-primary-s2"]
+    assert left_over_services(swarm.lane_services(), dropped) == {} and fleet_healthy(swarm)
+    assert plan_fleet_up(dropped, snapshot_of(swarm, journal), dropped.lane("f1")).kind == "noop"
+
+
+def test_a_left_over_service_the_switch_removed_is_put_back_when_the_switch_fails(
+        catalog, swarm, journal, write_recipe):
+    up(catalog, swarm, journal, "f1")
+    before = copy.deepcopy(swarm.specs["fleet-t-rtx-s2"])
+    write_recipe(WITHOUT_RTX)
+    dropped = load_catalog(Project.locate())
+    plan, outcome = up(dropped, swarm, journal, "f2", gate=passing_gate({("f2", "s2")}))
+    assert outcome.result == "rolled-back", outcome.message
+    assert swarm.specs["fleet-t-rtx-s2"] == before, "created again from the spec it had"
+    assert swarm.lane_of("fleet-t-primary-s2") == "f1"

@@ -362,6 +362,8 @@ class FleetRollout:
         if step.action == "service-rollback":
             return self._rollback(run, lane, step)
         if step.action == "service-remove":
+            if step.container not in run.created:  # a left-over service: its way back creates it again
+                run.changed.setdefault(node.hostname, []).append(step.container)
             self.swarm.remove_service(step.container)
             self.swarm.record_gated(node, {step.container: None})
             return "removed"

@@ -108,6 +108,13 @@ def plan_fleet_up(catalog: Catalog, snapshot: FleetSnapshot, lane: Lane, *, node
     for node in order:
         steps: list[Step] = []
         back: list[Step] = []
+        # A role the lane does not have goes first: it may hold the ports or GPUs the lane's own roles need.
+        for left in left_over(snapshot, lane, node.hostname):
+            steps.append(Step("service-remove", lane.name, left.name, left.role, node=node.hostname,
+                              why=f"its role {left.role} is not in {lane.name}'s recipe"))
+            back.insert(0, Step("service-create", lane.name, left.name, left.role, gate_seconds(lane),
+                                node=node.hostname, why=f"put back as it was ({left.lane})",
+                                service=dict(left.spec)))
         for container in containers:
             fields = service_fields(container, snapshot.secret_digests)
             wanted = plan_service(lane, container, node.hostname, with_gpus=with_gpus, inputs=inputs, fields=fields)
@@ -131,6 +138,13 @@ def plan_fleet_up(catalog: Catalog, snapshot: FleetSnapshot, lane: Lane, *, node
                     "nothing to do", notes=tuple(notes), with_gpus=with_gpus)
     return Plan(kind, lane.name, _previous_lane(snapshot, lane, order), tuple(phases), tuple(way_back),
                 notes=tuple(notes), with_gpus=with_gpus, budget_seconds=gate_seconds(lane))
+
+
+def left_over(snapshot: FleetSnapshot, lane: Lane, host: str) -> list[ServiceState]:
+    """The recipe's services on `host` for a role `lane` does not have: a companion the recipe dropped, or one of
+    the lane the node ran before. Left there, it would run beside the lane, holding its ports and GPUs."""
+    return [s for s in snapshot.services
+            if s.recipe == lane.recipe.id and s.node == host and s.role not in lane.roles]
 
 
 def _ungated(snapshot: FleetSnapshot, lane: Lane, node: NodeInfo) -> bool:

@@ -37,11 +37,13 @@ class Probe:
 def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
               tasks: Mapping[str, Sequence[TaskInfo]], probes: Mapping[str, Probe],
               drift: Mapping[str, list[str]] | None = None,
-              leases_left: Mapping[str, str] | None = None) -> dict[str, Any]:
+              leases_left: Mapping[str, str] | None = None,
+              left_over: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The fleet as one document; `healthy` is false when any node is down, any lane role is not serving or
     changed since its node's last gate, or a run that is over left its lease. `drift`: service ID -> how it
     differs from its lane's recipe now, field by field (a switch would update it). `leases_left`: hostname ->
-    why its lease's run is over."""
+    why its lease's run is over. `left_over`: service ID -> the lane whose switch removes it (its role is not
+    in the lane its node's primary runs)."""
     problems: list[str] = []
     rows = []
     known = {n.hostname for n in nodes}
@@ -69,6 +71,11 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
                 "drift": list((drift or {}).get(service.id, [])),
             }
             lanes.append(entry)
+            entry["left_over"] = (left_over or {}).get(service.id)
+            if entry["left_over"] is not None:
+                lane_now = entry["left_over"]
+                problems.append(f"{node.hostname}: {service.name} ({service.role} of {service.lane}) is left over: "
+                                f"{lane_now} has no {service.role}; `lanectl up {lane_now} --fleet` removes it")
             if node.state != "ready":
                 continue
             if not serving:
@@ -125,7 +132,21 @@ def observe(swarm: SwarmEngine, catalog: Catalog | None, files: StateFiles | Non
                 or task.state != "running":
             continue
         probes[service.id] = _probe(node, service, catalog)
-    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files), _leases_left(nodes, files))
+    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files), _leases_left(nodes, files),
+                     left_over_services(services, catalog))
+
+
+def left_over_services(services: Sequence[ServiceState], catalog: Catalog | None) -> dict[str, str]:
+    """service ID -> the lane of its node's primary, for each service of a role that lane does not have."""
+    if catalog is None:
+        return {}
+    primaries = {(s.recipe, s.node): catalog.lanes.get(s.lane) for s in services if s.role == ROLE_PRIMARY}
+    left = {}
+    for service in services:
+        lane = primaries.get((service.recipe, service.node))
+        if lane is not None and service.role not in lane.roles:
+            left[service.id] = lane.name
+    return left
 
 
 def _leases_left(nodes: Sequence[NodeInfo], files: StateFiles | None) -> dict[str, str]:
