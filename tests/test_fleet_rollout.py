@@ -15,7 +15,7 @@ import pytest
 
 from lanectl.dockerapi.labels import LEASE_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
-from lanectl.errors import OperationFailed
+from lanectl.errors import OperationFailed, RecipeInvalid
 from lanectl.fleet.plan import gated_label
 from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
@@ -412,9 +412,28 @@ def test_a_lane_looking_service_lanectl_did_not_create_is_named_and_refused(cata
     assert swarm.calls == []
 
 
+def test_a_swarm_lanes_port_limited_to_one_address_is_refused_with_why_unless_the_recipe_says_it_may_be_public(
+        project, write_recipe):
+    loopback = RECIPE.replace("{container: 8000, host: 18000}", "{container: 8000, host: 18000, host_ip: 127.0.0.1}")
+    loopback = loopback.replace("{container: 8000, host: 19000}", "{container: 8000, host: 19000, host_ip: 127.0.0.1}")
+    write_recipe(loopback.replace('env: {PLAIN: "1"}', 'env: {PLAIN: "1", VLLM_SERVER_DEV_MODE: "1"}'))
+    with pytest.raises(RecipeInvalid) as refused:
+        load_catalog(Project.locate())
+    message = str(refused.value)
+    assert [": ".join(str(p).split(": ")[:2]) for p in refused.value.problems] == [
+        "recipes/r.yaml:14:49: defaults.engine.ports[0].host_ip"], "only the Swarm lanes' port; a local lane keeps it"
+    assert "host_ip 127.0.0.1 limits the primary's port 18000 to that address, but Swarm publishes a port on every " \
+           "address of its node (it has no host address); with VLLM_SERVER_DEV_MODE=1 vLLM serves its development " \
+           "routes there, so anyone who reaches the node can POST /sleep" in message
+    assert message.endswith("Keep this lane local (placement.backend: local), or say that the port may be public: "
+                            "`public: true` on it")
+    write_recipe(loopback.replace("host_ip: 127.0.0.1}", "host_ip: 127.0.0.1, public: true}"))
+    assert load_catalog(Project.locate()).lane("f1").spec.engine.ports[0].public
+
+
 def test_what_swarm_cannot_carry_is_said_not_dropped(catalog, write_recipe):
     write_recipe(RECIPE.replace("{container: 8000, host: 18000}",
-                                "{container: 8000, host: 18000, host_ip: 127.0.0.1}"))
+                                "{container: 8000, host: 18000, host_ip: 127.0.0.1, public: true}"))
     changed = load_catalog(Project.locate())
     plan = plan_fleet_up(changed, snapshot_of(FakeSwarm(["s1"])), changed.lane("f1"))
     assert "note: primary: host_ip 127.0.0.1 is not carried: a host-mode port binds on every address of the node; " \
