@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from lanectl.dockerapi.engine_api import EngineAPI
 from lanectl.dockerapi.labels import LEASE_LABEL
-from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.fleet.node_lease import NodeLease, read_lease, why_left_behind
 from lanectl.fleet.plan import (
@@ -29,6 +30,7 @@ from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
+from tests.test_engine_api import Answer, Recorded, ok_json, recording, socket_dir  # noqa: F401 - fixtures
 
 RECIPE = """
 schema: lanectl/v1
@@ -372,3 +374,33 @@ def test_fleet_status_names_a_lease_left_behind_and_is_not_healthy():
     shown = [line.text for line in fleet_status(Result("fleet-status", dead))]
     assert f"    lease left behind by {held}: its process (pid 4242 on box1) is gone" in shown
     assert not any("being changed" in text for text in shown)
+
+
+def test_the_swarm_adapter_writes_gated_marks_and_takes_over_only_a_lease_left_behind(recording):  # noqa: F811
+    held = "ops@box1 pid 4242 switch abc123 @1000 +600"
+    labels = {"gpu": "gb300", LEASE_LABEL: held, gated_label("r-rtx-s1"): "0" * 16}
+
+    def answer(request: Recorded) -> Answer:
+        if request.path.endswith("/info"):
+            return ok_json({"Swarm": {"LocalNodeState": "active", "ControlAvailable": True, "NodeID": "n1"}})
+        if request.path.endswith("/nodes/n1"):
+            return ok_json({"ID": "n1", "Version": {"Index": 7}, "Spec": {"Labels": labels, "Role": "manager"},
+                            "Description": {"Hostname": "s1"}})
+        return 200, {}, b""
+
+    engine = recording(answer)
+    swarm = SwarmEngine(EngineAPI(engine.url))
+    s1 = node("s1")
+    swarm.record_gated(replace(s1, id="n1"), {"r-primary-s1": "f" * 16, "r-rtx-s1": None})
+    update = engine.requests[-1]
+    assert (update.path.endswith("/nodes/n1/update"), update.query) == (True, {"version": "7"})
+    assert update.json()["Labels"] == {"gpu": "gb300", LEASE_LABEL: held, gated_label("r-primary-s1"): "f" * 16}
+
+    engine.requests.clear()
+    with pytest.raises(OperationFailed, match="node s1 is being changed by ops@box1 pid 4242 switch abc123;"):
+        swarm.take_lease(replace(s1, id="n1"), "ops@box2 pid 1 switch def @2000 +600", left_behind=lambda _: None)
+    assert [r.method for r in engine.requests] == ["GET"], "nothing written"
+    replaced = swarm.take_lease(replace(s1, id="n1"), "ops@box2 pid 1 switch def @2000 +600",
+                                left_behind=lambda value: "its process (pid 4242 on box1) is gone")
+    assert replaced == f"{held}: its process (pid 4242 on box1) is gone"
+    assert engine.requests[-1].json()["Labels"][LEASE_LABEL] == "ops@box2 pid 1 switch def @2000 +600"
