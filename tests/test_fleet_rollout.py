@@ -318,7 +318,8 @@ def test_a_fleet_update_reports_each_nodes_drain_from_the_stopped_tasks_engine_l
     up(catalog, swarm, journal, "f1")
     plan, outcome = up(catalog, swarm, journal, "f2")
     assert set(outcome.drains) == {"s1", "s2"}
-    assert all("2" in text and "drained" in text for text in outcome.drains.values()), outcome.drains
+    assert all(set(roles) == {"primary", "rtx"} for roles in outcome.drains.values()), outcome.drains
+    assert all("2" in text and "drained" in text for roles in outcome.drains.values() for text in roles.values())
     step = next(r for r in journal.read().records if r.get("step") == "service-update:fleet-t-primary-s2"
                 and r["switch"] == switches(journal)[-1]["switch"])
     assert (step["in_flight"], step["cut"]) == (2, 0)
@@ -618,3 +619,18 @@ def test_a_left_over_service_the_switch_removed_is_put_back_when_the_switch_fail
     assert outcome.result == "rolled-back", outcome.message
     assert swarm.specs["fleet-t-rtx-s2"] == before, "created again from the spec it had"
     assert swarm.lane_of("fleet-t-primary-s2") == "f1"
+
+
+def test_a_cut_primary_request_is_not_hidden_by_its_companions_drain(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    cut = DRAINED.split("\n")[0] + "\n"  # the drain began and never said it completed
+    swarm.task_logs = lambda task_id: cut if "primary" in task_id else ""  # type: ignore[method-assign]
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    outcome = FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ={},  # type: ignore[arg-type]
+                           gate=passing_gate(), poll_seconds=0,
+                           in_flight=lambda lane, node, service: 2 if service.role == "primary" else 0
+                           ).run(plan, why="up")
+    assert outcome.drains["s2"] == {
+        "primary": "2 request(s) in flight CUT: the drain's 105 s ran out before they finished (they stalled)",
+        "rtx": "no request in flight"}
+    assert "primary: 2 request(s) in flight CUT" in outcome.nodes[0].detail

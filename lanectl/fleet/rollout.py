@@ -99,7 +99,7 @@ class FleetOutcome:
     nodes: tuple[NodeOutcome, ...] = ()
     diagnostics: dict[str, Any] = field(default_factory=dict)
     steps: tuple[str, ...] = ()  # the plan keys journaled, in order
-    drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
+    drains: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> role -> its requests in flight
     signum: int | None = None  # the signal that interrupted it
 
     @property
@@ -240,7 +240,7 @@ class _Run:
     changed: dict[str, list[str]] = field(default_factory=dict)  # node -> services this run created or updated
     by_swarm: set[str] = field(default_factory=set)  # services whose update Swarm rolled back itself
     created: set[str] = field(default_factory=set)  # services this run created (their way back removes them)
-    drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
+    drains: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> role -> its requests in flight
     results: dict[str, NodeOutcome] = field(default_factory=dict)
 
 
@@ -298,7 +298,8 @@ class FleetRollout:
                 return self._go_back(run, failure, nodes, label)
             if self.interrupt.pending() and (index + 1 < len(run.plan.phases) or not self._whole(run, phase)):
                 return self._interrupted(run)
-            detail = "serving, passed its gate" + (f"; {run.drains[host]}" if host in run.drains else "")
+            drained = [f"{role}: {text}" for role, text in run.drains.get(host, {}).items()]
+            detail = "; ".join(("serving, passed its gate", *drained))
             run.results[host] = NodeOutcome(host, "ok", detail)
         message = f"{run.plan.lane} is serving on {', '.join(run.results)}"
         self.journal.record_outcome(run.switch, "ok", message)
@@ -387,7 +388,7 @@ class FleetRollout:
         drain = self._drain(old, before)
         if drain is not None:
             facts.update(in_flight=drain.in_flight, cut=drain.cut)
-            run.drains[node.hostname] = f"{step.role}: {drain.describe()}"
+            run.drains.setdefault(node.hostname, {})[step.role] = drain.describe()
         if problem is not None:
             if problem.startswith(SWARM_ROLLED_BACK):
                 run.by_swarm.add(step.container)
@@ -551,8 +552,8 @@ class FleetRollout:
                  diagnostics: dict[str, Any] | None = None, signum: int | None = None) -> FleetOutcome:
         order = [p.steps[0].node for p in run.plan.phases]
         nodes = tuple(run.results[h] for h in order if h in run.results)
-        return FleetOutcome(result, message, lane, nodes, diagnostics or {}, tuple(run.done), dict(run.drains),
-                            signum)
+        drains = {host: dict(roles) for host, roles in run.drains.items()}
+        return FleetOutcome(result, message, lane, nodes, diagnostics or {}, tuple(run.done), drains, signum)
 
     # -- waiting on Swarm --------------------------------------------------------------------------
 
