@@ -274,7 +274,8 @@ def test_the_way_back_of_a_dry_run_is_swarms_rollback_node_by_node_last_first(ca
         "service-rollback:fleet-t-rtx-s2", "service-rollback:fleet-t-primary-s2", "node-gate:fleet-t-primary-s2"]
     lines = plan_data(plan)["steps"]
     assert lines[0] == "canary s2:"
-    assert "would update service fleet-t-primary-s2 on s2 to f2 (lane f1 → f2, image " in lines[1]
+    assert f"would update service fleet-t-primary-s2 on s2 to f2 (lane f1 → f2, image sha256:{'1' * 12}… → " \
+           f"sha256:{'2' * 12}…" in lines[1], "the image by its digest, not the registry's name cut short"
     assert lines[-1].startswith("on Ctrl-C or SIGTERM: stop after the step in progress")
 
 
