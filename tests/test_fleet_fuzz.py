@@ -46,7 +46,7 @@ from lanectl.recipe.catalog import Catalog, load_catalog
 from lanectl.state.journal import Journal, current_user_at_host
 from tests.conftest import REPO
 from tests.test_fleet_plan import RECIPE
-from tests.test_fleet_rollout import PUSHED, SECRETS, FakeSwarm, Killed, Reporter
+from tests.test_fleet_rollout import PUSHED, SECRET_VALUES, SECRETS, FakeSwarm, Killed, Reporter
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=120, stateful_step_count=20,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -199,7 +199,7 @@ class FleetMachine(RuleBasedStateMachine):
 
     def run(self, plan: Plan, why: str, stop: tuple[str, int]) -> str:
         how, when = stop
-        environ = {}
+        environ = dict(SECRET_VALUES)
         if how in ("INT", "INT,INT"):
             environ[SIGNAL_AFTER_STEP_ENV] = ",".join(f"{when}:{name}" for name in how.split(","))
         elif how.startswith("kill"):

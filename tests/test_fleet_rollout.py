@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from lanectl.dockerapi.labels import LEASE_LABEL
-from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
-from lanectl.errors import OperationFailed, RecipeInvalid
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo, _with_secrets
+from lanectl.errors import BadInput, OperationFailed, RecipeInvalid
 from lanectl.fleet.plan import gated_label
 from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
 from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
@@ -29,7 +29,8 @@ from lanectl.state.journal import Journal
 from tests.test_fleet_plan import RECIPE
 
 PUSHED = {"f1": "reg:5000/fleet-t@sha256:" + "1" * 64, "f2": "reg:5000/fleet-t@sha256:" + "2" * 64}
-SECRETS = {"HF_TOKEN": "d1"}
+SECRETS = {"HF_TOKEN": "d1"}  # their keyed digests, as the snapshot has them
+SECRET_VALUES = {"HF_TOKEN": "hf_t0ken"}  # lanectl's environment
 DRAINED = ("(EngineCore pid=7) INFO 12-03 10:16:21 [core.py:1452] [shutdown] EngineCore: draining in-flight requests "
            "count=2 timeout=105s\n(EngineCore pid=7) INFO 12-03 10:16:30 [core.py:1463] [shutdown] EngineCore: request "
            "processing complete; starting resource teardown\n")
@@ -116,6 +117,7 @@ class FakeSwarm:
     def create_service(self, spec: dict[str, Any], environ: Any) -> str:
         name = spec["Name"]
         self.calls.append(f"create {name}")
+        _with_secrets(spec, environ)  # as the adapter sends it: a secret missing from the environment is refused
         self.specs[name], self.previous[name], self.states[name] = copy.deepcopy(spec), None, None
         self.task_list[name] = [self._task(name)]
         self._maybe_die(f"create {name}")
@@ -124,6 +126,7 @@ class FakeSwarm:
     def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
         name = current.name
         self.calls.append(f"update {name}")
+        _with_secrets(spec, environ)
         self.started[name] = time.time()
         self._stop_task(name)
         if name in self.fail_updates:
@@ -216,7 +219,8 @@ def passing_gate(failing: set[tuple[str, str]] = frozenset()):  # type: ignore[a
 def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=None,
             interrupt: Interrupt | None = None) -> FleetRollout:
     swarm.dead = False  # a new lanectl process
-    return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ or {},  # type: ignore[arg-type]
+    environ = {**SECRET_VALUES, **(environ or {})}
+    return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ,  # type: ignore[arg-type]
                         gate=gate or passing_gate(), in_flight=lambda lane, node, service: 2, poll_seconds=0,
                         interrupt=interrupt)
 
@@ -627,7 +631,7 @@ def test_a_cut_primary_request_is_not_hidden_by_its_companions_drain(catalog, sw
     cut = DRAINED.split("\n")[0] + "\n"  # the drain began and never said it completed
     swarm.task_logs = lambda task_id: cut if "primary" in task_id else ""  # type: ignore[method-assign]
     plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
-    outcome = FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ={},  # type: ignore[arg-type]
+    outcome = FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=SECRET_VALUES,  # type: ignore[arg-type]
                            gate=passing_gate(), poll_seconds=0,
                            in_flight=lambda lane, node, service: 2 if service.role == "primary" else 0
                            ).run(plan, why="up")
@@ -635,3 +639,26 @@ def test_a_cut_primary_request_is_not_hidden_by_its_companions_drain(catalog, sw
         "primary": "2 request(s) in flight CUT: the drain's 105 s ran out before they finished (they stalled)",
         "rtx": "no request in flight"}
     assert "primary: 2 request(s) in flight CUT" in outcome.nodes[0].detail
+
+
+@pytest.mark.parametrize("option", ["--nodes", "--canary"])
+def test_an_empty_nodes_or_canary_is_refused_not_read_as_every_node_or_none(project, write_recipe, option):
+    from tests.test_cli import lanectl
+
+    write_recipe(RECIPE)
+    for verb in (["up", "f1"], ["rollback"]):
+        result = lanectl(*verb, "--fleet", option, " ", "--dry-run", cwd=project)
+        assert result.returncode == 2, result.stderr
+        assert f"lanectl: {option} names no node" in result.stderr
+
+
+def test_a_secret_missing_from_lanectls_environment_is_refused_before_any_change(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    calls = list(swarm.calls)
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    with pytest.raises(BadInput, match=r"secret\(s\) not set in lanectl's environment: HF_TOKEN \(for "
+                                       r"fleet-t-primary-s2, fleet-t-primary-s1\); "
+                                       "nothing was changed"):
+        FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ={},  # type: ignore[arg-type]
+                     gate=passing_gate(), poll_seconds=0).run(plan, why="up")
+    assert swarm.calls == calls and journal.unfinished_intent() is None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine, TaskInfo
-from lanectl.errors import OperationFailed
+from lanectl.errors import BadInput, OperationFailed
 from lanectl.fleet.node_lease import (
     LEGACY_LEASE_SECONDS,
     NodeLease,
@@ -274,6 +274,7 @@ class FleetRollout:
             self.reporter.note(message)
         if plan.kind == "noop":
             return FleetOutcome("noop", plan.message, plan.lane)
+        self._refuse_missing_secrets(plan)
         action = FLEET_ROLLBACK if plan.kind == "rollback" and not plan.way_back else FLEET_UP
         switch = self.journal.record_intent(action=action, from_lane=plan.previous, to_lane=plan.lane, why=why,
                                             steps=plan.keys)["switch"]
@@ -284,6 +285,20 @@ class FleetRollout:
                 return self._run(run)
         except SwitchAborted as exc:
             return self._aborted(run, exc.signum)
+
+    def _refuse_missing_secrets(self, plan: Plan) -> None:
+        """Every secret a service step sends must be in lanectl's environment before the first change: found
+        mid-rollout, it would stop there with nodes changed and the rest never reached."""
+        missing: dict[str, list[str]] = {}
+        for step in plan.steps:
+            container = ((step.service or {}).get("TaskTemplate") or {}).get("ContainerSpec") or {}
+            for name in container.get("lanectl_secret_env") or []:
+                if name not in self.environ:
+                    missing.setdefault(name, []).append(step.container)
+        if missing:
+            named = "; ".join(f"{name} (for {', '.join(services)})" for name, services in sorted(missing.items()))
+            raise BadInput(f"secret(s) not set in lanectl's environment: {named}; nothing was changed. Export "
+                           "them and run the command again")
 
     def _run(self, run: _Run) -> FleetOutcome:
         nodes = {n.hostname: n for n in self.swarm.nodes()}
