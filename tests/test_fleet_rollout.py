@@ -636,7 +636,7 @@ def test_a_cut_primary_request_is_not_hidden_by_its_companions_drain(catalog, sw
                            in_flight=lambda lane, node, service: 2 if service.role == "primary" else 0
                            ).run(plan, why="up")
     assert outcome.drains["s2"] == {
-        "primary": "2 request(s) in flight CUT: the drain's 105 s ran out before they finished (they stalled)",
+        "primary": "2 request(s) in flight CUT: the drain's 105 s ran out before they finished",
         "rtx": "no request in flight"}
     assert "primary: 2 request(s) in flight CUT" in outcome.nodes[0].detail
 
@@ -662,3 +662,23 @@ def test_a_secret_missing_from_lanectls_environment_is_refused_before_any_change
         FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ={},  # type: ignore[arg-type]
                      gate=passing_gate(), poll_seconds=0).run(plan, why="up")
     assert swarm.calls == calls and journal.unfinished_intent() is None
+
+
+def test_an_updates_change_list_is_printed_once_and_journaled_once(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    runner = rollout(catalog, swarm, journal)
+    runner.run(plan, why="up")
+    why = plan.steps[0].why
+    printed = [line for line in runner.reporter.lines if "update service fleet-t-primary-s2" in line]  # type: ignore[attr-defined]
+    assert len(printed) == 1 and printed[0].count(why) == 1, printed
+    [record] = [r for r in journal.read().records if r.get("step") == plan.steps[0].key]
+    assert record["changes"] == why and why not in record["detail"]
+
+
+def test_a_refused_node_carries_no_unrelated_log_tail(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    swarm.service_logs = lambda service_id, since: "INFO an old line of the lane that still serves\n"  # type: ignore
+    swarm._label("id-s2", LEASE_LABEL, f"ops@other-manager pid 1 switch {'a' * 32} @{time.time():.0f} +3600")
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.diagnostics["check"] == "lease" and outcome.diagnostics["log_tail"] == []

@@ -121,11 +121,12 @@ class GateInterrupted(Exception):
 
 class StepFailed(Exception):
     def __init__(self, message: str, *, check: str, exit_code: int | None = None,
-                 log_tail: list[str] | None = None):
+                 log_tail: list[str] | None = None, logs_tell: bool = True):
         super().__init__(message)
         self.check = check
         self.exit_code = exit_code
         self.log_tail = log_tail or []
+        self.logs_tell = logs_tell  # whether the service's log can say why (not for a refusal before any start)
 
 
 class SwarmLogSource:
@@ -325,12 +326,12 @@ class FleetRollout:
 
     def _leased(self, run: _Run, node: NodeInfo | None, phase: Phase) -> StepFailed | None:
         if node is None or not node.schedulable:
-            return StepFailed(f"node {phase.steps[0].node} is not ready and active", check="node")
+            return StepFailed(f"node {phase.steps[0].node} is not ready and active", check="node", logs_tell=False)
         lease = NodeLease(self.holder, os.getpid(), run.switch, self.clock(), self._lease_seconds(phase))
         try:
             replaced = self.swarm.take_lease(node, lease.label(), left_behind=self._left_behind)
         except OperationFailed as exc:
-            return StepFailed(str(exc), check="lease")
+            return StepFailed(str(exc), check="lease", logs_tell=False)
         if replaced is not None:
             message = f"{node.hostname}: took over the lease {replaced}"
             self.journal.append("note", switch=run.switch, lane=run.plan.lane, node=node.hostname, message=message)
@@ -356,7 +357,7 @@ class FleetRollout:
             detail = self._do(run, node, step, facts)
         except OperationFailed as exc:
             self._done(run, step, f"failed: {exc}", facts, ok=False)
-            raise StepFailed(f"{step.describe()}: {exc}", check="swarm") from None
+            raise StepFailed(f"{step.describe()}: {exc}", check="swarm", logs_tell=False) from None
         except StepFailed as failed:
             self._done(run, step, f"failed: {failed}", facts, ok=False)
             raise
@@ -408,7 +409,9 @@ class FleetRollout:
             if problem.startswith(SWARM_ROLLED_BACK):
                 run.by_swarm.add(step.container)
             raise StepFailed(problem, check="swarm")
-        return f"{step.why}" + (f"; {drain.describe()}" if drain is not None else "")
+        # The step's own line already lists the changes (`describe`); the journal keeps them beside the outcome.
+        facts["changes"] = step.why
+        return "updated" + (f"; {drain.describe()}" if drain is not None else "")
 
     def _drain(self, old: TaskInfo | None, before: int | None) -> DrainReport | None:
         if old is None:
@@ -475,7 +478,7 @@ class FleetRollout:
         self.interrupt.take()  # the way back runs whole; only a second signal stops it
         host = next(p.steps[0].node for p in plan.phases if p.steps[0].node not in run.results)
         diagnostics = {"failed": str(failure), "check": failure.check, "exit_code": failure.exit_code,
-                       "log_tail": failure.log_tail or self._log_tail(plan, host)}
+                       "log_tail": failure.log_tail or (self._log_tail(plan, host) if failure.logs_tell else [])}
         self.journal.append("diagnostics", switch=run.switch, lane=plan.lane, node=host, failed=str(failure),
                             log_tail=diagnostics["log_tail"])
         if failure.check in ("lease", "node"):
