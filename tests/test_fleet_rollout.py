@@ -682,3 +682,15 @@ def test_a_refused_node_carries_no_unrelated_log_tail(catalog, swarm, journal):
     swarm._label("id-s2", LEASE_LABEL, f"ops@other-manager pid 1 switch {'a' * 32} @{time.time():.0f} +3600")
     plan, outcome = up(catalog, swarm, journal, "f2")
     assert outcome.diagnostics["check"] == "lease" and outcome.diagnostics["log_tail"] == []
+
+
+@pytest.mark.parametrize("spelling", ["2G", "2048m", "2097152k"])
+def test_the_same_shm_size_spelled_otherwise_is_no_change(catalog, swarm, journal, write_recipe, spelling):
+    up(catalog, swarm, journal, "f1")
+    write_recipe(RECIPE.replace("    shm_size: 2g", f"    shm_size: {spelling}"))
+    respelled = load_catalog(Project.locate())
+    assert plan_fleet_up(respelled, snapshot_of(swarm, journal), respelled.lane("f1")).kind == "noop"
+    write_recipe(RECIPE.replace("    shm_size: 2g", "    shm_size: 3g"))
+    bigger = load_catalog(Project.locate())
+    steps = plan_fleet_up(bigger, snapshot_of(swarm, journal), bigger.lane("f1")).steps
+    assert "shm_size 2g → 3g" in steps[0].why

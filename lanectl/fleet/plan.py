@@ -75,9 +75,21 @@ def service_fields(container: ContainerSpec, secret_digests: Mapping[str, str]) 
     """The box's spec fields of one role as its service carries them: the image by its pushed digest (every node
     pulls the same bytes), ports without a host IP and no ipc (Swarm has neither; see above)."""
     ports = [{k: v for k, v in p.items() if k != "host_ip"} for p in container.ports]
-    fields = spec_fields(dataclasses.replace(container, ports=ports, ipc=None), container.image, secret_digests)
+    shm = canonical_size(container.shm_size) if container.shm_size is not None else None
+    fields = spec_fields(dataclasses.replace(container, ports=ports, ipc=None, shm_size=shm), container.image,
+                         secret_digests)
     del fields["ipc"]
     return fields
+
+
+def canonical_size(size: str) -> str:
+    """One spelling per size (`1G`, `1g` and `1024m` are one tmpfs): the largest unit that holds it exactly,
+    lower case, so rewriting the recipe's size without changing it is no change."""
+    count = _bytes(size)
+    for unit, factor in (("g", 1024**3), ("m", 1024**2), ("k", 1024)):
+        if count and count % factor == 0:
+            return f"{count // factor}{unit}"
+    return str(count)
 
 
 def not_carried(container: ContainerSpec) -> list[str]:
