@@ -498,6 +498,10 @@ def test_a_rollback_interrupted_before_its_gate_leaves_a_node_that_up_gates_and_
     back, outcome = rollback_run(catalog, one_node, journal, environ={SIGNAL_AFTER_STEP_ENV: "2:INT"})
     assert back.lane == "f1" and outcome.result == "interrupted"
     assert list(outcome.steps) == ["service-rollback:fleet-t-primary-s2", "service-rollback:fleet-t-rtx-s2"]
+    assert outcome.message.endswith("To continue the rollback: `lanectl rollback --fleet`; to go forward again: "
+                                    "`lanectl up f2 --fleet`")
+    assert plan_fleet_rollback(catalog, snapshot_of(one_node, journal), None).keys == [
+        "node-gate:fleet-t-primary-s2"], "the command it suggests is not refused"
     assert not fleet_healthy(one_node), "f1 was never gated on s2"
     plan, again = up(catalog, one_node, journal, "f1", gate=HANGS)
     assert plan.keys == ["node-gate:fleet-t-primary-s2"]
@@ -694,3 +698,19 @@ def test_the_same_shm_size_spelled_otherwise_is_no_change(catalog, swarm, journa
     bigger = load_catalog(Project.locate())
     steps = plan_fleet_up(bigger, snapshot_of(swarm, journal), bigger.lane("f1")).steps
     assert "shm_size 2g → 3g" in steps[0].why
+
+
+def test_a_first_signal_during_a_swarm_update_is_acknowledged_at_once(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    interrupt = Interrupt()
+    swarm.after_call["update fleet-t-primary-s2"] = lambda: interrupt.arrived(signal.SIGINT)
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    runner = rollout(catalog, swarm, journal, interrupt=interrupt)
+    outcome = runner.run(plan, why="up")
+    assert outcome.result == "interrupted"
+    lines = runner.reporter.lines  # type: ignore[attr-defined]
+    heard = [i for i, line in enumerate(lines) if line.startswith("SIGINT: stopping once")]
+    done = [i for i, line in enumerate(lines) if line.startswith("update service fleet-t-primary-s2")]
+    assert heard and heard[0] < done[0], lines
+    assert lines[heard[0]] == ("SIGINT: stopping once service-update:fleet-t-primary-s2 ends (Swarm is running it); "
+                               "a second SIGINT stops at once and leaves Swarm to finish it")

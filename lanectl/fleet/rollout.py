@@ -245,6 +245,14 @@ class _Run:
     results: dict[str, NodeOutcome] = field(default_factory=dict)
 
 
+def _ways_on(plan: Plan) -> str:
+    """The commands that continue a stopped run, and that go back, as the next run plans them."""
+    if plan.kind == "rollback" and not plan.way_back:
+        back = f"`lanectl up {plan.previous} --fleet`" if plan.previous else "an `up --fleet` of the lane wanted"
+        return f"To continue the rollback: `lanectl rollback --fleet`; to go forward again: {back}"
+    return f"To continue: `lanectl up {plan.lane} --fleet`; to go back: `lanectl rollback --fleet`"
+
+
 class FleetRollout:
     def __init__(self, catalog: Catalog, swarm: SwarmEngine, journal: Journal, *, reporter: Reporter,
                  interrupt: Interrupt | None = None, environ: Mapping[str, str] | None = None,
@@ -262,6 +270,7 @@ class FleetRollout:
         self.holder = current_user_at_host()
         self.clock = clock
         self._seams = StepSeams(self.environ)
+        self._acknowledged = False
 
     def run(self, plan: Plan, *, why: str, unfinished: Mapping[str, Any] | None = None) -> FleetOutcome:
         """Run `plan`. An unfinished switch in the record is continued by this one: its intent is closed with
@@ -549,8 +558,7 @@ class FleetRollout:
             run.results[host] = NodeOutcome(host, "interrupted" if done and len(done) < len(keys) else
                                             ("ok" if done else "not-reached"), state)
         message = (f"interrupted by {name} after {len(run.done)} of {len(plan.keys)} step(s); serving now: "
-                   f"{'; '.join(where)}. To continue: `lanectl up {plan.lane} --fleet`; to go back: "
-                   "`lanectl rollback --fleet`")
+                   f"{'; '.join(where)}. {_ways_on(plan)}")
         self.journal.append("note", switch=run.switch, lane=plan.lane, message=message)
         self.reporter.note(message)
         return self._outcome(run, "interrupted", message, None, signum=self.interrupt.signum)
@@ -558,8 +566,8 @@ class FleetRollout:
     def _aborted(self, run: _Run, signum: int) -> FleetOutcome:
         name = signal.Signals(signum).name
         message = (f"stopped at once by a second signal ({name}) after {len(run.done)} step(s); Swarm finishes or "
-                   "rolls back the service it was updating on its own; `lanectl fleet status` shows each node, "
-                   f"`lanectl up {run.plan.lane} --fleet` continues and `lanectl rollback --fleet` goes back")
+                   "rolls back the service it was updating on its own; `lanectl fleet status` shows each node. "
+                   f"{_ways_on(run.plan)}")
         try:
             self.journal.append("note", switch=run.switch, lane=run.plan.lane, message=message)
         except Exception:  # the journal may be what failed; the message still reaches the operator
@@ -581,6 +589,7 @@ class FleetRollout:
         wanted = ROLLED_BACK if rollback else UPDATE_DONE
         last = ""
         while time.monotonic() < deadline:
+            self._acknowledge_stop(step)
             service = self.swarm.service(service_id)
             if service is None:
                 return "the service was removed while lanectl waited for it"
@@ -628,6 +637,7 @@ class FleetRollout:
         deadline = time.monotonic() + self._budget_seconds(lane)
         last = ""
         while time.monotonic() < deadline:
+            self._acknowledge_stop(step)
             tasks = self.swarm.tasks(service_id)
             problem = task_problem(tasks) if tasks else None  # Swarm creates the first task a moment later
             if problem is not None:
@@ -641,6 +651,16 @@ class FleetRollout:
                 last = now
             time.sleep(self.poll_seconds)
         return f"the first task did not start within {self._budget_seconds(lane):.0f} s (last: {last})"
+
+    def _acknowledge_stop(self, step: str) -> None:
+        """Say at once that a first signal was heard: the step in progress (a Swarm update, minutes on a real
+        model) runs to its end before the run stops, and a silent wait reads as a signal ignored."""
+        name = self.interrupt.pending()
+        if name is None or self._acknowledged:
+            return
+        self._acknowledged = True
+        self.reporter.note(f"{name}: stopping once {step} ends (Swarm is running it); a second {name} stops at "
+                           "once and leaves Swarm to finish it")
 
     # -- helpers -----------------------------------------------------------------------------------
 
