@@ -34,9 +34,9 @@ from lanectl.fleet.node_lease import (
     read_lease,
     why_left_behind,
 )
-from lanectl.fleet.plan import spec_mark
+from lanectl.fleet.plan import FleetSnapshot, plan_fleet_rollback, plan_fleet_up
 from lanectl.fleet.rollout import FleetRollout
-from lanectl.fleet.rollout_plan import FleetSnapshot, plan_fleet_rollback, plan_fleet_up
+from lanectl.fleet.services import spec_mark
 from lanectl.fleet.status import left_over_services, summarize
 from lanectl.health.gate import GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV

@@ -11,7 +11,7 @@ from lanectl.dockerapi.labels import LEASE_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.fleet.node_lease import NodeLease, read_lease, why_left_behind
-from lanectl.fleet.plan import (
+from lanectl.fleet.services import (
     choose_nodes,
     current_task,
     gated_label,

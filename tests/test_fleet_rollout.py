@@ -16,9 +16,9 @@ import pytest
 from lanectl.dockerapi.labels import LEASE_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo, _with_secrets
 from lanectl.errors import BadInput, OperationFailed, RecipeInvalid
-from lanectl.fleet.plan import gated_label
+from lanectl.fleet.plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
 from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
-from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
+from lanectl.fleet.services import gated_label
 from lanectl.fleet.status import left_over_services, summarize
 from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV

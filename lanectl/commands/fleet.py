@@ -21,8 +21,8 @@ from lanectl.state.lock import engine_lock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 
 if TYPE_CHECKING:
+    from lanectl.fleet.plan import FleetSnapshot
     from lanectl.fleet.rollout import FleetOutcome, FleetRollout
-    from lanectl.fleet.rollout_plan import FleetSnapshot
     from lanectl.lanes.plan import Plan
 
 Planner = Callable[["FleetSnapshot"], "Plan"]
@@ -30,7 +30,7 @@ Planner = Callable[["FleetSnapshot"], "Plan"]
 
 def up(catalog: Catalog, target: Lane, *, nodes: Sequence[str], canary: str | None, no_gpu: bool, dry_run: bool,
        lock_wait: float, reporter: Reporter) -> Result:
-    from lanectl.fleet.rollout_plan import plan_fleet_up
+    from lanectl.fleet.plan import plan_fleet_up
 
     def planner(snapshot: FleetSnapshot) -> Plan:
         return plan_fleet_up(catalog, snapshot, target, nodes=tuple(nodes), canary=canary, with_gpus=not no_gpu)
@@ -41,7 +41,7 @@ def up(catalog: Catalog, target: Lane, *, nodes: Sequence[str], canary: str | No
 
 def rollback(catalog: Catalog, target: Lane | None, *, nodes: Sequence[str], canary: str | None, no_gpu: bool,
              dry_run: bool, lock_wait: float, reporter: Reporter) -> Result:
-    from lanectl.fleet.rollout_plan import plan_fleet_rollback
+    from lanectl.fleet.plan import plan_fleet_rollback
 
     def planner(snapshot: FleetSnapshot) -> Plan:
         return plan_fleet_rollback(catalog, snapshot, target, nodes=tuple(nodes), canary=canary,
@@ -55,8 +55,8 @@ def rollback(catalog: Catalog, target: Lane | None, *, nodes: Sequence[str], can
 def _plan_or_run(catalog: Catalog, planner: Planner, lanes: list[Lane], command: str, *, dry_run: bool,
                  lock_wait: float, reporter: Reporter) -> Result:
     from lanectl.dockerapi.swarm import SwarmEngine
+    from lanectl.fleet.plan import plan_data
     from lanectl.fleet.rollout import FleetRollout
-    from lanectl.fleet.rollout_plan import plan_data
     from lanectl.fleet.snapshot import take_fleet_snapshot
 
     files = StateFiles(state_dir())

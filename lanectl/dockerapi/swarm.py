@@ -1,6 +1,6 @@
 """Docker Swarm, through the manager's engine, behind the few operations a fleet rollout needs.
 
-Service specs go over the wire as the Engine API's JSON (`fleet_plan.plan_service` builds them), so
+Service specs go over the wire as the Engine API's JSON (`fleet.services.plan_service` builds them), so
 there is one description of a lane's service, not a second one in SDK objects.
 """
 

@@ -34,7 +34,8 @@ from lanectl.fleet.node_lease import (
     read_lease,
     why_left_behind,
 )
-from lanectl.fleet.plan import (
+from lanectl.fleet.plan import FLEET_ROLLBACK, FLEET_UP, not_pushed
+from lanectl.fleet.services import (
     ROLLED_BACK,
     SECOND_NS,
     UPDATE_DONE,
@@ -47,7 +48,6 @@ from lanectl.fleet.plan import (
     task_problem,
     why_swarm_rolled_back,
 )
-from lanectl.fleet.rollout_plan import FLEET_ROLLBACK, FLEET_UP, not_pushed
 from lanectl.health.drain import DrainReport, drain_report
 from lanectl.health.engine_http import engine_url
 from lanectl.health.engine_log import log_lines

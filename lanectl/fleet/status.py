@@ -16,8 +16,8 @@ from typing import Any
 from lanectl.dockerapi.labels import GATED_LABEL_PREFIX, LEASE_LABEL, SPEC_FIELDS_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
 from lanectl.fleet.node_lease import LEGACY_LEASE_SECONDS, closed_switches, pid_alive, read_lease, why_left_behind
-from lanectl.fleet.plan import current_task, service_drift, service_fields, task_problem, ungated_services
-from lanectl.fleet.rollout_plan import fleet_containers
+from lanectl.fleet.plan import fleet_containers
+from lanectl.fleet.services import current_task, service_drift, service_fields, task_problem, ungated_services
 from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.records import frozen
