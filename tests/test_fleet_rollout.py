@@ -546,6 +546,8 @@ def test_an_up_stopped_during_its_only_service_update_plans_the_gate_it_skipped(
     # Swarm finished the update on its own; the dry run must still show the gate.
     rest = plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1"))
     assert plan_data(rest)["keys"] == ["node-gate:fleet-t-primary-s2"]
+    assert plan_data(rest)["steps"][1] == ("  would hold f1 on s2 to its health gate (within 600 s) (fleet-t-rtx-s2 "
+                                           "changed since the node last passed its gate)")
     assert not fleet_healthy(one_node)
     outcome = rollout(changed, one_node, journal).run(rest, why="up", unfinished=journal.unfinished_intent())
     assert outcome.result == "ok" and fleet_healthy(one_node)

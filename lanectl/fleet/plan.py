@@ -126,9 +126,11 @@ def plan_fleet_up(catalog: Catalog, snapshot: FleetSnapshot, lane: Lane, *, node
             steps.append(step)
             back.insert(0, _undo_step(catalog, lane, node, step, current))
         primary = service_name(lane, ROLE_PRIMARY, node.hostname)
-        if not steps and not _ungated(snapshot, lane, node):
+        ungated = _ungated(snapshot, lane, node)
+        if not steps and not ungated:
             continue
-        steps.append(Step("node-gate", lane.name, primary, ROLE_PRIMARY, gate_seconds(lane), node=node.hostname))
+        steps.append(Step("node-gate", lane.name, primary, ROLE_PRIMARY, gate_seconds(lane), node=node.hostname,
+                          why=_not_gated(ungated) if not steps else ""))
         phases.append(Phase(tuple(steps)))
         if back:  # a node only gated (its services were already as the recipe says) has nothing to put back
             way_back.insert(0, Phase(tuple(back) + _restored_gate(catalog, node, back)))
@@ -148,14 +150,18 @@ def left_over(snapshot: FleetSnapshot, lane: Lane, host: str) -> list[ServiceSta
             if s.recipe == lane.recipe.id and s.node == host and s.role not in lane.roles]
 
 
-def _ungated(snapshot: FleetSnapshot, lane: Lane, node: NodeInfo) -> bool:
-    """Whether any of the recipe's services on `node` differs from what the node's last passed gate saw.
+def _not_gated(services: list[str]) -> str:
+    return f"{', '.join(services)} changed since the node last passed its gate"
+
+
+def _ungated(snapshot: FleetSnapshot, lane: Lane, node: NodeInfo) -> list[str]:
+    """The recipe's services on `node` that differ from what the node's last passed gate saw.
 
     Decided from the services as they are, never from the journal: an update Swarm finished after lanectl
     died, a rollback interrupted before its gate, or an edit by hand all leave a node that no gate has seen
     serve. A service Swarm updated is no proof that the node serves, so the rollout gates it."""
     mine = [s for s in snapshot.services if s.recipe == lane.recipe.id and s.node == node.hostname]
-    return bool(ungated_services(node, mine))
+    return ungated_services(node, mine)
 
 
 def _service_step(lane: Lane, node: NodeInfo, container: ContainerSpec, wanted: dict[str, Any],
@@ -266,10 +272,12 @@ def _rest_of_rollback(catalog: Catalog, snapshot: FleetSnapshot, intent: Mapping
         steps = [Step("service-rollback", target.name, s.name, s.role, gate_seconds(target), node=host)
                  for s in mine if s.lane != target.name and s.previous_lane == target.name
                  and s.update_state == UPDATE_DONE]
-        if not steps and host in by_host and not _ungated(snapshot, target, by_host[host]):
+        ungated = _ungated(snapshot, target, by_host[host]) if host in by_host else []
+        if not steps and host in by_host and not ungated:
             continue
         primary = service_name(target, ROLE_PRIMARY, host)
-        steps.append(Step("node-gate", target.name, primary, ROLE_PRIMARY, gate_seconds(target), node=host))
+        steps.append(Step("node-gate", target.name, primary, ROLE_PRIMARY, gate_seconds(target), node=host,
+                          why=_not_gated(ungated) if not steps and ungated else ""))
         phases.append(Phase(tuple(steps)))
     if not phases:
         return Plan("noop", target.name, message=f"the rollback to {target.name} is done and gated on "
@@ -287,7 +295,8 @@ def plan_lines(plan: Plan) -> list[str]:
     for index, phase in enumerate(plan.phases):
         node = phase.steps[0].node
         lines.append(f"{'canary' if index == 0 else 'then'} {node}:")
-        lines += [f"  would {step.describe()}" for step in phase.steps]
+        lines += [f"  would {step.describe()}" + (f" ({step.why})" if step.action == "node-gate" and step.why else "")
+                  for step in phase.steps]
     if plan.way_back:
         lines.append("on a failed step: stop, and put back every node changed so far, the last one first:")
         lines += [f"  would {step.describe()}" for phase in plan.way_back for step in phase.steps]
