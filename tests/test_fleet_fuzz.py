@@ -1,12 +1,13 @@
 """The fleet's promises under any interleaving of the operator's and the world's moves, over the in-memory Swarm.
 
-A Hypothesis state machine: its rules are `up --fleet` and `rollback --fleet` (run whole, interrupted after step k
-by one or two signals, or killed right after any call Swarm took), Swarm finishing or rolling back an update on its
-own after lanectl died, recipe edits (a port moved, a companion removed) and a dead run's lease expiring. After
-every rule: no run ends ok (or noop) for a node whose services changed since a gate last saw them serve, and
-`fleet status` never calls such a node healthy. A failure prints the shrunk sequence of rules.
+A Hypothesis state machine. Its rules: `up --fleet` and `rollback --fleet` (run whole, interrupted after step k by
+one or two signals, or killed right after any call Swarm took); Swarm finishing or rolling back an update on its
+own, after lanectl died or while it watched; recipe edits (a companion's port moved, the companion removed);
+another manager's lease, and leases expiring. After every rule: no run ends ok (or noop) for a node whose
+services changed since a gate last saw them serve, and `fleet status` never calls such a node healthy, nor a
+node a killed run left leased. A failure prints the shrunk sequence of rules.
 
-CI runs a bounded, derandomized search (over 2,000 steps); `HYPOTHESIS_PROFILE=long` (`make fuzz`) searches far
+CI runs a bounded, derandomized search (over 2,000 rules); `HYPOTHESIS_PROFILE=long` (`make fuzz`) searches far
 longer with fresh randomness.
 """
 
@@ -48,7 +49,7 @@ from tests.conftest import REPO
 from tests.test_fleet_plan import RECIPE
 from tests.test_fleet_rollout import PUSHED, SECRET_VALUES, SECRETS, FakeSwarm, Killed, Reporter
 
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=120, stateful_step_count=20,
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=150, stateful_step_count=20,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.register_profile("long", deadline=None, max_examples=5000, stateful_step_count=40, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -116,7 +117,10 @@ class FuzzSwarm(FakeSwarm):
 
     def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
         if not (self.mid_update and self.kill_at is not None and self.taken + 1 >= self.kill_at):
-            return super().update_service(current, spec, environ)
+            try:
+                return super().update_service(current, spec, environ)
+            finally:
+                self.fail_updates.discard(current.name)  # Swarm's check failed that one update
         # Killed while Swarm replaces the task: the spec is the new one, its task not started yet.
         name = current.name
         self.calls.append(f"update {name}")
@@ -167,6 +171,7 @@ class FleetMachine(RuleBasedStateMachine):
         self.catalog = self.catalogs["as-written"]
         self.gated: dict[str, dict[str, str]] = {h: {} for h in HOSTS}  # host -> marks its last passed gate saw
         self.now = 1_000_000.0  # the clock leases are judged by
+        self.checked = 0
 
     # -- the world's truth ------------------------------------------------------------------------------
 
@@ -248,6 +253,10 @@ class FleetMachine(RuleBasedStateMachine):
         result = self.run(plan, "rollback --fleet", stop)
         self.check_ended(result, hosts, "rollback --fleet")
 
+    @rule(role=st.sampled_from(["primary", "rtx"]), host=st.sampled_from(HOSTS))
+    def next_update_fails_swarms_check(self, role: str, host: str) -> None:
+        self.swarm.fail_updates.add(f"fleet-t-{role}-{host}")
+
     @precondition(lambda self: bool(self.swarm.unsettled))
     @rule()
     def swarm_settles(self) -> None:
@@ -282,7 +291,8 @@ class FleetMachine(RuleBasedStateMachine):
 
     @invariant()
     def status_never_calls_an_ungated_node_healthy(self) -> None:
-        FleetMachine.steps += 1
+        FleetMachine.steps += self.checked  # the check before the first rule is not a step
+        self.checked = 1
         services = self.swarm.lane_services()
         seen = summarize(self.swarm.nodes(), services, {s.id: self.swarm.tasks(s.id) for s in services}, {},
                          leases_left=self.leases_left(), left_over=left_over_services(services, self.catalog))
@@ -302,8 +312,11 @@ def test_fuzz_the_fleet_never_says_ok_for_a_node_it_did_not_gate(catalogs: dict[
     folder = Path(tempfile.mkdtemp(prefix="lanectl-fleet-fuzz-", dir="/dev/shm" if Path("/dev/shm").is_dir()
                                    else None))
     FleetMachine.catalogs, FleetMachine.folder = catalogs, folder
+    FleetMachine.steps, FleetMachine.results = 0, {}
     try:
         run_state_machine_as_test(FleetMachine, settings=PROFILE)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"fleet fuzz: {FleetMachine.steps} steps; run results {FleetMachine.results}")
+    if PROFILE is settings.get_profile("ci"):
+        assert FleetMachine.steps >= 2000, "the CI search is bounded, not cut short"
