@@ -716,3 +716,19 @@ def test_a_first_signal_during_a_swarm_update_is_acknowledged_at_once(catalog, s
     assert heard and heard[0] < done[0], lines
     assert lines[heard[0]] == ("SIGINT: stopping once service-update:fleet-t-primary-s2 ends (Swarm is running it); "
                                "a second SIGINT stops at once and leaves Swarm to finish it")
+
+
+def test_a_wait_for_the_engine_lock_is_said_not_silent():
+    from lanectl.commands.fleet import engine_lock_held
+    from lanectl.state.lock import LockBusy, engine_lock
+
+    other = engine_lock("lanectl up f1 --fleet")
+    other.acquire(0)
+    reporter = Reporter()
+    try:
+        with pytest.raises(LockBusy), engine_lock_held("lanectl rollback --fleet", 0.2, reporter):  # type: ignore[arg-type]
+            pass
+    finally:
+        other.release()
+    assert reporter.lines == [f"waiting up to 0.2 s for the lock of this Docker engine, held by pid {os.getpid()} "
+                              "(lanectl up f1 --fleet)"]

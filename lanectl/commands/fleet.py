@@ -8,7 +8,8 @@ runs exactly that plan."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,10 +70,22 @@ def _plan_or_run(catalog: Catalog, planner: Planner, lanes: list[Lane], command:
     create_state_dir(files.root)
     # The manager's engine's lock, as a box switch takes it: one mutation at a time there, whatever the state
     # folder; node leases keep two managers from changing one node at once.
-    with engine_lock(command).held(lock_wait):
+    with engine_lock_held(command, lock_wait, reporter):
         outcome = plan_and_run(FleetRollout(catalog, swarm, journal, reporter=reporter), files, planner, lanes,
                                why=command.removeprefix("lanectl "))
     return Result("fleet-switch", outcome.as_dict(), exit_code=outcome.exit_code)
+
+
+@contextmanager
+def engine_lock_held(command: str, lock_wait: float, reporter: Reporter) -> Iterator[None]:
+    """The manager's engine's lock, as a box switch takes it; a wait for it is said, not silent (up to a
+    minute that reads as a hang)."""
+    lock = engine_lock(command)
+    busy = lock.holder_now()
+    if busy is not None and lock_wait > 0:
+        reporter.note(f"waiting up to {lock_wait:g} s for the lock of this Docker engine, held by {busy}")
+    with lock.held(lock_wait):
+        yield
 
 
 def plan_and_run(rollout: FleetRollout, files: StateFiles, planner: Planner, lanes: list[Lane], *,
