@@ -23,6 +23,7 @@ from lanectl.fleet.status import left_over_services, summarize
 from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
 from lanectl.lanes.interrupt import Interrupt
+from lanectl.lanes.plan import Phase, Plan, Step
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.state.journal import Journal
@@ -732,3 +733,13 @@ def test_a_wait_for_the_engine_lock_is_said_not_silent():
         other.release()
     assert reporter.lines == [f"waiting up to 0.2 s for the lock of this Docker engine, held by pid {os.getpid()} "
                               "(lanectl up f1 --fleet)"]
+
+
+def test_a_node_missing_one_of_its_lanes_services_is_never_called_gated(catalog, one_node, journal):
+    up(catalog, one_node, journal, "f1")
+    one_node.remove_service("fleet-t-rtx-s2")  # by hand, or by a switch to a lane without it
+    gate_only = Plan("up", "f1", "f1", (Phase((Step("node-gate", "f1", "fleet-t-primary-s2", "primary", 600.0,
+                                                     node="s2"),)),))
+    outcome = rollout(catalog, one_node, journal).run(gate_only, why="up")
+    assert outcome.result == "failed", outcome.message
+    assert "its service(s) fleet-t-rtx-s2 are missing; `lanectl up f1 --fleet` creates them" in outcome.message

@@ -450,6 +450,11 @@ class FleetRollout:
             raise StepFailed(problem, check="swarm")
         # The marks are taken before the gate: a service changed while the gate ran is not called gated.
         marks = self._marks(lane, node)
+        missing = [name for name, mark in marks.items() if mark is None]
+        if missing:  # the gate would pass over a role with no service as one that publishes no port
+            raise StepFailed(f"{lane.name} cannot serve on {node.hostname}: its service(s) {', '.join(missing)} "
+                             f"are missing; `lanectl up {lane.name} --fleet` creates them", check="companion",
+                             logs_tell=False)
         result = self.gate(self.swarm, lane, node, service.id, self.reporter, self.interrupt.pending)
         if result.failed_check == INTERRUPTED:
             raise GateInterrupted(result.detail)
