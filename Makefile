@@ -25,11 +25,6 @@ contract:
 test-unit:
 	$(BIN)/pytest -q -m "not docker and not network"
 
-# The stateful fuzzers (tests/test_*fuzz*.py), searching far longer than CI does, with fresh randomness.
-.PHONY: fuzz
-fuzz:
-	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -s tests/ -k fuzz
-
 lint:
 	$(BIN)/ruff check lanectl tests benchmarks images/stub-engine
 	$(BIN)/mypy

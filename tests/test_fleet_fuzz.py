@@ -49,11 +49,12 @@ from tests.conftest import REPO
 from tests.test_fleet_plan import RECIPE
 from tests.test_fleet_rollout import PUSHED, SECRET_VALUES, SECRETS, FakeSwarm, Killed, Reporter
 
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=150, stateful_step_count=20,
+# Named for this module: the box's fuzzer registers its own "ci" and "long" in the same process.
+settings.register_profile("fleet-ci", derandomize=True, deadline=None, max_examples=150, stateful_step_count=20,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-settings.register_profile("long", deadline=None, max_examples=5000, stateful_step_count=40, print_blob=True,
+settings.register_profile("fleet-long", deadline=None, max_examples=5000, stateful_step_count=40, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+PROFILE = settings.get_profile("fleet-long" if os.environ.get("HYPOTHESIS_PROFILE") == "long" else "fleet-ci")
 
 HOSTS = ["s1", "s2"]
 FUZZ_PUSHED = {**PUSHED, "hang": "reg:5000/fleet-t@sha256:" + "3" * 64}
@@ -328,5 +329,5 @@ def test_fuzz_the_fleet_never_says_ok_for_a_node_it_did_not_gate(catalogs: dict[
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"fleet fuzz: {FleetMachine.steps} steps; run results {FleetMachine.results}")
-    if PROFILE is settings.get_profile("ci"):
+    if PROFILE is settings.get_profile("fleet-ci"):
         assert FleetMachine.steps >= 2000, "the CI search is bounded, not cut short"
