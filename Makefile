@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both do all set-up on a fresh machine.
-.PHONY: setup demo test test-unit contract lint bench docs base-image clean-images
+.PHONY: setup demo test test-unit contract lint bench docs base-image clean-images fuzz fuzz-mutants
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,6 +24,14 @@ contract:
 # The pure core only: no Docker, no network.
 test-unit:
 	$(BIN)/pytest -q -m "not docker and not network"
+
+# The stateful fuzzers (tests/test_*fuzz*.py) with the long profile: thousands of sequences, not CI's hundred.
+fuzz:
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:cacheprovider tests -k fuzz
+
+# Each runtime check of the switch's executor removed in turn: the fuzzer must fail without it.
+fuzz-mutants:
+	@bash scripts/fuzz-mutants.sh
 
 lint:
 	$(BIN)/ruff check lanectl tests benchmarks images/stub-engine

@@ -39,8 +39,14 @@ class Project:
         if recipes_dir is None:
             from_env = os.environ.get("LANECTL_RECIPES")
             recipes_dir = Path(from_env) if from_env else Path("recipes")
-        recipes_dir = recipes_dir.resolve()
-        return cls(root=recipes_dir.parent, recipes_dir=recipes_dir)
+        try:
+            resolved = recipes_dir.resolve()
+        except (OSError, RuntimeError) as exc:  # a loop of links is a RuntimeError before Python 3.13
+            from lanectl.errors import BadInput
+
+            raise BadInput(f"recipes folder {recipes_dir}: {getattr(exc, 'strerror', None) or exc}; give a "
+                           "usable path (--recipes or LANECTL_RECIPES)") from None
+        return cls(root=resolved.parent, recipes_dir=resolved)
 
     @property
     def images_dir(self) -> Path:
@@ -56,9 +62,11 @@ class Project:
 
     def display(self, path: Path) -> str:
         """A path as the user should read it in messages: relative to the current folder when inside it."""
-        absolute = path.resolve()
         try:
+            absolute = path.resolve()
             return absolute.relative_to(Path.cwd()).as_posix()
+        except (OSError, RuntimeError):  # a name too long, a loop of links: shown as given
+            return str(path)
         except ValueError:
             return str(absolute)
 
@@ -72,8 +80,8 @@ def leaves(path: Path, folder: Path, *, resolved_folder: Path | None = None) -> 
     """
     try:
         return not path.resolve().is_relative_to(resolved_folder or folder.resolve())
-    except (ValueError, OSError):  # a NUL byte or a link loop: no such place inside the folder
-        return True
+    except (ValueError, OSError, RuntimeError):  # a NUL byte, a name too long, a link loop (RuntimeError before
+        return True                              # Python 3.13): no such place inside the folder
 
 
 def cache_dir() -> Path:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make docs: the docs site from docs/ and mkdocs.yml into site/, with --strict (a broken link, a page missing from
-# the nav or a warning fails it). Installs the pinned `docs` extra into .venv on first use; the recipe and command
-# references are generated while it builds (scripts/docs_reference.py, an MkDocs hook), so they follow the code.
+# the nav or a warning fails it). Installs the pinned `docs` extra into .venv on first use; the references (recipe
+# fields, a page per command, environment variables) are generated while it builds (scripts/docs_reference.py, an
+# MkDocs hook), so they follow the code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then

@@ -22,8 +22,8 @@ collect_ignore = ["contract"]
 # cut to take about as long as each other, since the run lasts as long as its longest. What each holds:
 #   gate      the A/B/A gate's brackets on lanes, the endpoint probes, alerts, builds and registry pushes, and
 #             the watchdog's hostile state files
-#   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, and the installed
-#             wheel
+#   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, the installed
+#             wheel, and the guides run as written
 #   watchdog  the watchdog and standbys on lanes
 #   fleet     the two-node Swarm (its module is the suite's second longest), a real cron, the load generator and
 #             the health gate against stub processes
@@ -32,7 +32,7 @@ collect_ignore = ["contract"]
 #   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
 #   solo      the test that restarts the Docker engine every other test uses: alone, last
 FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py", "test_loadgen_stub.py", "test_health_gate_stub.py"}
-SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_installed_wheel.py"}
+SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_installed_wheel.py", "test_guides.py"}
 WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py"}
 TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py"}
 GATE_FILES = {"test_endpoint_probe.py", "test_alerts.py", "test_registry_push.py", "test_build_docker.py",

@@ -160,6 +160,7 @@ class MemoryEngine:
         self.calls: list[str] = []
         self.fail: dict[str, Exception] = {}  # "start:NAME" -> what that call raises
         self.on_call: dict[str, Any] = {}  # "stop:NAME" -> a function run before the call returns
+        self.stops: list[tuple[str, int]] = []  # (name, the timeout its stop allowed)
 
     def _call(self, what: str) -> None:
         self.calls.append(what)
@@ -180,11 +181,13 @@ class MemoryEngine:
         if self.held[name].state == "running":
             return False
         self.held[name].state = "running"
+        self.held[name].asleep = False  # a container started from stopped runs a new engine, awake
         self.held[name].starts += 1
         return True
 
     def stop(self, name: str, timeout: int) -> None:
         self._call(f"stop:{name}")
+        self.stops.append((name, timeout))
         if name in self.held:
             self.held[name].state = "exited"
             self.held[name].asleep = False
@@ -206,7 +209,7 @@ class MemoryEngine:
         return ContainerState(name=name, id=name, lane="", role=held.spec.role, recipe="", inputs="",
                               image=held.spec.image, status=held.state,
                               exit_code=0 if held.state == "exited" else None, started_at=None, finished_at=None,
-                              restart_count=0, device_requests=())
+                              restart_count=0, device_requests=(), stop_timeout=held.spec.stop_timeout_seconds)
 
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str:
         self._call(f"logs:{name}")
@@ -258,16 +261,34 @@ class FakeEngines:
         if lane.name in self.failing_gates or not running:
             check = "generation" if running else "container-exited"
             return GateResult(False, check, f"{lane.name} is broken", 0.1, ("a log line",), ())
+        elsewhere = self._not_published_there(lane)
+        if elsewhere:
+            # A real gate probes the lane's ports: a container that publishes others does not answer there.
+            return GateResult(False, "health", f"{elsewhere}: connection refused", 0.1, (), ())
         if lane.container_name() in asleep:
             # A sleeping vLLM answers /health 200 and queues the generation probe unanswered.
             return GateResult(False, "generation", "generation probe timed out (health 200: engine stuck?)", 0.1,
                               ("a log line",), ())
         return GateResult(True, None, "ready", 0.1, (), ())
 
+    def _not_published_there(self, lane: Lane) -> str:
+        """The first running container of the lane that does not publish the host ports the gate is given."""
+        for role, engine in lane.spec.engines():
+            held = self.engine.held.get(lane.container_name(role))
+            if held is None or held.state != "running" or not held.spec.ports:
+                continue
+            given = {int(port.published) for port in engine.ports}
+            if {int(port["host"]) for port in held.spec.ports} != given:
+                return f"{lane.container_name(role)} does not publish {sorted(given)}"
+        return ""
+
     def sleep(self, lane: Lane, role: str) -> str:
         if lane.name in self.failing_sleeps:
             raise StandbyError("POST /sleep?level=1&mode=wait answered 500: Call to sleep method failed")
-        self.engine.held[lane.container_name(role)].asleep = True
+        held = self.engine.held.get(lane.container_name(role))
+        if held is None or held.state != "running":
+            raise StandbyError(f"{lane.container_name(role)}: POST /sleep: connection refused")
+        held.asleep = True
         return "no request in flight"
 
     def wake(self, lane: Lane) -> None:
@@ -285,6 +306,10 @@ class FakeEngines:
 
     def in_flight(self, lane: Lane, role: str) -> int | None:
         return None
+
+    def is_sleeping(self, lane: Lane, role: str) -> bool | None:
+        held = self.engine.held.get(lane.container_name(role))
+        return None if held is None or held.state != "running" else held.asleep
 
 
 class QuietReporter:

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("state",),
     ("host",),
     ("dockerapi",),
-    ("errors", "project", "output", "records"),  # the base every layer may use
+    ("errors", "project", "output", "records", "environment"),  # the base every layer may use
 ]
 # The scripts copied into images run there with the standard library only.
 STDLIB_ONLY = ("image.in_image",)
@@ -83,11 +83,11 @@ def test_scripts_copied_into_images_import_nothing_of_lanectl():
 
 def test_no_module_is_left_flat_beside_the_packages():
     flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert set(flat) <= {"__init__", "__main__", "errors", "output", "project", "records"}, flat
+    assert set(flat) <= {"__init__", "__main__", "errors", "output", "project", "records", "environment"}, flat
 
 
 def test_the_architecture_page_names_every_package():
-    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    page = (PACKAGE.parent / "docs" / "design" / "architecture.md").read_text()
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
     missing = [name for name in packages if f"`{name}/`" not in page]
-    assert not missing, f"docs/architecture.md does not say where {missing} live"
+    assert not missing, f"docs/design/architecture.md does not say where {missing} live"

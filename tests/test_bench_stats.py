@@ -132,13 +132,14 @@ def test_an_aba_bracket_rests_on_its_one_control_pair_without_a_prior() -> None:
 
 def test_a_calibrated_prior_pools_with_the_brackets_own_arms() -> None:
     prior = ArmNoise(variance=0.002**2, df=9)
-    interval = ratio_interval([[100.0] * 3, [102.0] * 3], [[110.0] * 3], prior=prior)
-    own = math.log(1.02) ** 2 / 2  # the control pair's sum of squares, on 1 df
-    assert interval.df == 10
+    controls = [[100.0] * 3, [100.3] * 3]  # 0.3 % apart: within what a 0.2 % prior allows one pair
+    interval = ratio_interval(controls, [[110.0] * 3], prior=prior)
+    own = math.log(1.003) ** 2 / 2  # the control pair's sum of squares, on 1 df
+    assert interval.df == 10 and interval.conflict is None
     # The prior at the upper end of its 90 % bound: 9 / chi2(0.10, 9) = 2.16 times its variance.
     assert pessimistic(prior).variance == pytest.approx(0.002**2 * 9 / 4.168, rel=1e-3)
     assert interval.arm_sd == pytest.approx(math.sqrt((own + 9 * pessimistic(prior).variance) / 10), rel=1e-12)
-    as_estimated = ratio_interval([[100.0] * 3, [102.0] * 3], [[110.0] * 3], prior=prior, model=POINT_PRIOR_MODEL)
+    as_estimated = ratio_interval(controls, [[110.0] * 3], prior=prior, model=POINT_PRIOR_MODEL)
     assert as_estimated.arm_sd == pytest.approx(math.sqrt((own + 9 * 0.002**2) / 10), rel=1e-12)
     assert interval.high - interval.low < 0.1  # against 0.48 on the pair alone
 

@@ -426,3 +426,12 @@ def test_build_text_and_the_failing_steps_last_lines():
          "failed    h2: step 3 (RUN make) failed"],
         ["last lines of the failing step:", "  make: *** [all] Error 1"],
     )
+
+
+def test_status_names_a_container_made_for_a_role_the_recipe_no_longer_has():
+    orphan = {"name": "dsv41-h1-REF-rtx", "lane": "h1-REF", "role": "rtx", "status": "Up 2 hours"}
+    quiet = {**STATUS, "unfinished_switch": None, "journal_problems": [], "unknown_containers": [],
+             "orphan_containers": [orphan]}
+    out, _ = streams(render_text(Result("status", quiet)))
+    assert out[-1] == ("orphan container dsv41-h1-REF-rtx (Up 2 hours): made for h1-REF's role rtx, which its "
+                       "recipe no longer has; the next `lanectl up` or `down` stops and removes it")

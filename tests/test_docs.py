@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import typer
+import yaml
 
 from lanectl.cli.app import app
 from lanectl.commands.validate import validate_recipes
@@ -76,25 +76,44 @@ def test_every_field_example_validates_as_a_recipe() -> None:
     assert result.exit_code == 0
 
 
-def test_the_command_reference_has_every_command_and_option() -> None:
-    reference = docs_reference().command_reference()
-    root = typer.main.get_command(app)
+def test_every_command_has_a_page_with_its_usage_options_example_and_exit_codes_as_help_prints_them() -> None:
+    from typer.testing import CliRunner
 
-    def walk(command: Any, names: list[str]) -> None:
-        context = typer.Context(command, info_name=" ".join(names))
-        if names:
-            assert f"\n## {' '.join(names)}\n" in reference, f"no section for `lanectl {' '.join(names)}`"
-            section = reference.split(f"\n## {' '.join(names)}\n", 1)[1].split("\n## ", 1)[0]
-            for param in command.get_params(context):
-                if param.param_type_name == "option" and not param.hidden and param.name != "help":
-                    assert f"`{param.opts[0]}" in section, f"lanectl {' '.join(names)}: {param.opts[0]} missing"
-        if hasattr(command, "list_commands"):
-            for name in command.list_commands(context):
-                child = command.get_command(context, name)
-                if child is not None and not child.hidden:
-                    walk(child, [*names, name])
+    reference = docs_reference()
+    pages = reference.command_pages()
+    commands = reference.leaf_commands()
+    assert len(commands) > 25  # the walk found the app's commands, not an empty group
+    for names, _, _ in commands:
+        page = pages[reference.command_page_path(names)]
+        help_text = CliRunner().invoke(app, [*names, "--help"], prog_name="lanectl", env={"COLUMNS": "1000"}).stdout
+        usage = help_text.splitlines()[0]
+        assert f"```text\n{usage}\n```" in page, f"lanectl {' '.join(names)}: usage differs from --help"
+        for line in help_text.split("Options:", 1)[1].splitlines():
+            if line.strip().startswith("-") and "--help" not in line:
+                option = line.strip().split("  ")[0]
+                assert f"| `{option}` |" in page, f"lanectl {' '.join(names)}: {option} is not on its page as --help"
+        assert "## Example\n\n```console\n" in page and "$ " in page, f"lanectl {' '.join(names)}: no example"
+        assert "## Exit codes\n\n| Code | Meaning |\n|---|---|\n| 0 |" in page
 
-    walk(root, [])
+
+def test_every_command_is_documented_once_and_nothing_else_is() -> None:
+    reference = docs_reference()
+    commands = {" ".join(names) for names, _, _ in reference.leaf_commands()}
+    documented = reference.command_docs()
+    assert set(documented) == commands, f"no COMMAND_DOCS for {commands - set(documented)}; " \
+                                        f"for no command: {set(documented) - commands}"
+    for name, entry in documented.items():
+        assert set(entry) == {"example", "exit"}, name
+        assert f"lanectl {name}" in entry["example"], f"{name}: its example does not run it"
+        assert 0 in entry["exit"] and all(isinstance(text, str) and text for text in entry["exit"].values()), name
+
+
+def test_every_command_page_is_in_the_nav() -> None:
+    reference = docs_reference()
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    nav = reference.on_config(config)["nav"]
+    listed = set(re.findall(r"'(reference/commands/[a-z-]+\.md)'", str(nav)))
+    assert listed == {reference.command_page_path(names) for names, _, _ in reference.leaf_commands()}
 
 
 def test_the_readme_is_a_front_page() -> None:
@@ -142,8 +161,7 @@ def prose(markdown: str) -> str:
 def pages() -> list[tuple[str, str]]:
     found = [(str(path.relative_to(REPO)), path.read_text()) for path in [README, *sorted(DOCS.rglob("*.md"))]]
     reference = docs_reference()
-    found += [(reference.RECIPE_PAGE, reference.recipe_reference()),
-              (reference.COMMANDS_PAGE, reference.command_reference())]
+    found += list(reference.generated_pages().items())
     return found
 
 
@@ -170,3 +188,173 @@ def test_the_voice_check_finds_a_development_log(sample: str) -> None:
 def test_the_voice_check_leaves_code_alone() -> None:
     text = "# Page\n\n```\nls -I foo  # we list\n```\n\nRun `grep -i me`.\n"
     assert not FIRST_PERSON.search(prose(text))
+
+
+def test_the_variables_page_lists_every_variable_of_the_registry() -> None:
+    from lanectl.environment import VARIABLES
+
+    page = docs_reference().environment_reference()
+    for variable in VARIABLES:
+        shown = variable.name if variable.name.startswith("(") else f"`{variable.name}`"
+        assert f"| {shown} |" in page, variable.name
+
+
+# ------------------------------------------------------------------------------------------------ the changelog
+
+CHANGELOG_SECTIONS = {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def changelog_problems(changelog: str, version: str) -> list[str]:
+    """What keeps CHANGELOG.md from saying what `version` is (Keep a Changelog's shape)."""
+    releases = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", changelog, re.MULTILINE)
+    problems = []
+    if not releases or releases[0][0] != "Unreleased":
+        problems.append("the first section is not ## [Unreleased]")
+    if version not in {name for name, date in releases if date}:
+        problems.append(f"no dated section ## [{version}] - YYYY-MM-DD for the version lanectl says it is")
+    problems += [f"unknown section ### {name}" for name in re.findall(r"^### (.+)$", changelog, re.MULTILINE)
+                 if name not in CHANGELOG_SECTIONS]
+    return problems
+
+
+def test_the_version_lanectl_reports_has_its_changelog_entry() -> None:
+    import tomllib
+
+    from lanectl import __version__
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"] == __version__
+    assert changelog_problems((REPO / "CHANGELOG.md").read_text(), __version__) == []
+
+
+def test_a_version_bump_without_an_entry_is_found() -> None:
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert changelog_problems(changelog, "9.9.9") == [
+        "no dated section ## [9.9.9] - YYYY-MM-DD for the version lanectl says it is"]
+
+
+def test_the_site_is_named_with_the_version() -> None:
+    from lanectl import __version__
+
+    config = docs_reference().on_config(yaml.safe_load((REPO / "mkdocs.yml").read_text()))
+    assert config["site_name"] == f"lanectl {__version__}"
+
+
+# ------------------------------------------------------------------------------------------------ field reference
+
+def field_text(reference: str, model: str, field: str) -> str:
+    section = reference.split(f"{{#model-{model}}}", 1)[1].split("\n## ", 1)[0]
+    return section.split(f"#### `{field}`\n", 1)[1].split("\n#### ", 1)[0]
+
+
+def test_the_field_reference_marks_fields_a_merged_lane_requires() -> None:
+    reference = docs_reference().recipe_reference()
+    for model, field in (("health", "startup_budget_minutes"), ("health", "served_model_name"),
+                         ("imagespec", "base"), ("lanepartial", "image")):
+        assert "**required**" in field_text(reference, model, field), f"{model}.{field}"
+    assert "**required**" not in field_text(reference, "health", "poll_interval_seconds")
+
+
+def test_the_field_reference_shows_defaults_a_factory_makes() -> None:
+    from lanectl.host.xid import DEFAULT_HARDWARE_CODES
+
+    text = field_text(docs_reference().recipe_reference(), "xidpolicy", "hardware_codes")
+    assert "Default:" in text and str(sorted(DEFAULT_HARDWARE_CODES)[-1]) in text.split("Example")[0]
+    assert "default `{}`" in field_text(docs_reference().recipe_reference(), "engine", "env")
+
+
+def test_the_field_reference_lists_the_rules_validation_enforces() -> None:
+    reference = docs_reference().recipe_reference()
+    assert "must be at least 1 or 'all'" in field_text(reference, "gpurequest", "count")
+    gpus = reference.split("{#model-gpurequest}", 1)[1].split("\n#### ", 1)[0]
+    assert "give exactly one of 'count' or 'device_ids'" in gpus
+    xid = reference.split("{#model-xidpolicy}", 1)[1].split("\n#### ", 1)[0]
+    assert "listed as both application and hardware faults" in xid
+    lane = reference.split("{#model-lanepartial}", 1)[1].split("\n#### ", 1)[0]
+    assert "no time to drain its requests on a stop" in lane
+    assert "`health.served_model_name`: is … but the engine serves …" in lane
+
+
+def test_a_rule_is_read_from_its_validator_not_copied() -> None:
+    SUFFIX = " at most 15"
+
+    def check(value: int) -> None:
+        if value > 15:
+            raise ValueError(f"must be{SUFFIX}, got {value}")
+
+    reference = docs_reference()
+    check.__module__ = __name__
+    globals()["SUFFIX"] = SUFFIX
+    try:
+        assert reference.messages_raised(check) == ["must be at most 15, got …"]
+    finally:
+        del globals()["SUFFIX"]
+
+
+# ------------------------------------------------------------------------------------------------ design history
+
+# How development history reads: what lanectl did before, what an import or a request cost the code, why it was
+# built so. It belongs in docs/design/; operator pages say what lanectl does and what to do.
+DESIGN_WORDS = re.compile(
+    r"\bwas the \w+'s before\b|\bwas once\b|\bunder the earlier\b|\bearlier model\b|\bused to be\b"
+    r"|\bimport(?:s|ed|ing)? (?:was|cost|costs)\b|\bms of CPU\b|\bquick command's start\b"
+    r"|\b\d+ Docker requests\b|\bpydantic\b|\bhttp\.client\b|\bthis (?:commit|change|fix)\b",
+    re.IGNORECASE)
+# Pages for those who work on lanectl itself, where its internals are the subject.
+DEVELOPER_PAGES = {"development.md", "stub-engine.md"}
+# Operator pages other work is rewriting now; their design paragraphs move to docs/design/ next (strict: the test
+# fails once a page is clean, so that it is taken off this list).
+STILL_CARRYING_HISTORY: set[str] = set()
+
+
+def operator_pages() -> list[tuple[str, str]]:
+    return [(name, text) for name, text in pages()
+            if not name.startswith(("docs/design/", "README")) and Path(name).name not in DEVELOPER_PAGES]
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    pytest.param(name, text, marks=[pytest.mark.xfail(strict=True, reason="design paragraphs not moved yet")]
+                 if Path(name).name in STILL_CARRYING_HISTORY else [])
+    for name, text in operator_pages()], ids=[name for name, _ in operator_pages()])
+def test_no_operator_page_carries_design_history(name: str, text: str) -> None:
+    found = DESIGN_WORDS.search(prose(text))
+    assert not found, f"{name}: {found.group(0)!r} is design history; move it to docs/design/"
+
+
+@pytest.mark.parametrize("sample", [
+    "109 (context switch timeout) was the application's before.",
+    "Results files written under the earlier model are read as before.",
+    "pydantic's import was a third of a quick command's start.",
+    "A switch of two lanes makes 10 Docker requests.",
+])
+def test_the_design_words_are_found(sample: str) -> None:
+    assert DESIGN_WORDS.search(sample)
+
+
+def test_the_design_pages_are_on_the_site() -> None:
+    assert {"docs/design/architecture.md", "docs/design/decisions.md"} <= {name for name, _ in pages()}
+
+
+def test_every_option_an_example_uses_is_one_its_command_has() -> None:
+    """A renamed or removed option leaves no example behind that uses it."""
+    import shlex
+
+    reference = docs_reference()
+    commands = {" ".join(names): (command, context) for names, command, context in reference.leaf_commands()}
+    checked = 0
+    for name, entry in reference.command_docs().items():
+        for line in entry["example"].splitlines():
+            words = shlex.split(line.split("#", 1)[0].removeprefix("$ ").removeprefix("sudo "))
+            for end in ("|", "&&"):
+                words = words[:words.index(end)] if end in words else words
+            if words[:1] != ["lanectl"]:
+                continue
+            used = " ".join(words[1:len(name.split()) + 1])
+            if used not in commands:
+                continue
+            command, context = commands[used]
+            known = {opt for param in command.get_params(context) for opt in param.opts + param.secondary_opts}
+            for word in words:
+                if word.startswith("-"):
+                    assert word.split("=", 1)[0] in known, f"{name}: example uses {word}, which {used} does not have"
+                    checked += 1
+    assert checked > 20

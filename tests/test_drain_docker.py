@@ -105,3 +105,32 @@ def test_a_drain_that_does_not_fit_cuts_the_requests_and_the_journal_says_how_ma
     (stop,) = stops(lanes, state, "t-nodrain")
     assert (stop["in_flight"], stop["cut"]) == (8, 8), stop
     assert "8 request(s) in flight CUT: the engine aborted them" in result.stderr
+
+
+def test_a_recipe_that_shortens_the_stop_timeout_does_not_cut_what_the_running_engine_drains(lanes, state):
+    """demo-h1 made with 60 s (its drain 45 s); the recipe then says 20 s (drain 5 s); the `up` that recreates
+    it stops the running container with its own 60 s, so 30 s streams in flight finish whole (the recipe's 20 s
+    cut them all: Docker killed the engine mid-drain)."""
+    recipe = lanes.root / "recipes" / "lanes.yaml"
+    original = recipe.read_text()
+    h1 = "\n  demo-h1:\n    description: The control lane (mirrors h1-REF).\n"
+    assert h1 in original
+
+    def h1_stops_after(seconds: int) -> None:
+        recipe.write_text(original.replace(h1, h1 + f"    engine:\n      stop_timeout_seconds: {seconds}\n"))
+        lanes.invoke("build", "demo-h1", state=state, check=True, timeout=600)
+
+    try:
+        h1_stops_after(60)
+        lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+        streams = in_flight(lanes, max_tokens=3000)
+        h1_stops_after(20)
+        result = lanes.invoke("up", "demo-h1", "--no-gpu", state=state)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "recreated: " in result.stderr and "stop_timeout_seconds 60 → 20" in result.stderr
+        assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
+        (stop,) = stops(lanes, state, "demo-h1")
+        assert (stop["in_flight"], stop["cut"]) == (8, 0), stop
+        assert "allowing 60 s to exit" in result.stderr
+    finally:
+        recipe.write_text(original)

@@ -116,6 +116,30 @@ def test_every_cells_95_percent_intervals_hold_1_in_at_least_95_percent_of_aa_br
     assert held / total >= 0.95, rows
 
 
+CROSS_CELLS = [f"{klass}@{streams}" for streams in (1, 8, 32) for klass in ("prose", "code")]
+
+
+@pytest.mark.parametrize("key", CROSS_CELLS)
+def test_each_session_judged_with_the_other_sessions_calibration_holds_1_in_95_percent_of_brackets(key):
+    """As a gate really runs: each session's A/B/A brackets judged with the other session's calibration only (the
+    prior-data conflict check on). Every cell both sessions recorded (64 streams has no other session's
+    calibration: its brackets are judged without one above): 20 of 20 brackets hold 1.0 in every cell but
+    code@8, where 19 of 20 do (aa-8b's arms spread 1.10 % there, the aa64 calibration 0.59 %)."""
+    rows = [row for row in coverage_table()[key] if "no calibration" not in row[0]
+            and row[0].split(" with ")[0] != row[0].split(" with ")[1].removesuffix(" calibration")]
+    held, total = sum(row[1] for row in rows), sum(row[2] for row in rows)
+    assert total == 20 and held / total >= 0.95, rows
+
+
+@pytest.mark.parametrize("key", ["prose@1", "code@1"])
+def test_a_3_6_percent_candidate_at_1_stream_is_never_failed_in_one_aba_bracket_on_another_sessions_calibration(key):
+    sets = {name: recorded_cells(path) for name, path in AA_SETS.items()}
+    for name, cells in sets.items():
+        other = next(n for n in sets if n != name)
+        judged = aa_brackets(cells[key], calibration(sets[other])[key], effect=RELEASE_NOTE_EFFECT)
+        assert "fail" not in {cell["verdict"] for cell in judged}, (name, key)
+
+
 def test_with_the_prior_at_its_estimate_a_calibration_from_another_session_was_overconfident():
     """The failure issue 42 saw, on these records: the test above can fail."""
     rows = coverage_table(POINT_PRIOR_MODEL)["code@8"]
@@ -139,8 +163,11 @@ def test_without_this_hosts_calibration_every_interval_is_wider_and_the_verdict_
         for key, arms in cells.items():
             pairs = zip(aa_brackets(arms, None), aa_brackets(arms, priors[key]), strict=True)
             for without, with_prior in pairs:
-                assert without["low"] < with_prior["low"] and without["high"] > with_prior["high"], key
                 assert without["interval"]["prior"] is None and with_prior["interval"]["prior"] is not None
+                if with_prior["interval"].get("prior_stale"):  # the bracket's own arms set the prior aside
+                    assert (without["low"], without["high"]) == (with_prior["low"], with_prior["high"]), key
+                    continue
+                assert without["low"] < with_prior["low"] and without["high"] > with_prior["high"], key
     arms = recorded_cells(AA_SETS["aa64-8b"])["prose@64"]
     bracket = [written("control-1", {"prose@64": arms[0]}), written("candidate", {"prose@64": arms[1]}),
                written("control-2", {"prose@64": arms[2]})]

@@ -61,12 +61,26 @@ def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candi
     code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
     assert code == 1 and report["verdict"] in ("inconclusive", "fail"), report
     assert report["noise_prior"]["lane"] == "demo-h1" and report["noise_prior"]["arms"] == 3
+    # The calibration kept the control's config (its container's spec digest), and the gate's control ran it.
+    assert len(kept["lane_digest"]) == 64 and report["noise_prior"]["lane_digest"] == kept["lane_digest"]
+    assert "refused" not in report["noise_prior"]
     assert {k: c["interval"]["prior"]["df"] for k, c in report["cells"].items()} == {"prose@1": 1, "code@1": 1}
-    assert all(c["interval"]["df"] == 2 for c in report["cells"].values())  # the prior's 1 and the pair's 1
+    # The prior's 1 and the pair's 1; or the pair's alone where the pair contradicted the prior (5 % of cells).
+    assert all(c["interval"]["df"] == (1 if c["interval"].get("prior_stale") else 2) for c in report["cells"].values())
     assert report["promoted"] is None and active(lanes, state) == "demo-h1"
     run_dir = Path(report["run_dir"])
     assert json.loads((run_dir / "results.json").read_text())["gate"]["verdict"] == report["verdict"]
     assert not (run_dir / "ratios.png").exists()
+    # A calibration of another config of the control (as if its image had been rebuilt since) is not used, and
+    # the verdict says why.
+    stored = json.loads((state / "calibration.json").read_text())
+    stored["workloads"]["gate-test"]["lane_digest"] = "0" * 64
+    (state / "calibration.json").write_text(json.dumps(stored))
+    _, report = gate(lanes, state, "t-same")
+    assert report["noise_prior"]["refused"].endswith(f"ran another config of demo-h1 (spec digest 000000000000, "
+                                                     f"where the control ran {kept['lane_digest'][:12]})")
+    assert all(c["interval"]["prior"] is None for c in report["cells"].values())
+    assert [r for r in report["reasons"] if r.startswith("prior not used: ")], report["reasons"]
 
 
 def test_until_decided_adds_arms_until_a_4_percent_faster_lane_passes(lanes, state):

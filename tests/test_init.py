@@ -22,6 +22,7 @@ def test_init_writes_a_project_that_validates(tmp_path):
     assert result.stdout.splitlines() == [
         "wrote My Lanes/recipes/starter.yaml",
         "wrote My Lanes/recipes/workloads/smoke.yaml",
+        "wrote My Lanes/recipes/workloads/probes/quick.yaml",
         "wrote My Lanes/lanectl.schema.json",
         "next: cd 'My Lanes' && lanectl validate && lanectl build --all && lanectl up stub-a --no-gpu",
     ]
@@ -136,3 +137,36 @@ def test_init_on_a_read_only_disk_is_a_clear_error(small_tmpfs, tmp_path):
     assert result.returncode == 2
     assert result.stderr == (f"lanectl: lanectl init could not write {small_tmpfs / 'p'}: Read-only file system; "
                              "nothing was left behind. Choose a folder you can write to\n")
+
+
+def test_the_starter_points_at_what_exists_and_its_gate_can_pass(tmp_path):
+    """The gate command the starter suggests names a workload it wrote, whose probes exist (PASS needs them), and
+    the format is pointed to where it is documented."""
+    import re
+
+    from lanectl.bench.workload import load_workload, workload_file
+
+    assert lanectl("init", "p", "--port", "18777", cwd=tmp_path).returncode == 0
+    recipe = (tmp_path / "p" / "recipes" / "starter.yaml").read_text()
+    assert "README" not in recipe and "host: 18777" in recipe and "18100" not in recipe
+    gate = re.search(r"lanectl gate .*", recipe).group(0)
+    workload = re.search(r"--workload (\S+)", gate).group(1)
+    loaded = load_workload(workload_file(tmp_path / "p" / "recipes", workload))
+    assert loaded.probes, "a workload without probes can never PASS a gate"
+
+
+@pytest.mark.parametrize("port", ["0", "70000"])
+def test_a_port_out_of_range_is_refused(tmp_path, port):
+    result = lanectl("init", "p", "--port", port, cwd=tmp_path)
+    assert result.returncode == 2 and "a host port is a number from 1 to 65535" in result.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_patches_check_passes_in_a_project_without_patches(tmp_path):
+    """The CI step the docs give runs `patches check` in every project, the starter's included."""
+    assert lanectl("init", "p", cwd=tmp_path).returncode == 0
+    result = lanectl("patches", "check", cwd=tmp_path / "p")
+    assert result.returncode == 0, result.stderr
+    assert "no *.patch files under patches: nothing to check" in result.stderr
+    as_json = lanectl("patches", "check", "--json", cwd=tmp_path / "p")
+    assert (as_json.returncode, json.loads(as_json.stdout)["data"]) == (0, {"patches": []})

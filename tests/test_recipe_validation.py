@@ -288,3 +288,32 @@ def test_split_kv_settings_are_checked_where_they_are_written(project, write_rec
 def test_split_kv_settings_the_overlay_supports_pass(project, write_recipe, env):
     write_recipe(GOOD.replace('env: {X: "1"}', f"env: {env}"))
     assert load_catalog(Project.locate()).lane("b").spec.engine.env
+
+
+def test_a_top_level_problem_does_not_hide_the_lanes_problems(project, write_recipe):
+    """An unknown top-level key and a bad id are listed together with each lane's own problem, in file order."""
+    bad = (GOOD.replace("id: t", "id: T!\nowner: ops", 1)
+               .replace("      env: {X: \"1\"}\n", "      env: {X: \"1\"}\n    gpus: {count: 0}\n", 1))
+    write_recipe(bad)
+    listed = problems(project)
+    assert [line.split(": ", 2)[1] for line in listed] == ["id", "owner", "lanes.b.gpus"], listed
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    pytest.param(("  health:\n", "    init: \"no\"\n  health:\n"), "defaults.engine.init", id="quoted-boolean"),
+    pytest.param(("  health:\n", "    stop_timeout_seconds: \"30\"\n  health:\n"),
+                 "defaults.engine.stop_timeout_seconds", id="quoted-integer"),
+    pytest.param(("  health:\n", "    stop_timeout_seconds: true\n  health:\n"),
+                 "defaults.engine.stop_timeout_seconds", id="boolean-as-integer"),
+])
+def test_a_boolean_or_integer_field_takes_only_a_boolean_or_an_integer(project, write_recipe, change, field):
+    """As the field reference says: `"no"` is text, not false, and `"30"` is text, not an integer."""
+    old, new = change
+    assert old in GOOD
+    write_recipe(GOOD.replace(old, new, 1))
+    assert [line.split(": ", 2)[1] for line in problems(project)] == [field]
+
+
+def test_unquoted_yaml_booleans_and_numbers_stay_valid(project, write_recipe):
+    write_recipe(GOOD.replace("  health:\n", "    init: no\n    stop_timeout_seconds: 30\n  health:\n", 1))
+    assert load_catalog(Project.locate()).lane("a").spec.engine.init is False

@@ -99,6 +99,8 @@ def promoted_bracket() -> dict:
                             arm("candidate:demo-h2-8", "demo-h2-8", 102.5, 660),
                             arm("control-2", "demo-h1", 100, 700)], 1.025, priors=PRIORS)
     report.promoted = "demo-h2"
+    for candidate in report.candidates:  # as run_gate records where PRIORS came from: 12 arms give their 7 df
+        candidate.noise_prior = {"lane": "demo-h1", "node": "vm", "recorded": "2026-12-01T11:00:00.000Z", "arms": 12}
     return json.loads(json.dumps({"version": 2, "gate": report.as_dict(), "workload": "demo", "concurrency": [1, 8]}))
 
 

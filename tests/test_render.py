@@ -142,7 +142,8 @@ def test_builtin_templates_serve_a_project_without_images(project, write_recipe)
     shutil.rmtree(project / "images")
     write_recipe(GOOD)
     plan = plan_image(load_catalog(Project.locate()).lane("a"))
-    assert plan.dockerfile.startswith("# Rendered by lanectl from images/stub-engine/Dockerfile.j2: lane a")
+    assert plan.dockerfile.startswith(
+        "# Rendered by lanectl from lanectl's built-in template stub-engine/Dockerfile.j2: lane a")
     assert "image/stubengine/__main__.py" in {f.path for f in plan.files}
 
 

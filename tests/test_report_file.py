@@ -220,3 +220,27 @@ def test_a_format_1_run_is_shown_as_recorded_and_says_it_cannot_be_recomputed(tm
 
     assert (data["recomputed"], data["results_version"], data["differences"]) == (False, 1, [])
     assert data["cells"] == REPORT["cells"]
+
+
+FORMAT_1_CALIBRATION = {"max_false_promotion": 0.05, "false_promotion_rate": 0.0123, "cells": 3, "cells_passed": 0,
+                        "detectable_ratio": 1.041, "detectable_gain": 0.012}
+
+
+def test_a_format_1_calibration_is_shown_in_the_text_view(tmp_path: Path):
+    (tmp_path / "results.json").write_text(json.dumps({"gate": {**REPORT, "calibration": FORMAT_1_CALIBRATION}}))
+    result = report(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("calibration (ABA of one lane): false-promotion rate 0.0123 (allowed 0.05), 0 of 3 cells passed the "
+            "bar; smallest detectable effect 1.041x to pass, +1.2% to tell from no change") in result.stdout
+
+
+@pytest.mark.parametrize("missing", ["false_promotion_rate", "cells_passed", "detectable_ratio", "detectable_gain"])
+def test_a_format_1_calibration_without_its_figures_is_refused_not_a_traceback(tmp_path: Path, missing: str):
+    """`report`'s text view raised KeyError: 'false_promotion_rate' on such a block."""
+    calibration = {key: value for key, value in FORMAT_1_CALIBRATION.items() if key != missing}
+    (tmp_path / "results.json").write_text(json.dumps({"gate": {**REPORT, "calibration": calibration}}))
+    result = report(tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert (f"gate.calibration: a format-1 calibration (cells: 3) holds its figures, and this one has no {missing}"
+            in result.stderr)
+    assert not (tmp_path / "ratios.png").exists()

@@ -324,6 +324,53 @@ def test_a_switch_killed_after_the_sleep_is_undone_by_waking_the_standby(lanes, 
     assert serving(status(lanes, state), "demo-h1")
 
 
+def test_a_rollback_killed_after_its_first_stop_and_one_watchdog_pass_leave_one_lane_awake(lanes, state):
+    """demo-h2 serves, demo-h1 waits asleep; `rollback` is killed right after `stop demo-h2-rtx` (disarm, then
+    that stop); the watchdog's next pass finishes the switch, and demo-h2's primary is stopped before demo-h1 is
+    woken (it woke demo-h1 beside it: two lanes awake on GPU 0, both answering /is_sleeping false)."""
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    killed = lanes.cli("rollback", "--no-gpu", state=state, extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": "2"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert f"stop {lanes.container('demo-h2', 'rtx')}" in killed.stderr
+    check = lanes.invoke("watchdog", "check", "--kernel-log", "file:/dev/null", state=state)
+    assert "finished the interrupted switch: demo-h1 passed its gate" in check.stdout + check.stderr, \
+        check.stdout + check.stderr
+    client = docker.from_env()
+    assert client.api.inspect_container(lanes.container("demo-h2"))["State"]["Status"] == "exited"
+    assert not is_sleeping(lanes, "demo-h1")
+    assert serving(status(lanes, state), "demo-h1")
+
+
+def test_an_active_lane_put_to_sleep_by_anyone_is_not_healthy_and_up_brings_it_back_awake(lanes, state):
+    """vLLM answers /health 200 while it sleeps; anyone on a dev-mode port can POST /sleep."""
+    up(lanes, state, "demo-h1")
+    httpx.post(f"http://127.0.0.1:{port(lanes, 'demo-h1')}/sleep?level=1", timeout=10).raise_for_status()
+    assert is_sleeping(lanes, "demo-h1")
+    health = row(status(lanes, state), "demo-h1")["health"]
+    assert health.startswith(f"asleep: {lanes.container('demo-h1')} (primary) answers /health but sleeps"), health
+    again = up(lanes, state, "demo-h1")
+    assert "already active and healthy" not in again.stdout, again.stdout
+    assert not is_sleeping(lanes, "demo-h1")
+    assert serving(status(lanes, state), "demo-h1")
+
+
+def test_a_ctrl_c_before_the_serving_lane_was_put_to_sleep_leaves_it_serving_as_it_was(lanes, state):
+    """demo-h2 serves, demo-h1 sleeps as the older standby; `up t-drain15` gets a SIGINT right after it stopped
+    demo-h1's companion (disarm, that stop): demo-h2 was never put to sleep, so the way back neither wake-checks
+    nor restarts it (it failed the wake check, no standby being recorded, and restarted it cold)."""
+    up(lanes, state, "demo-h1")
+    up(lanes, state, "demo-h2")
+    h2_started = started_at(lanes, "demo-h2")
+    interrupted = lanes.cli("up", "t-drain15", "--no-gpu", state=state,
+                            extra_env={"LANECTL_TEST_SIGNAL_AFTER_STEP": "2:INT"})
+    assert interrupted.returncode == 130, interrupted.stdout + interrupted.stderr
+    assert "demo-h2 is serving again" in interrupted.stdout + interrupted.stderr
+    assert "it was never put to sleep: nothing to wake" in interrupted.stderr, interrupted.stderr
+    assert started_at(lanes, "demo-h2") == h2_started, "demo-h2 was restarted"
+    assert serving(status(lanes, state), "demo-h2")
+
+
 def last_switch_steps(lanes: LaneProject, state: Path) -> list[str]:
     entries = records(lanes, state)
     switch = [r for r in entries if r["kind"] == "intent"][-1]["switch"]

@@ -174,6 +174,25 @@ def test_a_kept_stopped_lane_whose_recipe_changed_is_recreated_when_it_comes_bac
     assert inspect(lanes, "demo-h1")["Config"]["StopTimeout"] == 40
 
 
+def test_a_lane_started_without_gpus_is_said_to_be_so_once_not_reported_as_drift(lanes, state):
+    """The demo's `up --no-gpu` of a recipe that asks for GPUs: status says the lane runs without them, once."""
+    lanes.edit_lane("demo-h1", '    engine:\n      gpus: {device_ids: ["0"]}\n'
+                               '    companions:\n      rtx:\n        engine:\n          gpus: {device_ids: ["1"]}\n')
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    lane = row(status(lanes, state), "demo-h1")
+    assert lane["without_gpus"] is True
+    assert [c["drift"] for c in lane["containers"]] == [[], []]
+    text = cli(lanes, state, "status").stdout
+    assert "differs from the recipe" not in text, text
+    assert text.count("runs without GPUs (started with --no-gpu)") == 1, text
+
+
+def test_a_dry_run_without_an_unfinished_switch_says_reconcile_null(lanes, state):
+    data = json.loads(cli(lanes, state, "up", "demo-h1", "--no-gpu", "--dry-run", "--json").stdout)["data"]
+    assert "reconcile" in data and data["reconcile"] is None
+    assert data["lane"] == "demo-h1" and data["keys"]
+
+
 def test_a_rebuild_under_the_same_tag_reaches_the_containers(lanes, state):
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     old_image = inspect(lanes, "demo-h1")["Image"]
@@ -289,6 +308,17 @@ def test_two_ups_from_different_state_folders_exclude_each_other(lanes, state, t
         slow.wait(timeout=120)
     assert slow.returncode == 0
     assert not (other / "journal.jsonl").exists(), "the refused up changed nothing"
+
+
+def test_a_second_state_folder_on_the_same_engine_is_refused_and_names_the_one_that_owns_it(lanes, state, tmp_path):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    other = tmp_path / "root-and-user-state"
+    second = cli(lanes, other, "up", "demo-h2", "--no-gpu", code=2)
+    assert "one engine has one state" in second.stderr and str(state.resolve()) in second.stderr, second.stderr
+    down = cli(lanes, other, "down", "demo-h1", code=2)
+    assert str(state.resolve()) in down.stderr
+    assert running(lanes) == {lanes.container("demo-h1"), lanes.container("demo-h1", "rtx")}
+    assert not (other / "journal.jsonl").exists(), "the refused commands changed nothing"
 
 
 # -- interrupted switches -------------------------------------------------------------------------------------

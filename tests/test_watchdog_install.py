@@ -151,6 +151,28 @@ def test_docker_host_is_carried_so_the_watchdog_sees_the_same_engine() -> None:
     assert "\nDOCKER_HOST=unix:///run/user/0/docker.sock\n" in cron.content
 
 
+WHERE_THINGS_LIVE = {
+    "LANECTL_STATE_DIR": "/srv/lanectl/state",
+    "LANECTL_RECIPES": "/srv/lanes/recipes",
+    "LANECTL_LOCK_DIR": "/srv/lanectl/locks",
+    "LANECTL_CACHE_DIR": "/srv/lanectl/cache",
+}
+
+
+def test_every_setting_of_where_state_locks_and_recipes_live_is_carried() -> None:
+    """A box that sets LANECTL_LOCK_DIR must run its watchdog on the same lock as its operator's commands."""
+    cron = render_cron(COMMAND, WHERE_THINGS_LIVE, env_file=ENV_FILE, log_file=LOG_FILE).content
+    unit = render_systemd(COMMAND, WHERE_THINGS_LIVE, env_file=ENV_FILE).content
+    for name, value in WHERE_THINGS_LIVE.items():
+        assert f"\n{name}={value}\n" in cron, name
+        assert f"\nEnvironment={name}={value}\n" in unit, name
+
+
+def test_a_relative_lock_folder_is_refused() -> None:
+    with pytest.raises(BadInput, match=r"\$LANECTL_LOCK_DIR=locks is a relative path"):
+        render_cron(COMMAND, {"LANECTL_LOCK_DIR": "locks"}, env_file=ENV_FILE, log_file=LOG_FILE)
+
+
 @pytest.mark.parametrize(
     ("command", "environ", "message"),
     [
@@ -349,3 +371,15 @@ def _lines(path: Path) -> list[str]:
         return path.read_text().splitlines()
     except FileNotFoundError:
         return []
+
+
+def test_the_dry_run_prints_the_file_line_by_line(tmp_path: Path) -> None:
+    from tests.cli_in_process import run_cli
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANECTL_")}
+    env.update({"LANECTL_STATE_DIR": str(tmp_path / "state"), "LANECTL_RECIPES": str(tmp_path / "recipes")})
+    result = run_cli("watchdog", "install", "--cron", "--dry-run", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "\\x0a" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert "SHELL=/bin/sh" in lines and f"LANECTL_STATE_DIR={tmp_path}/state" in lines

@@ -85,7 +85,7 @@ def test_errors_name_file_line_and_field(tmp_path: Path) -> None:
     assert problems(path) == [
         "w.yaml:3:13: max_tokens: Input should be greater than or equal to 1, got 0",
         "w.yaml:4:1: temprature: unknown key; expected one of: schema, name, description, max_tokens, "
-        "temperature, classes, probes, agent_classes, context_lengths",
+        "temperature, classes, probes, agent_classes, context_lengths, calibration_max_age_days",
         "w.yaml:6:10: classes.prose: List should have at least 1 item after validation, not 0",
         "w.yaml:7:16: classes.code[1]: String should have at least 1 character, got ''",
     ]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import platform
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanectl.bench.stats import ArmNoise
+from lanectl.bench.verdict import KeptCalibration
 from lanectl.bench.workload import Workload
 from lanectl.errors import EXIT_BAD_INPUT, OperationFailed
 from lanectl.state.file_model import Timestamp, load_state_file, write_state_file
@@ -38,6 +40,9 @@ class WorkloadNoise(_Record):
     lane: str  # the lane whose arms were measured
     node: str  # platform.node() of the host that measured it
     recorded: Timestamp
+    # The spec digest of the lane's primary container when it was measured (its image by ID, command, env, ...):
+    # a gate uses the prior only while its control runs that same config. None: kept before it was recorded.
+    lane_digest: str | None = None
     arms: Annotated[int, Field(ge=3)]
     cells_digest: str
     cells: dict[str, CellNoise]
@@ -72,18 +77,23 @@ class CalibrationStore:
 
 
 def measured_noise(lane: str, workload: Workload, calibration: dict[str, Any]) -> WorkloadNoise:
-    """The record of one calibration's cells (`judge_arm_noise`'s figures), to keep for later gates."""
+    """The record of one calibration's cells (`judge_arm_noise`'s figures, and the lane's `lane_digest`), to keep
+    for later gates."""
     cells = {key: CellNoise(variance=cell["variance"], df=cell["df"]) for key, cell in calibration["cells"].items()}
     arms = max((cell["arms"] for cell in calibration["cells"].values()), default=0)
     return WorkloadNoise(lane=lane, node=platform.node(), recorded=utc_timestamp(utc_now()), arms=arms,
-                         cells_digest=workload.cells_digest(), cells=cells)
+                         lane_digest=calibration.get("lane_digest"), cells_digest=workload.cells_digest(),
+                         cells=cells)
 
 
-def priors_for(state: CalibrationState, workload: Workload) -> tuple[dict[str, ArmNoise], dict[str, Any] | None, str]:
-    """The cells' priors for a gate of `workload` on this host, where the record came from (None: no prior),
-    and a line saying which it is, for the person running the gate."""
+def priors_for(state: CalibrationState, workload: Workload, control: str | None = None,
+               now: datetime | None = None) -> tuple[dict[str, ArmNoise], dict[str, Any] | None, str]:
+    """The cells' priors for a gate of `workload` against `control` on this host, where the record came from (None:
+    no prior), and a line saying which it is, for the person running the gate. The record's age at `now` and
+    the workload's `calibration_max_age_days` go into the source, for the verdict to flag; its lane config
+    (`lane_digest`) is held to the control's by the gate once the control runs (`lanectl.bench.gate`)."""
     found = state.workloads.get(workload.name)
-    hint = f"`lanectl gate CONTROL --workload {workload.name} --calibrate` measures it"
+    hint = f"`lanectl gate {control or 'CONTROL'} --workload {workload.name} --calibrate` measures it"
     if found is None:
         return {}, None, (f"no calibration of workload {workload.name} on this host: each cell's interval rests on "
                           f"the bracket's own arms (1 degree of freedom in A/B/A, so it is wide); {hint}")
@@ -93,9 +103,33 @@ def priors_for(state: CalibrationState, workload: Workload) -> tuple[dict[str, A
     if found.cells_digest != workload.cells_digest():
         return {}, None, (f"the calibration of workload {workload.name} was measured on other prompts or settings: "
                           f"not used; {hint}")
+    if control is not None and found.lane != control:
+        return {}, None, (f"the calibration of workload {workload.name} was measured on {found.lane}, not the control "
+                          f"{control}: not used; {hint}")
     priors = {key: ArmNoise(variance=cell.variance, df=cell.df) for key, cell in found.cells.items()}
-    source = {"lane": found.lane, "node": found.node, "recorded": found.recorded, "arms": found.arms}
+    age = ((now or utc_now()) - datetime.fromisoformat(found.recorded)).total_seconds() / 86400
+    source = {"lane": found.lane, "node": found.node, "recorded": found.recorded, "arms": found.arms,
+              "lane_digest": found.lane_digest, "age_days": round(age, 2),
+              "max_age_days": workload.calibration_max_age_days}
     spread = max((math.sqrt(cell.variance) for cell in found.cells.values()), default=0.0)
+    old = (f"; it is {age:.0f} days old, more than the {workload.calibration_max_age_days:g} days the workload "
+           "allows (`calibration_max_age_days`): the verdict flags it" if age > workload.calibration_max_age_days
+           else "")
     return priors, source, (f"intervals pool each cell's own arms with the arm noise `gate {found.lane} --calibrate` "
                             f"measured here at {found.recorded} ({found.arms} arms; at most {spread:.2%} between "
-                            "arms)")
+                            f"arms){old}")
+
+
+def kept_calibration(workload: object) -> KeptCalibration | None:
+    """This host's kept calibration of `workload` (a workload's name from a results.json), to hold a run's
+    recorded priors to (`lanectl.bench.verdict.recheck`); None when it keeps none here, or none it can read."""
+    from lanectl.state.paths import StateFiles, state_dir
+
+    try:
+        found = CalibrationStore(StateFiles(state_dir()).calibration).load().workloads.get(str(workload))
+    except OperationFailed:
+        return None
+    if found is None or found.node != platform.node():
+        return None
+    cells = {key: ArmNoise(variance=cell.variance, df=cell.df) for key, cell in found.cells.items()}
+    return KeptCalibration(node=found.node, recorded=found.recorded, cells=cells)

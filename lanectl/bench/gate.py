@@ -47,6 +47,7 @@ from lanectl.bench.verdict import (
 )
 from lanectl.bench.workload import Workload, padded, prefixed
 from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.dockerapi.labels import SPEC_LABEL
 from lanectl.health.engine_log import fatal_engine_lines, log_lines
 from lanectl.health.probe import probe_base_url
 from lanectl.host.xid import believed_xid
@@ -284,14 +285,15 @@ def bracket_reasons(reports: Sequence[GateReport]) -> list[str]:
 
 
 def judge_bracket(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str] = (),
-                  priors: Mapping[str, ArmNoise] | None = None) -> BracketReport:
+                  priors: Mapping[str, ArmNoise] | None = None,
+                  noise_prior: Mapping[str, Any] | None = None) -> BracketReport:
     """Pure: each candidate lane judged by `judge` on the control arms and its own arms only, so all
     share the controls, the bar, the fidelity reference (control-1's outputs) and the probes."""
     controls = [a for a in arms if a.arm.startswith("control")]
     lanes = list(dict.fromkeys(a.lane for a in arms if a.arm.startswith("candidate")))
     # In the bracket's order, so each candidate's own order reads as it ran: ABA, or ABBA.
     reports = [judge([a for a in arms if a.arm.startswith("control") or a.lane == lane], bar,
-                     agent_classes=agent_classes, priors=priors) for lane in lanes]
+                     agent_classes=agent_classes, priors=priors, noise_prior=noise_prior) for lane in lanes]
     order = "".join("A" if a.arm.startswith("control") else chr(ord("B") + lanes.index(a.lane)) for a in arms)
     bracket = BracketReport(control=controls[0].lane, bar=bar, order=order, candidates=reports,
                             arms=[a.summary() for a in arms])
@@ -365,13 +367,14 @@ def _fidelity(controls: list[LaneBench], candidates: list[LaneBench], agent_clas
 
 
 def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str] = (),
-          priors: Mapping[str, ArmNoise] | None = None) -> GateReport:
+          priors: Mapping[str, ArmNoise] | None = None, noise_prior: Mapping[str, Any] | None = None) -> GateReport:
     """Pure: the verdict from the arms of a bracket (named as in ORDERS: control-1 first, then the
     candidate arms, control-2 last; `--until-decided` adds candidate-N and control-N arms).
 
     Per cell (class@concurrency[/context]): `judge_cell`, the t-interval on arm means with the cell's
-    calibrated prior from `priors` (when this host has one). Overall: `judge_candidate`, on the arms as
-    results.json records them, so `lanectl report` recomputes the same verdict from the file.
+    calibrated prior from `priors` (when this host has one; `noise_prior` says which calibration that is).
+    Overall: `judge_candidate`, on the arms as results.json records them, so `lanectl report` recomputes the
+    same verdict from the file.
     """
     controls = [a for a in arms if a.arm.startswith("control")]
     candidates = [a for a in arms if a.arm.startswith("candidate")]
@@ -381,12 +384,12 @@ def judge(arms: Sequence[LaneBench], bar: float, *, agent_classes: Sequence[str]
         cells[key] = {**_cell_context(key, controls, candidates),
                       **judge_cell(key, written, bar, (priors or {}).get(key))}
     fid = _fidelity(controls, candidates, agent_classes)
-    judged = judge_candidate(cells, written, fid, bar)
+    judged = judge_candidate(cells, written, fid, bar, noise_prior=noise_prior)
     order = "".join("A" if a.arm.startswith("control") else "B" for a in arms)
     return GateReport(
         candidate=candidates[0].lane, control=controls[0].lane, bar=bar, verdict=judged.verdict,
         reasons=judged.reasons, cells=cells, fidelity=fid, arms=written, order=order, probes=probe_table(arms),
-        more_arms_may_decide=judged.more_arms_may_decide)
+        more_arms_may_decide=judged.more_arms_may_decide, noise_prior=dict(noise_prior) if noise_prior else None)
 
 
 def judge_calibration(arms: Sequence[LaneBench], bar: float, max_false_promotion: float) -> GateReport:
@@ -416,6 +419,7 @@ class _Bracket:
     progress: Callable[[str], None]
     probes: Sequence[Probe]
     arms: list[LaneBench] = field(default_factory=list)
+    control_digests: list[str | None] = field(default_factory=list)  # the control's spec digest in each control arm
     unreachable: dict[str, str] = field(default_factory=dict)  # candidate -> why it could not be brought up
     serving: str | None = None  # the lane the last switch left serving (the way back's, when it failed)
 
@@ -433,6 +437,8 @@ class _Bracket:
             self.unreachable[candidate] = why
             self.progress(why)
             return None
+        if candidate is None:
+            self.control_digests.append(serving_digest(self.switcher.engine, lane))
         self.arms.append(bench_lane(self.switcher.engine, lane, self.workload, self.concurrency, arm=arm,
                                     kernel_log=self.kernel_log, progress=self.progress, probes=self.probes,
                                     reference=self.arms[0].continuations if self.arms else None))
@@ -445,14 +451,15 @@ class _Bracket:
         taken = sum(a.arm.startswith("candidate") and a.lane == candidate for a in self.arms)
         return f"candidate-{taken + 1}" + (f":{candidate}" if len(self.lanes) > 1 else "")
 
-    def judge(self, bar: float, agent_classes: Sequence[str], priors: Mapping[str, ArmNoise] | None) -> BracketReport:
+    def judge(self, bar: float, agent_classes: Sequence[str], priors: Mapping[str, ArmNoise] | None,
+              noise_prior: Mapping[str, Any] | None = None) -> BracketReport:
         names = list(self.lanes)
         if len(names) == 1:
-            single = judge(self.arms, bar, agent_classes=agent_classes, priors=priors)
+            single = judge(self.arms, bar, agent_classes=agent_classes, priors=priors, noise_prior=noise_prior)
             return BracketReport(control=self.control.name, bar=bar, order=single.order, candidates=[single],
                                  arms=single.arms)
         measured = [a for a in self.arms if a.lane not in self.unreachable or a.arm.startswith("control")]
-        report = judge_bracket(measured, bar, agent_classes=agent_classes, priors=priors)
+        report = judge_bracket(measured, bar, agent_classes=agent_classes, priors=priors, noise_prior=noise_prior)
         by_name = {r.candidate: r for r in report.candidates}
         report.candidates = [by_name.get(name) or GateReport(
             candidate=name, control=self.control.name, bar=bar, verdict=Verdict.FAIL,
@@ -477,6 +484,32 @@ class _Bracket:
                              cells={}, fidelity={}, order=order, arms=written) for name in self.lanes]
         return BracketReport(control=self.control.name, bar=bar, order=order, candidates=failed, arms=written,
                              reasons=[why])
+
+
+def serving_digest(engine: ContainerEngine, lane: Lane) -> str | None:
+    """The spec digest lanectl stamped on the lane's primary container (its image by ID, command, env, ...);
+    None when the container is not there."""
+    name = lane.container_name()
+    listed = next((c for c in engine.list_containers() if c.name == name), None)
+    return listed.labels.get(SPEC_LABEL) if listed is not None else None
+
+
+def same_config(priors: Mapping[str, ArmNoise] | None, noise_prior: dict[str, Any] | None,
+                digests: Sequence[str | None]) -> tuple[Mapping[str, ArmNoise] | None, dict[str, Any] | None]:
+    """The priors, when the calibration ran the lane config each control arm ran (`lane_digest`); else none,
+    with `noise_prior` saying why it was refused. A calibration kept before the config was recorded is refused
+    too: nothing says it measured this config."""
+    if not priors or noise_prior is None:
+        return priors, noise_prior
+    kept = noise_prior.get("lane_digest")
+    ran = sorted({d or "unknown" for d in digests})
+    if kept is not None and ran == [kept]:
+        return priors, noise_prior
+    when = f"the calibration of {noise_prior['recorded']}"
+    why = (f"{when} was kept before lanectl recorded the lane config it ran" if kept is None else
+           f"{when} ran another config of {noise_prior['lane']} (spec digest {kept[:12]}, where the control ran "
+           f"{', '.join(d[:12] for d in ran)})")
+    return {}, {**noise_prior, "refused": why}
 
 
 def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control: Lane, workload: Workload,
@@ -504,7 +537,8 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
         why = bracket.run(arm, candidate_name)
         if why is not None:
             return bracket.stopped(why, bar, order)
-    report = bracket.judge(bar, workload.agent_classes, priors)
+    priors, noise_prior = same_config(priors, noise_prior, bracket.control_digests)
+    report = bracket.judge(bar, workload.agent_classes, priors, noise_prior)
     rounds = {r.candidate: [_judgement(r)] for r in report.candidates}
     for round_number in range(1, until_decided + 1):
         undecided = [r.candidate for r in report.candidates if r.more_arms_may_decide]
@@ -515,7 +549,7 @@ def run_gate(switcher: LaneSwitcher, candidates: Lane | Sequence[Lane], control:
             why = bracket.run(bracket.next_arm(candidate_name), candidate_name)
             if why is not None:
                 return bracket.stopped(why, bar, order)
-        report = bracket.judge(bar, workload.agent_classes, priors)
+        report = bracket.judge(bar, workload.agent_classes, priors, noise_prior)
         for judged in report.candidates:
             if judged.candidate in undecided:
                 rounds[judged.candidate].append(_judgement(judged))
@@ -572,6 +606,8 @@ def run_calibration(switcher: LaneSwitcher, lane: Lane, workload: Workload, conc
     measured = [bench_lane(switcher.engine, lane, workload, concurrency, arm=f"arm-{n}", kernel_log=kernel_log,
                            progress=progress) for n in range(1, arms + 1)]
     report = judge_calibration(measured, bar, max_false_promotion)
+    if report.calibration is not None:  # the config the noise was measured on: a gate holds its control to it
+        report.calibration["lane_digest"] = serving_digest(switcher.engine, lane)
     _journal_gate(switcher, report, lane.name, report.order)
     return report
 

@@ -6,10 +6,12 @@ a second to load, for one picture.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 from lanectl.errors import OperationFailed
+from lanectl.output import shown
 from lanectl.state.atomic import replacing
 
 PLOT_EXTRA = "pip install 'lanectl[plot]'"
@@ -28,12 +30,28 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
                 f"draws {path.name}")
 
     matplotlib.use("Agg")  # no display on a server
-    import matplotlib.pyplot as plt
-
     cells = plotted_cells(report)
     if not cells:
         return None
-    keys = list(cells)
+    # matplotlib warns on stderr about what it cannot draw, quoting it: a glyph missing for a name's ESC or BEL
+    # wrote them raw to the terminal. The names are drawn escaped; what it still warns about is no one's to fix.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _draw(report, cells, path)
+    return None
+
+
+def _text(value: object) -> str:
+    """A name from results.json as the plot shows it: control characters escaped, and `$` kept from starting
+    matplotlib's mathtext (an unbalanced one would raise)."""
+    return shown(str(value)).replace("$", r"\$")
+
+
+def _draw(report: dict[str, Any], cells: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    keys = [_text(key) for key in cells]
+    cells = dict(zip(keys, cells.values(), strict=True))
     ratios = [cells[k]["ratio"] for k in keys]
     errors = [[cells[k]["ratio"] - cells[k]["low"] for k in keys], [cells[k]["high"] - cells[k]["ratio"] for k in keys]]
     colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:gray"}
@@ -44,11 +62,12 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
     low = min(min(cells[k]["low"] for k in keys), 1.0)
     high = max(max(cells[k]["high"] for k in keys), report["bar"])
     axes.set_ylim(low - 0.02, high + 0.02)
-    candidates = ", ".join(c["candidate"] for c in report.get("candidates", [report]))
+    candidates = ", ".join(_text(c["candidate"]) for c in report.get("candidates", [report]))
     # A bracket's candidates are named on the x axis; the label would not fit them all.
     who = "candidate" if "candidates" in report else candidates
-    axes.set_ylabel(f"{who} / {report['control']} controls, per-request tok/s")
-    axes.set_title(f"gate {candidates} vs {report['control']}: {report['verdict'].upper()}")
+    control = _text(report["control"])
+    axes.set_ylabel(f"{who} / {control} controls, per-request tok/s")
+    axes.set_title(f"gate {candidates} vs {control}: {_text(report['verdict']).upper()}")
     axes.legend()
     plt.setp(axes.get_xticklabels(), rotation=45, ha="right")
     figure.tight_layout()
@@ -60,7 +79,6 @@ def plot(report: dict[str, Any], path: Path) -> str | None:
         raise OperationFailed(f"could not write {path}: {exc.strerror or exc}") from None
     finally:
         plt.close(figure)
-    return None
 
 
 def plotted_cells(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -83,6 +83,9 @@ class NoteInputs:
     # Whether the figures were recomputed from the per-request rates (format 2), and where the record differed.
     recomputed: bool = False
     differences: Sequence[str] = ()
+    # Where the evidence itself does not hold together (`Rechecked.not_reproduced`): no verdict is claimed.
+    not_reproduced: Sequence[str] = ()
+    priors_checked: str | None = None  # how the run's priors were held to this host's calibration
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -187,7 +190,7 @@ def release_note(results: Mapping[str, Any], inputs: NoteInputs) -> str:
     control = gate["control"]
     winner = _winner(gate)
     lines: list[str] = []
-    lines += _title(gate, winner, control)
+    lines += _title(gate, winner, control, inputs)
     lines += _short_version(results, gate, candidates, winner, control)
     lines += _what_shipped(winner, candidates, control, inputs)
     lines += _measured(gate, candidates, control, inputs)
@@ -198,7 +201,12 @@ def release_note(results: Mapping[str, Any], inputs: NoteInputs) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _title(gate: Mapping[str, Any], winner: Mapping[str, Any] | None, control: str) -> list[str]:
+def _title(gate: Mapping[str, Any], winner: Mapping[str, Any] | None, control: str,
+           inputs: NoteInputs) -> list[str]:
+    if inputs.not_reproduced:
+        names = ", ".join(_text(c["candidate"]) for c in candidates_of(gate))
+        return [f"# Not reproduced: the evidence in this run's results.json does not hold together, so no candidate "
+                f"is shown as passed against {_text(control)} ({names})", ""]
     if winner is None:
         names = ", ".join(_text(c["candidate"]) for c in candidates_of(gate))
         return [f"# Not shipped: no candidate passed the gate against {_text(control)} ({names})", ""]
@@ -312,19 +320,48 @@ def _interval_words(candidates: Sequence[Mapping[str, Any]]) -> str:
             f"noise is {prior}, on {df_text} {freedom} of freedom")
 
 
+def _listed(lines: Sequence[str]) -> list[str]:
+    """At most 20 of `lines` as a Markdown list, and how many more there are."""
+    shown_lines = [f"- {_text(line)}" for line in lines[:20]]
+    more = len(lines) - len(shown_lines)
+    return [*shown_lines, *([f"- and {more} more"] if more > 0 else []), ""]
+
+
 def _evidence_lines(inputs: NoteInputs) -> list[str]:
-    """Whether the figures below were recomputed from the per-request rates, and where the record differed."""
+    """Whether the figures below were recomputed from the per-request rates, whether the evidence holds together,
+    how the priors were checked, and where the record differed."""
     if not inputs.recomputed:
         return ["These figures are as recorded: this run's results.json (format 1) kept no per-request rates to "
                 "recompute them from.", ""]
-    if not inputs.differences:
-        return ["Every figure and verdict below was recomputed from the per-request rates in results.json, and "
-                "matches what the gate recorded.", ""]
-    shown_differences = [f"- {_text(line)}" for line in inputs.differences[:20]]
-    more = len(inputs.differences) - len(shown_differences)
-    return ["Every figure and verdict below was recomputed from the per-request rates in results.json; the "
-            f"figures recorded at the run differ from them in {_count(len(inputs.differences), 'place')}:", "",
-            *shown_differences, *([f"- and {more} more"] if more > 0 else []), ""]
+    lines = []
+    if inputs.not_reproduced:
+        lines += ["The verdict is not reproduced: results.json does not hold together in "
+                  f"{_count(len(inputs.not_reproduced), 'place')}, so no candidate passes on it (a cell whose prior "
+                  "no calibration could have given is judged with this host's calibration of it, or without one):",
+                  "", *_listed(inputs.not_reproduced)]
+    if inputs.priors_checked:
+        lines += [inputs.priors_checked, ""]
+    others = [line for line in inputs.differences if line not in inputs.not_reproduced]
+    if not others:
+        return [*lines, "Every figure and verdict below was recomputed from the per-request rates in results.json, "
+                "and matches what the gate recorded.", ""]
+    return [*lines, "Every figure and verdict below was recomputed from the per-request rates in results.json; the "
+            f"figures recorded at the run differ from them in {_count(len(others), 'place')}:", "", *_listed(others)]
+
+
+def _stale_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The cells whose own arms spread further than the calibration allows: it was set aside there."""
+    stale = []
+    for c in candidates:
+        for key, cell in c["cells"].items():
+            found = (cell.get("interval") or {}).get("prior_stale")
+            if found:
+                stale.append(f"{_text(c['candidate'])} {_text(key)} (arms {found['spread']:.2%} apart where it allows "
+                             f"{found['allowed']:.2%})")
+    if not stale:
+        return []
+    return [f"The calibration was set aside as stale in {', '.join(stale)}: the bracket's own arms spread further "
+            "than it allows (an F test at 5%), so those intervals rest on the bracket's own arms.", ""]
 
 
 def _measured(gate: Mapping[str, Any], candidates: list[Mapping[str, Any]], control: str,
@@ -337,6 +374,7 @@ def _measured(gate: Mapping[str, Any], candidates: list[Mapping[str, Any]], cont
               "in between. A cell's ratio is the candidate's per-request tok/s over the controls', with its 95% "
               f"{_interval_words(candidates)}; it passes when the interval's low end clears the bar.", ""]
     lines += _evidence_lines(inputs)
+    lines += _stale_lines(candidates)
     names = [_text(c["candidate"]) for c in candidates]
     lines += ["| Measure | " + f"Controls ({_text(control)}) | " + " | ".join(names) + " |",
               "|---|---|" + "---|" * len(names)]

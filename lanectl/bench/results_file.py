@@ -158,6 +158,19 @@ class _Calibration(_Shape):
     detectable_ratio: Rate | None = None
     detectable_gain: Rate | None = None
 
+    @model_validator(mode="after")
+    def _format_1_has_its_figures(self) -> _Calibration:
+        # Format 1 wrote one bracket's figures beside the count of cells; the report shows each of them.
+        if isinstance(self.cells, int):
+            missing = [name for name in FORMAT_1_CALIBRATION if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"a format-1 calibration (cells: {self.cells}) holds its figures, and this one has "
+                                 f"no {', '.join(missing)}")
+        return self
+
+
+FORMAT_1_CALIBRATION = ("false_promotion_rate", "cells_passed", "detectable_ratio", "detectable_gain")
+
 
 class _NoisePrior(_Shape):
     lane: str

@@ -95,11 +95,14 @@ def cell_verdict(ratio: float, low: float, high: float, bar: float) -> CellVerdi
 # -- the interval: a t-interval on the log of arm means ------------------------------------------
 
 CONFIDENCE = 0.95
-INTERVAL_MODEL = "t on log arm means, calibrated prior at its 90% upper bound, 1% floor without one"
-# Issue 32's model (the prior at its point estimate, no floor): results.json files written under it are
-# recomputed under it, so `lanectl report` still reproduces them exactly.
+INTERVAL_MODEL = ("t on log arm means, calibrated prior at its 90% upper bound unless the bracket's own arms "
+                  "contradict it (F test at 5%), 1% floor without one")
+# Issue 42's model (the prior at its pessimistic end, never tested against the bracket's own arms) and issue 32's
+# (the prior at its point estimate, no floor): results.json files written under them are recomputed under them,
+# so `lanectl report` still reproduces them exactly.
+PESSIMISTIC_PRIOR_MODEL = "t on log arm means, calibrated prior at its 90% upper bound, 1% floor without one"
 POINT_PRIOR_MODEL = "t on log arm means"
-INTERVAL_MODELS = (INTERVAL_MODEL, POINT_PRIOR_MODEL)
+INTERVAL_MODELS = (INTERVAL_MODEL, PESSIMISTIC_PRIOR_MODEL, POINT_PRIOR_MODEL)
 ARM_NOISE_ESTIMATOR = "mean square successive difference of log arm means"
 # A calibration is one session of the host; a gate runs on another. The prior enters an interval at the upper
 # end of a one-sided 90 % confidence bound on its variance (`pessimistic`), not at its estimate: on the H200's
@@ -113,6 +116,14 @@ PRIOR_BOUND = 0.90
 # that an uncalibrated interval is never narrower than t on the bracket's own df says at 1 % between arms
 # (A/B/A: +-15 %), where the H200 record's calibrated cells reach at most 2.6 % at their pessimistic end x 1.57.
 UNCALIBRATED_ARM_SD = 0.01
+# A calibration taken on a quiet day makes a noisy day's bracket overconfident (issue 53: two H200 sessions'
+# arm-to-arm noise at 1 stream differed threefold, where a prior on 7 df at its 90 % bound allows about 1.6x).
+# So every bracket tests its own arms' spread against the prior, an F test of the own variance over the prior's
+# (own df, prior df) at this upper-tail level: by construction it fires in 5 % of a cell's brackets when the
+# prior is right (tests/test_gate_prior_conflict.py measures 5.0 % by simulation with the calibration's own
+# estimator). When it fires, the prior is set aside for that cell: the interval rests on the bracket's own arms
+# with the uncalibrated floor, as if no calibration existed.
+PRIOR_CONFLICT_LEVEL = 0.05
 
 
 @frozen
@@ -139,8 +150,30 @@ def arm_noise(arm_means: Sequence[float]) -> ArmNoise:
         raise ValueError("arm noise needs at least two arms")
     logs = [_log_mean(m) for m in arm_means]
     steps = [later - earlier for earlier, later in zip(logs, logs[1:], strict=False)]
-    m = len(steps)
-    return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * m), df=max(1, 2 * m * m // (3 * m - 1)))
+    return ArmNoise(variance=math.fsum(d * d for d in steps) / (2 * len(steps)), df=noise_df(len(arm_means)))
+
+
+# `gate --calibrate --arms` takes 3 to this many: no kept calibration, and no prior from one, has more.
+MAX_CALIBRATION_ARMS = 100
+
+
+def noise_df(arms: int) -> int:
+    """The degrees of freedom `arm_noise` gives `arms` arms: 2 m^2 / (3 m - 1) for m = arms - 1, rounded down.
+    No prior measured on that many arms carries more."""
+    if arms < 2:
+        raise ValueError("arm noise needs at least two arms")
+    m = arms - 1
+    return max(1, 2 * m * m // (3 * m - 1))
+
+
+@frozen
+class PriorConflict:
+    """A bracket whose own arms spread further apart than its calibrated prior allows: the prior is stale."""
+
+    spread: float  # the sd of log arm means about their lane's mean, from the bracket's own arms
+    allowed: float  # the largest such sd the prior allows at `level`: sqrt(prior variance x F(1 - level))
+    df: int  # the bracket's own degrees of freedom the spread was measured on
+    level: float
 
 
 @frozen
@@ -150,6 +183,7 @@ class RatioInterval:
     high: float
     df: int  # degrees of freedom of the arm noise the interval was built on
     arm_sd: float  # that noise: the pooled standard deviation of log arm means
+    conflict: PriorConflict | None = None  # the prior was stale, and set aside
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -180,6 +214,44 @@ def chi2_quantile(p: float, df: int) -> float:
     return df * max(1 - 2 / (9 * df) + NormalDist().inv_cdf(p) * spread, 1e-6) ** 3
 
 
+def f_cdf(x: float, d1: float, d2: float) -> float:
+    """P(F <= x) for Fisher's F with (d1, d2) degrees of freedom."""
+    if x <= 0:
+        return 0.0
+    return regularized_beta(d1 * x / (d1 * x + d2), d1 / 2, d2 / 2)
+
+
+@functools.lru_cache(maxsize=512)
+def f_quantile(p: float, d1: float, d2: float) -> float:
+    """The x with P(F <= x) = p, by bisection on `f_cdf` (to 1e-12 of its size)."""
+    if not 0 < p < 1 or d1 <= 0 or d2 <= 0:
+        raise ValueError("f_quantile needs 0 < p < 1 and d1, d2 > 0")
+    low, high = 0.0, 1.0
+    while f_cdf(high, d1, d2) < p:
+        low, high = high, high * 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        if f_cdf(middle, d1, d2) < p:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+def prior_conflict(squares: float, df: int, prior: ArmNoise, level: float = PRIOR_CONFLICT_LEVEL
+                   ) -> PriorConflict | None:
+    """The conflict between a bracket's own arms (their sum of squares about each lane's mean, on `df`) and the
+    prior, when there is one: the own variance over the prior's is above the F(df, prior.df) quantile at 1 -
+    `level`. Under normal arms whose noise is the prior's, it fires with probability `level`."""
+    if df < 1:
+        return None
+    spread = math.sqrt(squares / df)
+    allowed = math.sqrt(prior.variance * f_quantile(1 - level, df, prior.df))
+    return PriorConflict(spread=spread, allowed=allowed, df=df, level=level) if spread > allowed else None
+
+
 def pessimistic(prior: ArmNoise) -> ArmNoise:
     """A calibrated prior at the upper end of its one-sided PRIOR_BOUND confidence bound: variance x df / chi2."""
     return ArmNoise(variance=prior.variance * prior.df / chi2_quantile(1 - PRIOR_BOUND, prior.df), df=prior.df)
@@ -206,9 +278,12 @@ def ratio_interval(controls: Sequence[Sequence[float]], candidates: Sequence[Seq
     and wide. A linear drift in time moves the mean of A/B/A's and A/B/B/A's controls exactly as far as
     their candidates', so it cancels from the ratio (and widens s, through the controls' spread).
 
-    Under INTERVAL_MODEL the prior's variance enters at its pessimistic end (`pessimistic`), and without a
-    prior s is at least UNCALIBRATED_ARM_SD: so an uncalibrated interval is the wider one. POINT_PRIOR_MODEL
-    is issue 32's rule (the prior as estimated, no floor), kept to recompute the results.json it wrote.
+    Under INTERVAL_MODEL the prior is first tested against the bracket's own arms (`prior_conflict`): when
+    they spread further than it allows, it is set aside (the interval's `conflict` says so) and the interval
+    is built as without one. A prior that stands enters at its pessimistic end (`pessimistic`), and without a
+    prior s is at least UNCALIBRATED_ARM_SD: so an uncalibrated interval is the wider one.
+    PESSIMISTIC_PRIOR_MODEL is issue 42's rule (no test) and POINT_PRIOR_MODEL issue 32's (the prior as
+    estimated, no floor), kept to recompute the results.json they wrote.
     """
     if not controls or not candidates:
         raise ValueError("a ratio needs at least one control arm and one candidate arm")
@@ -216,24 +291,27 @@ def ratio_interval(controls: Sequence[Sequence[float]], candidates: Sequence[Seq
         raise ValueError("confidence must be in (0, 1)")
     if model not in INTERVAL_MODELS:
         raise ValueError(f"unknown interval model {model!r}: this lanectl knows {', '.join(INTERVAL_MODELS)}")
-    current = model == INTERVAL_MODEL
+    bounded = model != POINT_PRIOR_MODEL  # the prior at its pessimistic end, and a floor without one
     control_logs = [_log_mean(arm_mean(arm)) for arm in controls]
     candidate_logs = [_log_mean(arm_mean(arm)) for arm in candidates]
     squares = math.fsum((x - _mean(group)) ** 2 for group in (control_logs, candidate_logs) for x in group)
     df = len(control_logs) - 1 + len(candidate_logs) - 1
+    conflict = prior_conflict(squares, df, prior) if prior is not None and model == INTERVAL_MODEL else None
+    if conflict is not None:
+        prior = None
     if prior is not None:
-        prior = pessimistic(prior) if current else prior
+        prior = pessimistic(prior) if bounded else prior
         squares += prior.df * prior.variance
         df += prior.df
     if df < 1:
         raise ValueError("no spread to build an interval on: two control arms, or a calibrated prior, are needed")
     sd = math.sqrt(squares / df)
-    if prior is None and current:
+    if prior is None and bounded:
         sd = max(sd, UNCALIBRATED_ARM_SD)
     log_ratio = _mean(candidate_logs) - _mean(control_logs)
     half = t_quantile(0.5 + confidence / 2, df) * sd * math.sqrt(1 / len(control_logs) + 1 / len(candidate_logs))
     return RatioInterval(ratio=math.exp(log_ratio), low=math.exp(log_ratio - half), high=math.exp(log_ratio + half),
-                         df=df, arm_sd=sd)
+                         df=df, arm_sd=sd, conflict=conflict)
 
 
 # -- Student's t, from the regularized incomplete beta function -----------------------------------
@@ -343,7 +421,7 @@ def calibrate_cell(arms: Sequence[Sequence[float]], bar: float, *, confidence: f
         covered += interval.low <= 1.0 <= interval.high
         passed += verdict is Verdict.PASS
         failed += verdict is Verdict.FAIL
-    as_taken = pessimistic(noise) if model == INTERVAL_MODEL else noise
+    as_taken = pessimistic(noise) if model != POINT_PRIOR_MODEL else noise
     spread = math.sqrt(as_taken.variance) * math.sqrt(1 / ABA_CONTROLS + 1 / ABA_CANDIDATES)
     t = t_quantile(0.5 + confidence / 2, noise.df + ABA_CONTROLS - 1 + ABA_CANDIDATES - 1)
     if spread > 0:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import field
 from typing import Any
 
 from lanectl.bench.stats import (
     ARM_NOISE_ESTIMATOR,
     CONFIDENCE,
     INTERVAL_MODEL,
+    MAX_CALIBRATION_ARMS,
     POINT_PRIOR_MODEL,
     UNCALIBRATED_ARM_SD,
     ArmNoise,
@@ -28,6 +30,7 @@ from lanectl.bench.stats import (
     calibrate_cell,
     cell_verdict,
     fidelity_within,
+    noise_df,
     ratio_interval,
 )
 from lanectl.records import frozen
@@ -73,6 +76,10 @@ def judge_cell(key: str, arms: Sequence[Mapping[str, Any]], bar: float, prior: A
     elif failed and verdict is Verdict.PASS:
         verdict = Verdict.INCONCLUSIVE
     noise.update(df=interval.df, arm_sd=interval.arm_sd)
+    if interval.conflict is not None:
+        conflict = interval.conflict
+        noise["prior_stale"] = {"spread": conflict.spread, "allowed": conflict.allowed, "df": conflict.df,
+                                "level": conflict.level, "controls_only": len(candidate_rates) == 1}
     return {"ratio": interval.ratio, "low": interval.low, "high": interval.high, "verdict": verdict.value,
             "failed": failed, "interval": noise}
 
@@ -101,16 +108,20 @@ class Judged:
 
 
 def judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mapping[str, Any]],
-                    fidelity: Mapping[str, Any], bar: float) -> Judged:
+                    fidelity: Mapping[str, Any], bar: float, *, noise_prior: Mapping[str, Any] | None = None) -> Judged:
     """FAIL when any arm logged a new Xid or fatal engine line, had failed requests or failed a probe, any
     cell FAILs, or fidelity FAILs. PASS when nothing failed, every arm ran the workload's probes, fidelity
     held on every prompt and at least one cell PASSes (a split-KV kernel wins where it applies and must
-    merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote."""
+    merely not lose elsewhere). INCONCLUSIVE otherwise: rerun (or add arms), never promote. The calibration
+    (`noise_prior`, where the priors came from) is named where it was not used, is old, or where a cell's own
+    arms contradicted it (`prior stale: …`)."""
     if not any(is_candidate(arm) for arm in arms):
         return Judged(Verdict.FAIL, ["no arm of this candidate was measured"])
     judged = _judge_candidate(cells, arms, fidelity, bar)
+    judged.reasons.extend(calibration_reasons(noise_prior))
+    judged.reasons.extend(prior_stale_reasons(cells, (noise_prior or {}).get("recorded")))
     missing = prior_missing(cells)
-    if missing:
+    if missing and not (noise_prior or {}).get("refused"):
         judged.reasons.append(
             f"prior missing: this host has no calibration of {', '.join(missing)}, so those intervals rest on the "
             f"bracket's own arms, believed at no less than {UNCALIBRATED_ARM_SD:.0%} between arms: wider than "
@@ -119,9 +130,43 @@ def judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mappi
 
 
 def prior_missing(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The cells whose interval was built, under INTERVAL_MODEL, without a calibration of this host."""
+    """The cells whose interval was built, under a model with the uncalibrated floor, without a calibration of
+    this host."""
     return [key for key, cell in cells.items() if (interval := cell.get("interval")) and interval["df"] is not None
-            and interval["prior"] is None and interval["model"] == INTERVAL_MODEL]
+            and interval["prior"] is None and interval["model"] != POINT_PRIOR_MODEL]
+
+
+def calibration_reasons(noise_prior: Mapping[str, Any] | None) -> list[str]:
+    """`prior not used: …` when the gate refused the host's calibration (another config of the control lane),
+    `calibration old: …` when it was older at the gate than the workload allows."""
+    if not noise_prior:
+        return []
+    if noise_prior.get("refused"):
+        return [f"prior not used: {noise_prior['refused']}; each cell's interval rests on the bracket's own arms "
+                f"(`lanectl gate {noise_prior['lane']} --workload W --calibrate` measures this config)"]
+    age, allowed = noise_prior.get("age_days"), noise_prior.get("max_age_days")
+    if age is None or allowed is None or age <= allowed:
+        return []
+    return [f"calibration old: the calibration of {noise_prior['recorded']} was {age:.0f} days old at the gate, more "
+            f"than the {allowed:g} days the workload allows (`calibration_max_age_days`); `lanectl gate "
+            f"{noise_prior['lane']} --workload W --calibrate` measures it again"]
+
+
+def prior_stale_reasons(cells: Mapping[str, Mapping[str, Any]], calibrated: str | None) -> list[str]:
+    """`prior stale: prose@1 controls spread 0.42 % where the calibration of … allows 0.15 % …`, one per cell
+    whose own arms contradicted its prior (`lanectl.bench.stats.prior_conflict`)."""
+    lines = []
+    for key, cell in cells.items():
+        stale = (cell.get("interval") or {}).get("prior_stale")
+        if not stale:
+            continue
+        whose = "controls" if stale["controls_only"] else "arms"
+        lines.append(f"prior stale: {key} {whose} spread {stale['spread']:.2%} where the calibration"
+                     f"{f' of {calibrated}' if calibrated else ''} allows {stale['allowed']:.2%} (F test on "
+                     f"{stale['df']} df at {stale['level']:.0%}): that cell's interval rests on the bracket's own "
+                     f"arms, believed at no less than {UNCALIBRATED_ARM_SD:.0%} between arms; more arms "
+                     "(`--until-decided`) or a new calibration (`--calibrate`) decide it")
+    return lines
 
 
 def _judge_candidate(cells: Mapping[str, Mapping[str, Any]], arms: Sequence[Mapping[str, Any]],
@@ -287,15 +332,18 @@ def _prior(cell: Mapping[str, Any]) -> ArmNoise | None:
     return None if prior is None else ArmNoise(variance=prior["variance"], df=prior["df"])
 
 
-def recompute_candidate(report: Mapping[str, Any], bar: float) -> dict[str, Any]:
-    """One candidate's cells and verdict, judged again from its arms' rates, the recorded priors and `bar`."""
+def recompute_candidate(report: Mapping[str, Any], bar: float,
+                        priors: Mapping[str, ArmNoise | None] | None = None) -> dict[str, Any]:
+    """One candidate's cells and verdict, judged again from its arms' rates, the recorded priors and `bar`;
+    a cell named in `priors` is judged with that prior instead of the recorded one (None: without one)."""
     arms = report["arms"]
     cells = {}
     for key, recorded in report["cells"].items():
-        judged_cell = judge_cell(key, arms, bar, _prior(recorded), confidence=recorded["interval"]["confidence"],
+        prior = priors[key] if priors is not None and key in priors else _prior(recorded)
+        judged_cell = judge_cell(key, arms, bar, prior, confidence=recorded["interval"]["confidence"],
                                  model=recorded["interval"]["model"])
         cells[key] = {**recorded, **judged_cell}
-    judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar)
+    judged = judge_candidate(cells, arms, report["fidelity"] or {}, bar, noise_prior=report.get("noise_prior"))
     measured = any(is_candidate(arm) for arm in arms)
     # A candidate that never ran (it could not be brought up) keeps the recorded reason why.
     reasons = judged.reasons if measured else list(report["reasons"])
@@ -308,17 +356,22 @@ def recompute_calibration(report: Mapping[str, Any]) -> dict[str, Any]:
     judged = judge_arm_noise(report["arms"], report["bar"], calibration["max_false_promotion"],
                              confidence=calibration.get("confidence", CONFIDENCE),
                              model=calibration.get("model", POINT_PRIOR_MODEL))
-    return {**report, "calibration": judged.calibration, "verdict": judged.verdict.value, "reasons": judged.reasons}
+    # The lane's config the calibration ran on is a fact of the run, not a figure: kept as recorded.
+    config = {"lane_digest": calibration["lane_digest"]} if "lane_digest" in calibration else {}
+    return {**report, "calibration": {**judged.calibration, **config}, "verdict": judged.verdict.value,
+            "reasons": judged.reasons}
 
 
-def recompute_gate(gate: Mapping[str, Any]) -> dict[str, Any]:
+def recompute_gate(gate: Mapping[str, Any],
+                   priors: Mapping[str, Mapping[str, ArmNoise | None]] | None = None) -> dict[str, Any]:
     """The gate section as the evidence in it says it should read: every candidate's cells and verdict,
-    and the bracket's verdict and best, judged again. Other fields are kept as recorded."""
+    and the bracket's verdict and best, judged again. Other fields are kept as recorded. `priors`:
+    candidate -> cell -> the prior to judge that cell with in place of the recorded one."""
     if gate.get("calibration") and not gate["cells"] and "candidates" not in gate:
         return recompute_calibration(gate)
     if "candidates" not in gate:
-        return recompute_candidate(gate, gate["bar"])
-    candidates = [recompute_candidate(c, gate["bar"]) for c in gate["candidates"]]
+        return recompute_candidate(gate, gate["bar"], (priors or {}).get(gate["candidate"]))
+    candidates = [recompute_candidate(c, gate["bar"], (priors or {}).get(c["candidate"])) for c in gate["candidates"]]
     verdicts = [Verdict(c["verdict"]) for c in candidates]
     passed = [c for c in candidates if c["verdict"] == Verdict.PASS.value]
     best = max(passed, key=lambda c: rank(Verdict.PASS, c["cells"]))["candidate"] if passed else None
@@ -380,12 +433,141 @@ class Rechecked:
     gate: dict[str, Any]  # recomputed (format 2); as recorded (format 1: no rates to recompute from)
     recomputed: bool
     differences: list[str]
+    # Where the evidence itself does not hold together (an arm's two copies, a prior no calibration could
+    # have given): the verdict is then not reproduced, and no candidate PASSes on it. Also in `differences`.
+    not_reproduced: list[str] = field(default_factory=list)
+    priors_checked: str | None = None  # how the recorded priors were checked against this host's calibration
 
 
-def recheck(results: Mapping[str, Any]) -> Rechecked:
-    """`lanectl report`'s reading of a results.json that `load_results` accepted."""
+@frozen
+class KeptCalibration:
+    """This host's kept calibration of the run's workload (`calibration_file`), to hold a run's priors to."""
+
+    node: str  # the host that measured it: this one
+    recorded: str
+    cells: Mapping[str, ArmNoise]
+
+
+def recheck(results: Mapping[str, Any], kept: KeptCalibration | None = None) -> Rechecked:
+    """`lanectl report`'s reading of a results.json that `load_results` accepted: the evidence checked
+    (`arm_copy_problems`, `prior_problems`), then every figure and verdict recomputed from it. A cell whose
+    recorded prior no calibration could have given is judged with this host's kept prior of it, or without one."""
     recorded = dict(results["gate"])
     if results.get("version", 1) < 2:
         return Rechecked(gate=recorded, recomputed=False, differences=[])
-    recomputed = recompute_gate(recorded)
-    return Rechecked(gate=recomputed, recomputed=True, differences=differences(recorded, recomputed))
+    problems = arm_copy_problems(recorded)
+    replaced: dict[str, dict[str, ArmNoise | None]] = {}
+    for candidate in candidates_of(recorded):
+        found, instead = prior_problems(candidate, kept)
+        problems += found
+        replaced[str(candidate["candidate"])] = instead
+    recomputed = recompute_gate(recorded, replaced)
+    if problems:
+        recomputed = refused(recomputed, problems)
+    return Rechecked(gate=recomputed, recomputed=True, differences=problems + differences(recorded, recomputed),
+                     not_reproduced=problems, priors_checked=priors_checked(recorded, kept))
+
+
+def refused(gate: Mapping[str, Any], problems: Sequence[str]) -> dict[str, Any]:
+    """The recomputed gate with no candidate passing: its evidence does not hold together."""
+    why = f"not reproduced: results.json does not hold together ({problems[0]}" + (
+        f", and {len(problems) - 1} more)" if len(problems) > 1 else ")")
+
+    def unpassed(report: Mapping[str, Any]) -> dict[str, Any]:
+        if report["verdict"] != Verdict.PASS.value:
+            return dict(report)
+        return {**report, "verdict": Verdict.INCONCLUSIVE.value, "reasons": [why, *report["reasons"]]}
+
+    if "candidates" not in gate:
+        return unpassed(gate)
+    candidates = [unpassed(c) for c in gate["candidates"]]
+    verdict = bracket_verdict([Verdict(c["verdict"]) for c in candidates])
+    return {**gate, "candidates": candidates, "verdict": verdict.value, "best": None}
+
+
+# -- the evidence itself ----------------------------------------------------------------------------
+
+def arm_copy_problems(gate: Mapping[str, Any]) -> list[str]:
+    """A bracket of several candidates keeps each arm twice: in `gate.arms` (the safety table reads them) and
+    in each candidate's `arms` (its verdict is judged on them). Where the two copies part, e.g. an Xid line
+    in one copy only. A candidate that never ran keeps no arms, and a bracket that stopped keeps every arm
+    in each candidate's copy: neither is a difference."""
+    if "candidates" not in gate:
+        return []
+    bracket = {str(arm["arm"]): arm for arm in gate["arms"]}
+    problems = []
+    for candidate in gate["candidates"]:
+        name, copies = str(candidate["candidate"]), candidate["arms"]
+        if not copies:
+            continue
+        own = {str(arm["arm"]) for arm in copies}
+        for arm in copies:
+            kept = bracket.get(str(arm["arm"]))
+            if kept is None:
+                problems.append(f"{name}'s copy of the arms holds {arm['arm']}, which gate.arms does not")
+                continue
+            parted = sorted(key for key in {*arm, *kept} if arm.get(key) != kept.get(key))
+            if parted:
+                problems.append(f"{name}'s copy of arm {arm['arm']} differs from gate.arms in {', '.join(parted)}")
+        for arm_name, arm in bracket.items():
+            if arm_name not in own and (is_control(arm) or arm["lane"] == name):
+                problems.append(f"{name}'s copy of the arms lacks {arm_name}, which gate.arms holds")
+    return problems
+
+
+def prior_problems(report: Mapping[str, Any], kept: KeptCalibration | None
+                   ) -> tuple[list[str], dict[str, ArmNoise | None]]:
+    """Each recorded prior no calibration could have given: more degrees of freedom than the calibration's arms
+    allow (`noise_df`), no calibration named as its source, or (when the run's calibration was measured here)
+    other figures than this host keeps for that cell. With each such cell, the prior to judge it with instead:
+    this host's kept one, or none."""
+    name, source = str(report["candidate"]), report.get("noise_prior")
+    problems: list[str] = []
+    instead: dict[str, ArmNoise | None] = {}
+    for key, cell in report["cells"].items():
+        prior = (cell.get("interval") or {}).get("prior")
+        if prior is None:
+            continue
+        held = kept.cells.get(key) if kept is not None else None
+        why = _prior_problem(prior, source, kept, held)
+        if why is not None:
+            problems.append(f"{name} {key} prior: {why}")
+            instead[key] = held
+    return problems, instead
+
+
+def _prior_problem(prior: Mapping[str, Any], source: Mapping[str, Any] | None, kept: KeptCalibration | None,
+                   held: ArmNoise | None) -> str | None:
+    if source is None:
+        return "recorded without the calibration it came from (noise_prior is missing)"
+    if source["arms"] > MAX_CALIBRATION_ARMS:
+        return (f"its calibration claims {source['arms']} arms, where `gate --calibrate` runs "
+                f"{MAX_CALIBRATION_ARMS} at most")
+    allowed = noise_df(source["arms"])
+    if prior["df"] > allowed:
+        return (f"{prior['df']} degrees of freedom, more than the {source['arms']} arms of its calibration "
+                f"allow ({allowed})")
+    if kept is None or source.get("node") != kept.node:
+        return None
+    if held is None:
+        return f"this host's calibration of {kept.recorded} has no such cell"
+    if not _same(prior["variance"], held.variance) or prior["df"] != held.df:
+        return (f"variance {_shown(prior['variance'])} on {prior['df']} df where this host's calibration of "
+                f"{kept.recorded} has {_shown(held.variance)} on {held.df}")
+    return None
+
+
+def priors_checked(gate: Mapping[str, Any], kept: KeptCalibration | None) -> str | None:
+    """How the run's priors were held to this host's calibration, in a sentence; None when no cell had one."""
+    sources = [c.get("noise_prior") for c in candidates_of(gate)
+               if any((cell.get("interval") or {}).get("prior") for cell in c["cells"].values())]
+    if not sources:
+        return None
+    node = next((s.get("node") for s in sources if s), None)
+    if kept is None:
+        return ("The calibration priors could not be checked against a calibration of this host: it keeps none "
+                "of this workload.")
+    if node != kept.node:
+        return (f"The calibration priors could not be checked against a calibration of this host: they were "
+                f"measured on {node}, not here ({kept.node}).")
+    return f"Each cell's calibration prior was checked against this host's calibration of {kept.recorded}."

@@ -15,6 +15,7 @@ A workload file lives under `recipes/workloads/` but declares its own schema, so
     agent_classes: [tool_json]    # reported on their own line; no confident flip allowed there
     context_lengths: [0, 65536]   # optional: each cell again with the prompt padded to N tokens
     probes: [gauntlet, thinking, soak, needle-4k]   # optional: probes/<name>.yaml beside this file
+    calibration_max_age_days: 30  # optional: a gate flags a calibration older than this
 
 `gate` runs each named probe (`lanectl/bench/probes.py`) in every arm; any failure fails the gate.
 """
@@ -62,6 +63,9 @@ class Workload(BaseModel):
         default_factory=lambda: [0], min_length=1,
         description="Context lengths (tokens) to measure each cell at: the prompt is padded to that length; "
                     "0 sends it as written.")
+    calibration_max_age_days: float = Field(
+        30, gt=0, le=3650, description="A calibration of this workload older than this at a gate is flagged in "
+        "the verdict (`calibration old: ...`): the host, its driver or its load may have changed since.")
 
     def cells_digest(self) -> str:
         """sha256 of what the cells send (prompts, output tokens, temperature, context lengths): a calibration

@@ -27,6 +27,12 @@ class _LanectlGroup(TyperGroup):
     """Click handles usage errors (exit 2) and typer.Exit itself; domain errors are reported here, inside the
     command, so that an in-process run (typer's CliRunner) prints and exits exactly as the installed CLI does."""
 
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _USAGE_ERROR as exc:
+            raise _escaped(exc) from None
+
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]  # typer.Context is its click's, narrower
         # The consoles are this run's: made for it (they read the environment, FORCE_COLOR and COLUMNS, and the
         # terminal when made) and dropped after it.
@@ -34,6 +40,8 @@ class _LanectlGroup(TyperGroup):
         err.cache_clear()
         try:
             return super().invoke(ctx)
+        except _USAGE_ERROR as exc:
+            raise _escaped(exc) from None
         except RecipeInvalid as exc:
             for problem in exc.problems:
                 err().print(str(problem), markup=False)
@@ -45,6 +53,20 @@ class _LanectlGroup(TyperGroup):
         finally:
             out.cache_clear()
             err.cache_clear()
+
+
+# click's usage errors, as the click typer runs on raises them (typer 0.28 carries its own copy of click): the base
+# of the exception class typer exports.
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _escaped(exc: Any) -> Exception:
+    """A usage error quotes what was typed (`No such option: --x`): its control characters and bidi marks are
+    shown escaped, as everything lanectl prints from outside is (lanectl.output.shown)."""
+    from lanectl.output import shown
+
+    exc.message = shown(exc.message, keep_newlines=True)
+    return exc
 
 
 def _typer(help: str, group: type[TyperGroup] = TyperGroup) -> typer.Typer:
@@ -592,11 +614,14 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A folder written by `la
 
 @app.command()
 def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (created when missing).")]
-         = Path("."), as_json: JsonOption = False) -> None:
+         = Path("."),
+         port: Annotated[int, typer.Option("--port", help="The host port the starter's lanes publish; choose "
+                                                          "one no other service uses.")] = 18100,
+         as_json: JsonOption = False) -> None:
     """Start a recipes project: a commented starter recipe with two stub-engine lanes (no GPU needed)."""
     from lanectl.commands.init import init_project
 
-    show(init_project(folder), as_json)
+    show(init_project(folder, port), as_json)
 
 
 import_app = _typer("Recipes from other formats, as lanectl recipes.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from lanectl.errors import BadInput
@@ -20,4 +21,7 @@ def parse_duration(text: str, *, option: str) -> float:
         position = match.end()
     if not text or position != len(text):
         raise BadInput(f"{option} {text!r}: expected a duration like 90s, 10m, 2h or 1h30m")
+    if not math.isfinite(total):  # 400 nines is float infinity: a wait that never ends, a `since` before time
+        shown = text if len(text) <= 20 else f"{text[:17]}…"
+        raise BadInput(f"{option} {shown!r}: not a finite duration; give one like 90s, 10m or 2h")
     return total

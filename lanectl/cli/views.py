@@ -143,12 +143,15 @@ def status(result: Result) -> list[Line]:
             # vLLM queues a request to a sleeping engine: say so, or an operator reads a silent port as a hang.
             queued = "" if gone else ", requests to it wait unanswered until a wake"
             active.append((f"standby {standby['seconds']} s{resident}{gone}{queued} ", "bold cyan"))
+        restarted = f"  restarted {lane['watchdog_restarts']}x by the watchdog" if lane.get("watchdog_restarts") else ""
         lines.append(line((lane["lane"], "bold"), "  ", *active, "known-good " if lane["known_good"] else "",
-                          f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}"))
+                          f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}{restarted}"))
         if lane.get("dead"):
             lines.append(line(("    dead     ", "bold red"), (lane["dead"], "red")))
         if lane["pushed"]:
             lines.append(line(f"    pushed   {lane['pushed']['reference']}"))
+        if lane.get("without_gpus"):
+            lines.append(line("    runs without GPUs (started with --no-gpu), though its recipe asks for some"))
         for c in lane["containers"]:
             detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
             if c["exit_code"] not in (None, 0):
@@ -174,6 +177,9 @@ def status(result: Result) -> list[Line]:
     lines += [line(("foreign container ", "red"), f"{f['name']} ({f['what']}; in the way of "
                    f"{', '.join(f['lanes'])}): lanectl will not stop or adopt it; clear it with `{f['clear_with']}`")
               for f in data.get("foreign_containers", [])]
+    lines += [line(("orphan container ", "red"), f"{o['name']} ({o['status']}): made for {o['lane']}'s role "
+                   f"{o['role']}, which its recipe no longer has; the next `lanectl up` or `down` stops and removes it")
+              for o in data.get("orphan_containers", [])]
     lines += [line(f"container {name} has lanectl labels but its lane is not in the recipes", err=True)
               for name in data["unknown_containers"]]
     return lines

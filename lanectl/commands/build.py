@@ -107,3 +107,20 @@ def record_push(outcome: BuildOutcome, pushes: PushStore, journal: Journal) -> B
     except OperationFailed as exc:
         return replace(outcome, status="failed", message=f"{outcome.message}; but the digest was not recorded: {exc}")
     return outcome
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "build": {
+        "example": """\
+$ lanectl build --all
+$ lanectl build h2-REF --push --registry registry.lan:5000   # for the fleet: push and record the digest
+""",
+        "exit": {
+            0: "every lane asked for is built (or was already)",
+            1: "a build or a push failed (the others were still attempted)",
+            2: "an unknown lane, no lane named and no --all, or an invalid recipe",
+        },
+    },
+}

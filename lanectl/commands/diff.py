@@ -27,3 +27,23 @@ def diff(catalog: Catalog, a: str, b: str) -> Result:
         if name not in catalog.lanes:
             raise BadInput(f"no lane {name!r}; known lanes: {', '.join(sorted(catalog.lanes))}")
     return Result("diff", diff_lanes(inputs_of(catalog.lane(a)), inputs_of(catalog.lane(b))).as_dict())
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "diff": {
+        "example": """\
+$ lanectl diff stub-a stub-b
+stub-a -> stub-b
+  image  lanectl/demo:stub-a-8c64cdec2fc2 -> lanectl/demo:stub-b-e0461b1ad595
+  env  ~ STUB_DECODE_TOKENS_PER_S: 100 -> 150
+  same base image (lanectl/base-python:bookworm, built on this host: no registry digest)
+  same serve flags
+""",
+        "exit": {
+            0: "compared (whether or not the lanes differ)",
+            2: "an unknown lane or an invalid recipe",
+        },
+    },
+}

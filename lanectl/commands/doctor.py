@@ -149,3 +149,22 @@ def _base_images(engine: Any, catalog: Catalog) -> list[Finding]:
         findings.append(Finding(f"base image {image}", "ok" if present else "warn",
                                 "present" if present else "missing", "" if present else "make base-image"))
     return findings
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "doctor": {
+        "example": """\
+$ lanectl doctor
+ok    docker engine: reachable, Docker 20.10.24+dfsg1
+warn  nvidia runtime: Docker knows only these runtimes: ['io.containerd.runc.v2', 'runc']
+      fix: install the NVIDIA Container Toolkit (nvidia-ctk runtime configure); until then lanes run only with --no-gpu
+ok    state dir: /var/lib/lanectl is writable
+""",
+        "exit": {
+            0: "no finding is an error (warnings allowed)",
+            1: "at least one error: each comes with its fix",
+        },
+    },
+}

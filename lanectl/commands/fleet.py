@@ -107,3 +107,20 @@ def status(recipes: Path | None) -> Result:
 
     data = observe(SwarmEngine(), catalog_if_valid(recipes), StateFiles(state_dir()))
     return Result("fleet-status", data, exit_code=EXIT_OK if data["healthy"] else EXIT_FAILED)
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "fleet status": {
+        "example": """\
+$ lanectl fleet status
+$ lanectl fleet status --json | jq '.data.healthy'
+""",
+        "exit": {
+            0: "every node is ready and every lane placed on it answers",
+            1: "degraded: a node is down or a lane does not answer",
+            2: "an invalid recipe",
+        },
+    },
+}

@@ -10,7 +10,7 @@ from typing import Any
 
 from lanectl.bench.gate import bench_lane, run_calibration, run_gate, write_results
 from lanectl.bench.probes import load_probes, max_model_len
-from lanectl.bench.stats import Verdict
+from lanectl.bench.stats import MAX_CALIBRATION_ARMS, Verdict
 from lanectl.bench.workload import Workload, load_workload, workload_file
 from lanectl.errors import EXIT_FAILED, EXIT_OK
 from lanectl.lanes.switcher import Reporter
@@ -36,8 +36,11 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
     from lanectl.dockerapi.containers import ContainerEngine
     from lanectl.errors import BadInput
     from lanectl.state.lanes import LaneStateStore
+    from lanectl.state.out_paths import check_output_folder
     from lanectl.state.paths import StateFiles, state_dir
 
+    if out is not None:
+        check_output_folder(out, "--out")
     named = catalog.lane(lane) if lane else None
     active = LaneStateStore(StateFiles(state_dir()).lanes).load().active
     target = named or (catalog.lanes.get(active) if active else None)
@@ -54,9 +57,18 @@ def bench(catalog: Catalog, lane: str | None, workload_name: str, concurrency: l
     data = {"bench": result.summary(), "workload": workload.name, "concurrency": concurrency}
     messages: tuple[Message, ...] = ()
     if out is not None:
-        data["run_dir"] = str(write_results(out, f"bench-{target.name}", data))
-        messages = (info(f"results in {data['run_dir']}"),)
+        try:
+            data["run_dir"] = str(write_results(out, f"bench-{target.name}", data))
+            messages = (info(f"results in {data['run_dir']}"),)
+        except OSError as exc:
+            messages = (_not_written(out, exc),)
     return Result("bench", data, messages)
+
+
+def _not_written(out: Path, exc: OSError) -> Message:
+    # --out was checked before the run; what failed since (a full disk, a folder removed) must not lose the run.
+    return warning(f"--out {out}: could not write the results ({exc.strerror or exc}); they are only in this "
+                   "output (--json prints them whole)")
 
 
 def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
@@ -67,7 +79,6 @@ def _max_model_len(lanes: list[Lane]) -> tuple[int, str] | None:
 
 # Enough to outlast any drift a bracket could average away; more is a mistake in the command line.
 MAX_EXTRA_ROUNDS = 50
-MAX_CALIBRATION_ARMS = 100
 DEFAULT_CALIBRATION_ARMS = 8
 
 
@@ -109,9 +120,12 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
     from lanectl.commands.switch import switcher
     from lanectl.errors import BadInput
     from lanectl.lanes.switcher import built_tag
+    from lanectl.state.out_paths import check_output_folder
     from lanectl.state.paths import StateFiles, state_dir
 
     check_gate_options(bar, max_false_promotion, until_decided, arms, calibrate, order)
+    if out is not None:
+        check_output_folder(out, "--out")
     names = [candidate] if isinstance(candidate, str) else list(candidate)
     if not names:
         raise BadInput("name at least one candidate lane")
@@ -139,7 +153,7 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                          [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane,
                                                                                          *candidate_lanes)])
     store = CalibrationStore(StateFiles(state_dir()).calibration)
-    priors, noise_prior, prior_line = priors_for(store.load(), workload)
+    priors, noise_prior, prior_line = priors_for(store.load(), workload, control)
     command = f"lanectl gate {' '.join(names)} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         # Every image before the first switch: a refusal mid-bracket would leave a candidate serving.
@@ -157,12 +171,18 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                                promote=promote, kernel_log=_kernel_log(), order=order, until_decided=until_decided,
                                priors=priors, noise_prior=noise_prior, progress=progress, probes=probes)
             data, verdict = bracket.as_dict(), bracket.verdict
-            messages = (info(prior_line),)
+            # The control's config is known only once it ran: a calibration of another config was refused then.
+            refused = next((c.noise_prior["refused"] for c in bracket.candidates
+                            if c.noise_prior and c.noise_prior.get("refused")), None)
+            messages = (info(f"calibration not used: {refused}" if refused else prior_line),)
     run_dir = None
     if out is not None:
         name = f"calibrate-{names[0]}" if calibrate else f"gate-{'+'.join(names)}"
-        run_dir, drawn = _write_run(out, name, data, workload.name, concurrency)
-        messages += drawn
+        try:
+            run_dir, drawn = _write_run(out, name, data, workload.name, concurrency)
+            messages += drawn
+        except OSError as exc:
+            messages += (_not_written(out, exc),)
     return Result("gate", {**data, "run_dir": str(run_dir) if run_dir else None}, messages,
                   exit_code=EXIT_OK if verdict == Verdict.PASS else EXIT_FAILED)
 
@@ -199,17 +219,61 @@ def _keep_noise(store: Any, lane: str, workload: Workload, data: dict[str, Any])
 def report(run_dir: Path) -> Result:
     """A gate run written by `gate --out`, judged again from the per-request rates it keeps (format 2): its
     figures and verdicts as the evidence says, where the recorded ones differ, and its plot drawn again."""
+    from lanectl.bench.calibration_file import kept_calibration
     from lanectl.bench.plot import plot
     from lanectl.bench.results_file import load_results
     from lanectl.bench.verdict import recheck
 
     results = load_results(run_dir)
-    rechecked = recheck(results)
+    rechecked = recheck(results, kept_calibration(results.get("workload")))
     not_drawn = plot(rechecked.gate, run_dir / "ratios.png")
     messages: tuple[Message, ...] = (info(not_drawn or f"plot: {run_dir / 'ratios.png'}"),)
+    if rechecked.not_reproduced:
+        messages += (warning(f"{run_dir / 'results.json'}: the verdict is not reproduced: the evidence does not hold "
+                             f"together in {len(rechecked.not_reproduced)} place(s), so no candidate passes on it "
+                             f"({rechecked.not_reproduced[0]})"),)
     if rechecked.differences:
         messages += (warning(f"{run_dir / 'results.json'}: the recorded figures differ from its per-request rates "
                              f"in {len(rechecked.differences)} place(s); shown as the rates say"),)
     data = {**rechecked.gate, "results_version": results.get("version", 1), "recomputed": rechecked.recomputed,
-            "differences": rechecked.differences}
+            "differences": rechecked.differences, "not_reproduced": rechecked.not_reproduced,
+            "priors_checked": rechecked.priors_checked}
     return Result("report", data, messages)
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "bench": {
+        "example": """\
+$ lanectl bench --workload smoke --concurrency 1,8 --out /tmp/bench-h2
+""",
+        "exit": {
+            0: "measured",
+            1: "the lane did not serve or a request failed",
+            2: "an unknown lane or workload, or a bad option value",
+        },
+    },
+    "gate": {
+        "example": """\
+$ lanectl gate h2-REF --control h1-REF --bar 1.025 --out runs/h2-vs-h1
+$ lanectl gate stub-b --control stub-a --workload smoke --no-gpu     # the starter project, on the CPU stub
+$ lanectl gate h2-REF --calibrate --arms 8 --workload coding         # A/A: how noisy this host is
+""",
+        "exit": {
+            0: "PASS (with --calibrate: the false-promotion rate is within --max-false-promotion)",
+            1: "FAIL or INCONCLUSIVE, or a lane did not serve; with --promote nothing was promoted",
+            2: "an unknown lane or workload, a bad option value or an invalid recipe; nothing was switched",
+        },
+    },
+    "report": {
+        "example": """\
+$ lanectl report runs/h2-vs-h1                          # the tables again, and ratios.png redrawn
+$ lanectl report runs/h2-vs-h1 --release-note --out RELEASE-NOTE.md
+""",
+        "exit": {
+            0: "written",
+            2: "not a folder `gate --out` wrote, or its results.json is damaged",
+        },
+    },
+}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from lanectl.errors import BadInput, Problem, RecipeInvalid
+from lanectl.errors import BadInput, OperationFailed, Problem, RecipeInvalid
 from lanectl.output import Result
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
@@ -33,6 +33,9 @@ class ImportedRecipe:
 def import_jm_recipe(path: Path, *, lane: str = "main") -> ImportedRecipe:
     """`path` is the recipe's folder or its recipe.yaml; the launch command is read from beside it."""
     recipe_file = path / "recipe.yaml" if path.is_dir() else path
+    if recipe_file.is_symlink():
+        # Read through, a link to another file (the shadow file) would have its lines quoted in the errors.
+        raise BadInput(f"{recipe_file} is a symbolic link; give the J-M recipe's own file (copy it into the folder)")
     if not recipe_file.is_file():
         raise BadInput(f"{recipe_file}: no such file (expected a J-M recipe folder or its recipe.yaml)")
     try:
@@ -138,14 +141,46 @@ def _comment(text: str) -> str:
     return json.dumps(text)[1:-1]  # ASCII: YAML also breaks lines at NEL, U+2028, U+2029
 
 
+def _check_new_file(out_file: Path) -> None:
+    """`--out` names a new file, in a folder that exists or can be made (lanectl.state.out_paths)."""
+    from lanectl.state.out_paths import check_output_file, check_output_folder
+
+    check_output_folder(out_file.parent, "--out")
+    if out_file.parent.is_dir():
+        check_output_file(out_file, "--out")
+    if out_file.is_symlink() or out_file.exists():
+        raise BadInput(f"{out_file} already exists; choose a new file")
+
+
 def import_jm_command(path: Path, *, lane: str = "main", out_file: Path | None = None) -> Result:
     """`lanectl import jm`: the recipe (written to `out_file`, a new file, when given) and what was not mapped."""
-    if out_file is not None and (out_file.exists() or out_file.is_symlink()):
-        raise BadInput(f"{out_file} already exists; choose a new file")
+    if out_file is not None:
+        _check_new_file(out_file)
     imported = import_jm_recipe(path, lane=lane)
     if out_file is not None:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        with out_file.open("x", encoding="utf-8") as handle:  # "x": never overwrites a file made meanwhile
-            handle.write(imported.text)
+        _check_new_file(out_file)
+        try:
+            out_file.parent.mkdir(parents=True, exist_ok=True)
+            with out_file.open("x", encoding="utf-8") as handle:  # "x": never overwrites a file made meanwhile
+                handle.write(imported.text)
+        except OSError as exc:
+            raise OperationFailed(f"--out {out_file}: could not write it ({exc.strerror or exc})") from None
     return Result("import.jm", {"recipe": imported.text, "out": None if out_file is None else str(out_file),
                                 "unmapped": imported.unmapped})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "import jm": {
+        "example": """\
+$ lanectl import jm ../J-M-Recipes/recipes/deepseek-v4-flash --lane h2-REF \
+    --out recipes/deepseek.yaml
+$ lanectl validate recipes/deepseek.yaml
+""",
+        "exit": {
+            0: "converted; each field it could not map is listed with its location",
+            2: "not a jm-recipe/v1 recipe, or an unknown lane",
+        },
+    },
+}

@@ -20,8 +20,8 @@ from lanectl.recipe.schema import recipe_json_schema
 STARTER_RECIPE = """\
 # yaml-language-server: $schema=../lanectl.schema.json
 # A lanectl recipe: one serving setup, its lanes, and what keeps them healthy. Check it with `lanectl validate`;
-# the format is in lanectl's README ("The recipe format"). `defaults` holds what every lane inherits; each lane
-# under `lanes` overrides what differs (maps merge key by key, lists and scalars replace).
+# the format is in lanectl's docs ("Writing recipes", and the field reference). `defaults` holds what every lane
+# inherits; each lane under `lanes` overrides what differs (maps merge key by key, lists and scalars replace).
 #
 # Both lanes run lanectl's CPU stub engine, which imitates vLLM, so this project works without a GPU:
 #   lanectl build --all && lanectl up {first} --no-gpu && lanectl status
@@ -47,7 +47,9 @@ defaults:
       STUB_LOAD_SECONDS: "2"       # how long the stub "loads the model"
       STUB_DECODE_TOKENS_PER_S: "100"
     ports:
-      - {{container: 8000, host: 18100, host_ip: 127.0.0.1}}
+      # The host port both lanes publish (one serves at a time), as `lanectl init --port` chose it: change it
+      # here if another service takes it.
+      - {{container: 8000, host: {port}, host_ip: 127.0.0.1}}
     init: true                    # an init as PID 1, so SIGTERM reaches the engine
     stop_timeout_seconds: 30      # a stop: requests in flight get 15 s to finish (--shutdown-timeout), 15 s to exit
   health:                         # the gate a lane must pass before it counts as up
@@ -64,9 +66,10 @@ lanes:
   {first}:
     description: The control lane.
   {second}:
-    description: The candidate, decoding faster; compare them with `lanectl gate {second} --control {first} --no-gpu`.
+    # Compare them: lanectl gate {second} --control {first} --workload smoke --concurrency 1,4 --no-gpu
+    description: The candidate, decoding faster.
     engine:
-      env: {{STUB_DECODE_TOKENS_PER_S: "120"}}   # merges into the default env
+      env: {{STUB_DECODE_TOKENS_PER_S: "150"}}   # merges into the default env: 1.5x the control
 """
 
 STARTER_WORKLOAD = """\
@@ -77,6 +80,7 @@ name: smoke
 description: Two short prompts in two classes.
 max_tokens: 32
 temperature: 0
+probes: [quick]   # a gate PASSes only when every arm ran the workload's probes (probes/quick.yaml)
 classes:
   prose:
     - "Explain in two sentences why a health check should generate a token, not only answer /health."
@@ -84,7 +88,22 @@ classes:
     - "Write a Python function that returns the median of a list of numbers."
 """
 
+STARTER_PROBE = """\
+# A correctness probe `lanectl gate` runs in every arm of a bracket (the smoke workload names it): the answer
+# comes back with its reasoning apart from it, never inside it.
+schema: lanectl-probe/v1
+name: quick
+kind: thinking
+description: Reasoning returned apart from the answer, on one prompt.
+max_tokens: 64
+chat_template_kwargs: {thinking: true}
+leak_markers: ["<think>", "</think>"]
+prompts:
+  - "Which is larger, 9.11 or 9.8?"
+"""
+
 FIRST_LANE, SECOND_LANE = "stub-a", "stub-b"
+DEFAULT_PORT = 18100
 
 
 def project_id(folder: Path) -> str:
@@ -93,25 +112,26 @@ def project_id(folder: Path) -> str:
     return name or "lanes"
 
 
-def scaffold(folder: Path) -> list[Path]:
+def scaffold(folder: Path, port: int = DEFAULT_PORT) -> list[Path]:
     """Write the starter project into `folder` (created when missing); the paths written, in order.
 
     All or nothing: on any OS error (a read-only or full disk, a file or a dangling link where a folder
     goes, a name too long) what this call made is removed again and `BadInput` says what failed.
     """
     try:
-        return _scaffold(folder)
+        return _scaffold(folder, port)
     except OSError as exc:
         where = exc.filename if exc.filename is not None else folder
         raise BadInput(f"lanectl init could not write {where}: {exc.strerror or exc}; nothing was left behind. "
                        "Choose a folder you can write to") from None
 
 
-def _scaffold(folder: Path) -> list[Path]:
+def _scaffold(folder: Path, port: int) -> list[Path]:
     files = {
         folder / "recipes" / "starter.yaml": STARTER_RECIPE.format(id=project_id(folder), first=FIRST_LANE,
-                                                                  second=SECOND_LANE),
+                                                                  second=SECOND_LANE, port=port),
         folder / "recipes" / "workloads" / "smoke.yaml": STARTER_WORKLOAD,
+        folder / "recipes" / "workloads" / "probes" / "quick.yaml": STARTER_PROBE,
         folder / "lanectl.schema.json": json.dumps(recipe_json_schema(), indent=2) + "\n",
     }
     if folder.is_symlink() and not folder.exists():
@@ -163,11 +183,32 @@ def _write_new(path: Path, content: bytes) -> None:
         Path(temp).unlink(missing_ok=True)
 
 
-def init_project(folder: Path) -> Result:
+def init_project(folder: Path, port: int = DEFAULT_PORT) -> Result:
     """`lanectl init`: the files written and the commands that come next."""
     import shlex
 
-    written = scaffold(folder)
+    if not 1 <= port <= 65535:
+        raise BadInput(f"--port {port}: a host port is a number from 1 to 65535")
+    written = scaffold(folder, port)
     where = "" if folder.resolve() == Path.cwd() else f"cd {shlex.quote(str(folder))} && "
     steps = f"lanectl validate && lanectl build --all && lanectl up {FIRST_LANE} --no-gpu"
     return Result("init", {"written": [str(path) for path in written], "next": where + steps})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "init": {
+        "example": """\
+$ lanectl init my-lanes
+wrote my-lanes/recipes/starter.yaml
+wrote my-lanes/recipes/workloads/smoke.yaml
+wrote my-lanes/lanectl.schema.json
+$ cd my-lanes && lanectl validate && lanectl build --all && lanectl up stub-a --no-gpu
+""",
+        "exit": {
+            0: "the project was written",
+            2: ("a file it would write is already there, or the folder cannot be written (nothing is left behind)"),
+        },
+    },
+}

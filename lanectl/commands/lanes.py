@@ -35,3 +35,21 @@ def list_lanes(catalog: Catalog) -> Result:
             "patches": [p.path for p in lane.spec.patches],
         })
     return Result("lanes", {"lanes": rows, "note": note})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "lanes": {
+        "example": """\
+$ lanectl lanes
+LANE    RECIPE  IMAGE                             BUILT  COMPANIONS
+stub-a  demo    lanectl/demo:stub-a-8c64cdec2fc2  no     -
+stub-b  demo    lanectl/demo:stub-b-e0461b1ad595  no     -
+""",
+        "exit": {
+            0: "the lanes are listed",
+            2: "a recipe is invalid",
+        },
+    },
+}

@@ -29,3 +29,20 @@ def lane_logs(catalog: Catalog, lane: str, *, role: str, since_seconds: float | 
     else:
         write(engine.logs(name, since=since))
     return Result("logs", {"lane": lane, "role": role, "container": name})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "logs": {
+        "example": """\
+$ lanectl logs h2-REF --since 10m
+$ lanectl logs h2-REF --role rtx -f    # a companion, followed
+""",
+        "exit": {
+            0: "the logs were printed",
+            1: "the container is not there",
+            2: "an unknown lane or role",
+        },
+    },
+}

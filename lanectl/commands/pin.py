@@ -28,3 +28,19 @@ def check_pin_command(project: Project, version: str, progress: Progress | None 
     except PatchFormatError as exc:
         raise BadInput(str(exc)) from None
     return Result("pin.check", report.to_json(), exit_code=EXIT_FAILED if report.breaking else EXIT_OK)
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "pin check": {
+        "example": """\
+$ lanectl pin check 0.32.0
+""",
+        "exit": {
+            0: "nothing breaks at that release",
+            1: "something breaks (each finding names the lane, the file and the fix)",
+            2: "not a vLLM release lanectl can fetch, or an invalid recipe",
+        },
+    },
+}

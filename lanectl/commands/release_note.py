@@ -7,8 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lanectl.bench.calibration_file import kept_calibration
 from lanectl.bench.release_note import NoteInputs, release_note
-from lanectl.bench.verdict import Rechecked, candidates_of
+from lanectl.bench.verdict import KeptCalibration, Rechecked, candidates_of
 from lanectl.errors import BadInput
 from lanectl.output import Message, Result, info, warning
 from lanectl.recipe.catalog import Catalog
@@ -78,28 +79,20 @@ def local_image_ids(references: set[str]) -> dict[str, str]:
     return {ref: image for ref, image in found.items() if image}
 
 
-def write_note(path: Path, text: str) -> None:
-    from lanectl.state.atomic import write_atomically
-
-    if path.is_dir():
-        raise BadInput(f"--out {path} is a folder; give a file name")
-    if not path.parent.is_dir():
-        raise BadInput(f"--out {path}: the folder {path.parent} does not exist")
-    # Replaced whole: a symlink at the path is replaced too, never written through.
-    write_atomically(path, text.encode(), mode=0o644)
-
-
 def written_note(catalog: Catalog | None, results: dict[str, Any], run_name: str,
                  earlier_gates: list[dict[str, Any]] | None,
-                 image_ids: dict[str, str] | None = None) -> tuple[str, Rechecked]:
+                 image_ids: dict[str, str] | None = None, *,
+                 kept: KeptCalibration | None = None) -> tuple[str, Rechecked]:
     """The note's Markdown, written from the figures recomputed from the run's per-request rates (format 2),
-    saying where the recorded ones differ; and that recomputation."""
+    saying where the recorded ones differ and where the evidence does not hold together (its priors held to
+    `kept`, this host's calibration of the workload); and that recomputation."""
     from lanectl.bench.verdict import recheck
 
-    rechecked = recheck(results)
+    rechecked = recheck(results, kept)
     results = {**results, "gate": rechecked.gate}
     inputs = note_inputs(catalog, results, run_name, earlier_gates, image_ids)
-    inputs = replace(inputs, recomputed=rechecked.recomputed, differences=rechecked.differences)
+    inputs = replace(inputs, recomputed=rechecked.recomputed, differences=rechecked.differences,
+                     not_reproduced=rechecked.not_reproduced, priors_checked=rechecked.priors_checked)
     return release_note(results, inputs), rechecked
 
 
@@ -136,7 +129,14 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
     with the run's plot inside it. Written from the figures recomputed from the run's per-request rates;
     everything is checked (results.json, the plot) before anything is written."""
     from lanectl.bench.results_file import load_results
+    from lanectl.state.out_paths import check_output_file, write_output_file
 
+    if out is not None:
+        check_output_file(out, "--out", run_dir=run_dir)
+    if html is not None:
+        check_output_file(html, "--html", run_dir=run_dir)
+    if out is not None and html is not None and _same_name(out, html):
+        raise BadInput(f"--out {out} and --html {html} name the same file; give two")
     results = load_results(run_dir)
     gate = results["gate"]
     if gate.get("calibration") and not gate["cells"]:
@@ -146,18 +146,22 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
     arms = results["gate"].get("arms") or []
     started = arms[0]["started"] if arms else None
     markdown, rechecked = written_note(catalog, results, run_dir.name, earlier_gate_records(started),
-                                       local_image_ids({arm["image"] for arm in arms}))
+                                       local_image_ids({arm["image"] for arm in arms}),
+                                       kept=kept_calibration(results.get("workload")))
     messages: tuple[Message, ...] = ()
     if out is not None:
-        write_note(out, markdown)
+        write_output_file(out, markdown.encode(), "--out", run_dir=run_dir)
         messages += (info(f"wrote the release note to {out}"),)
     if html is not None:
         from lanectl.bench.release_note_html import note_html
 
         plot = run_dir / "ratios.png"
-        write_note(html, note_html(markdown, picture))
+        write_output_file(html, note_html(markdown, picture).encode(), "--html", run_dir=run_dir)
         missing = "" if picture else f" (no plot: {plot} is missing; `lanectl report {run_dir}` draws it)"
         messages += (info(f"wrote the release note as HTML to {html}{missing}"),)
+    if rechecked.not_reproduced:
+        messages += (warning(f"the verdict is not reproduced: results.json does not hold together in "
+                             f"{len(rechecked.not_reproduced)} place(s) (the note lists them)"),)
     if rechecked.differences:
         messages += (warning(f"results.json's recorded figures differ from its per-request rates in "
                              f"{len(rechecked.differences)} place(s); the note is written from the rates and "
@@ -166,3 +170,7 @@ def report_release_note(catalog: Catalog | None, run_dir: Path, out: Path | None
     return Result("release-note", {"markdown": markdown, "out": str(out) if out else None,
                                    "html": str(html) if html else None}, messages,
                   text_only={"print": to_stdout})
+
+
+def _same_name(one: Path, other: Path) -> bool:
+    return one.parent.resolve() / one.name == other.parent.resolve() / other.name

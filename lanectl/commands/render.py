@@ -16,7 +16,10 @@ from lanectl.recipe.catalog import Lane
 def render_lane(lane: Lane, out_dir: Path | None) -> Result:
     from lanectl.image.kernel_source import cached_source
     from lanectl.project import cache_dir
+    from lanectl.state.out_paths import check_output_folder
 
+    if out_dir is not None:
+        check_output_folder(out_dir, "--out", empty=True)
     cached = {kernel.name: source.path for kernel in lane.kernels
               if kernel.source.git is not None and (source := cached_source(kernel, cache_dir())) is not None}
     plan = plan_image(lane, cached)
@@ -54,8 +57,18 @@ def _write_context(files: Any, containers: list[dict[str, Any]], out_dir: Path) 
     # --out may be any folder the user names, inside the project or not: it is their choice. But it
     # must be new or empty, nothing is written outside it (a context path cannot climb out, and a
     # folder inside it is never a symlink we would write through), and no file is overwritten.
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise BadInput(f"--out {out_dir} is not empty; give a new or empty folder")
+    from lanectl.errors import OperationFailed
+    from lanectl.state.out_paths import check_output_folder
+
+    check_output_folder(out_dir, "--out", empty=True)  # again: the folder may have been filled meanwhile
+    try:
+        _write_files(files, containers, out_dir)
+    except OSError as exc:
+        raise OperationFailed(f"--out {out_dir}: could not write the build context ({exc.strerror or exc})") \
+            from None
+
+
+def _write_files(files: Any, containers: list[dict[str, Any]], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     root = out_dir.resolve()
     for item in files:
@@ -68,3 +81,22 @@ def _write_context(files: Any, containers: list[dict[str, Any]], out_dir: Path) 
         target.chmod(item.mode)
     with (root / "containers.json").open("x") as handle:
         handle.write(json.dumps(containers, indent=2) + "\n")
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "render": {
+        "example": """\
+$ lanectl render stub-a | head -3
+# lane stub-a  image lanectl/demo:stub-a-8c64cdec2fc2  inputs 8c64cdec2fc2…
+# ---- Dockerfile ----
+# Rendered by lanectl from lanectl's built-in template stub-engine/Dockerfile.j2: lane stub-a of recipe demo.
+$ lanectl render h2-REF --out /tmp/h2-context    # the whole build context, to read or to diff
+""",
+        "exit": {
+            0: "rendered",
+            2: "an unknown lane, an invalid recipe or an unusable --out folder",
+        },
+    },
+}

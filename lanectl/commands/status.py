@@ -16,6 +16,7 @@ from lanectl.state.journal import Journal
 from lanectl.state.paths import StateFiles, state_dir
 from lanectl.state.pushes import PushStore
 from lanectl.state.standby import StandbyRecord
+from lanectl.watchdog.state import WatchdogStateStore
 
 
 def lane_status(catalog: Catalog) -> Result:
@@ -31,9 +32,14 @@ def lane_status(catalog: Catalog) -> Result:
     files = StateFiles(directory)
     journal = Journal(files.journal)
     pushes = PushStore(directory)
+    # The watchdog restarts a lane by starting its containers again, which Docker's restart count never sees.
+    watchdog_restarts = WatchdogStateStore(files.watchdog, quarantine=False).load().restarts_total
     snapshot = take_snapshot(catalog, engine, files, also=catalog.lanes, environ=os.environ,
                              create_secret_key=False, host_memory=available_gib)
     inventory = Inventory(catalog, snapshot)
+    # A lane started with --no-gpu is judged against the containers such a start creates: its missing GPUs are said
+    # once for the lane, not reported as drift under each container.
+    without_gpus = Inventory(catalog, snapshot, with_gpus=False)
     state, standbys = snapshot.state, snapshot.standby
     now = datetime.now(UTC)
     # Mid-switch the active lane is stopped on purpose (stop-first); `unfinished_switch` says so instead.
@@ -45,10 +51,14 @@ def lane_status(catalog: Catalog) -> Result:
         own = inventory.containers(lane)
         details = {c.name: engine.container(c.name) for c in own}
         primary = inventory.container(lane, "primary")
+        no_gpu = _started_without_gpus(inventory, own)
+        judged = without_gpus if no_gpu else inventory
         health = None
         if primary is not None and primary.listed.running:
             probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
             health = "ok" if probe.ok else probe.detail
+            if probe.ok and standbys.standby(lane.name) is None:
+                health = _asleep(lane, own) or health
         image_labels = engine.image_labels(primary.listed.image_id) if primary else None
         lanes.append({
             "lane": lane.name,
@@ -62,7 +72,9 @@ def lane_status(catalog: Catalog) -> Result:
             "standby": _standby(standbys.standby(lane.name), now, primary),
             "provenance": {k.removeprefix("io.lanectl."): v for k, v in (image_labels or {}).items()
                            if k.startswith("io.lanectl.")},
-            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, inventory.drift(c),
+            "without_gpus": no_gpu,
+            "watchdog_restarts": watchdog_restarts.get(lane.name, 0),
+            "containers": [_container(c, details.get(c.name), _wanted_image(inventory, c) or built, judged.drift(c),
                                       now) for c in own],
             "pushed": _pushed(pushes, plan.tag, lane.spec.image.registry),
         })
@@ -84,6 +96,8 @@ def lane_status(catalog: Catalog) -> Result:
         "foreign_containers": [{"name": f.listed.name, "what": f.what, "lanes": list(f.lanes),
                                 "status": f.listed.status, "clear_with": f.clearing_command()}
                                for f in inventory.foreign],
+        "orphan_containers": [{"name": c.name, "lane": c.lane.name, "role": c.role, "status": c.listed.status}
+                              for c in inventory.orphans.values()],
         "unknown_containers": [c.name for c in snapshot.containers
                                if LANE_LABEL in c.labels and c.name not in foreign_names
                                and (c.labels.get(RECIPE_LABEL), c.labels.get(LANE_LABEL)) not in known],
@@ -117,6 +131,19 @@ def _standby(record: StandbyRecord | None, now: datetime, primary: LaneContainer
             "alive": primary is not None and primary.listed.running}
 
 
+def _asleep(lane: Lane, own: list[LaneContainer]) -> str | None:
+    """vLLM answers /health 200 while it sleeps (a dev-mode POST /sleep anyone on its port can send): a lane with
+    no standby recorded is healthy only when every engine of it says it is awake (invariant 3,
+    lanes/invariants.py)."""
+    from lanectl.lanes.engine_calls import LaneEngines
+
+    for container in own:
+        if container.listed.running and LaneEngines.engine_sleeps(lane, container.role):
+            return (f"asleep: {container.name} ({container.role}) answers /health but sleeps, and no switch put it "
+                    f"to sleep; `lanectl up {lane.name}` restarts it")
+    return None
+
+
 def _dead(lane: Lane, own: list[LaneContainer]) -> str | None:
     """Why the active lane is not serving when one of its containers is not running: lanectl moves `active` when
     it stops a lane, so an exit here is a death, whatever its code (vLLM exits 0 when its engine core dies)."""
@@ -129,6 +156,12 @@ def _dead(lane: Lane, own: list[LaneContainer]) -> str | None:
         elif not listed.running:
             down.append(f"{role} {exit_detail(listed.state, listed.exit_code)}")
     return "; ".join(down) or None
+
+
+def _started_without_gpus(inventory: Inventory, own: list[LaneContainer]) -> bool:
+    """Whether the lane's containers were created without the GPUs their recipe asks for (`--no-gpu`)."""
+    asked = [(c, desired) for c in own if (desired := inventory.desired(c.lane, c.role)) and desired.fields["gpus"]]
+    return bool(asked) and all(c.fields is not None and not c.fields.get("gpus") for c, _ in asked)
 
 
 def _wanted_image(inventory: Inventory, container: LaneContainer) -> str | None:
@@ -155,3 +188,19 @@ def _container(container: LaneContainer, state: ContainerState | None, built: st
         "uptime_seconds": uptime,
         "restarts": state.restart_count if state else 0,
     }
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "status": {
+        "example": """\
+$ lanectl status
+$ lanectl status --json | jq '.data.lanes[] | select(.active) | .health'
+""",
+        "exit": {
+            0: "the state was read (whatever it shows: status does not judge)",
+            2: "an invalid recipe",
+        },
+    },
+}

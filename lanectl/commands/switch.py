@@ -90,7 +90,7 @@ def dry_run_plan(catalog: Catalog, planner: Callable[[Snapshot], Plan], *lanes: 
     Changes nothing and takes no lock."""
     switcher = _switcher(catalog, reporter=reporter, no_gpu=no_gpu)
     snapshot = switcher.snapshot(*lanes, create_secret_key=False)
-    data: dict[str, object] = {}
+    data: dict[str, object] = {"reconcile": None}  # every key of the envelope there always, null when it has nothing
     lines: list[str] = []
     unfinished = plan_reconcile(catalog, snapshot, with_gpus=not no_gpu)
     if unfinished is not None:
@@ -148,3 +148,49 @@ def _require_placement(lane: Lane, fleet: bool) -> None:
     if fleet and not on_swarm:
         raise BadInput(f"lane {lane.name} runs on the local engine (no `placement: {{backend: swarm}}` in its "
                        f"recipe); run `lanectl up {lane.name}` without --fleet")
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "up": {
+        "example": """\
+$ lanectl up h2-REF --dry-run     # the planned steps; nothing changes
+$ lanectl up h2-REF
+ok: h2-REF is serving …
+$ lanectl up demo-h1 --no-gpu     # the demo and tests: the recipe's GPU requests are left out
+""",
+        "exit": {
+            0: "the lane serves (or already did)",
+            1: ("the switch failed: the lane did not pass its health gate (the previous lane was brought back unless "
+                "--no-rollback), or the host lock stayed busy past --lock-wait"),
+            2: "an unknown lane, a bad option value or an invalid recipe; nothing was changed",
+            130: "interrupted by Ctrl-C: the output says which lane serves, if any; the next up or rollback ends it",
+            143: "ended by SIGTERM, as for 130",
+        },
+    },
+    "rollback": {
+        "example": """\
+$ lanectl rollback               # to the last known-good lane
+$ lanectl rollback --to h1-REF   # to a lane of your choice, through the same health gate
+""",
+        "exit": {
+            0: "the lane went back to serving",
+            1: "the way back failed its health gate, or no known-good lane is left",
+            2: "an unknown lane or an invalid recipe; nothing was changed",
+            130: "interrupted by Ctrl-C: the output says which lane serves, if any; the next up or rollback ends it",
+            143: "ended by SIGTERM, as for 130",
+        },
+    },
+    "down": {
+        "example": """\
+$ lanectl down            # the active lane and every standby; the containers are kept
+$ lanectl down demo-h2    # one lane
+""",
+        "exit": {
+            0: "stopped (or already stopped)",
+            1: "a container could not be stopped, or the host lock stayed busy",
+            2: "an unknown lane or an invalid recipe",
+        },
+    },
+}

@@ -132,7 +132,86 @@ def install_units(*, cron: bool, dry_run: bool, recipes_dir: Path, root: Path = 
     unit = render_cron(command, environ) if cron else render_systemd(command, environ)
     messages = install([unit], dry_run=dry_run, root=root)
     if dry_run:
-        messages += [f"--- {unit.path} ---", unit.content.rstrip("\n")]
+        # One message per line: a message is one line on the terminal (a line break in it is shown escaped).
+        messages += [f"--- {unit.path} ---", *unit.content.rstrip("\n").splitlines()]
     elif not cron:
         messages.append("now: systemctl daemon-reload && systemctl enable --now lanectl-watchdog")
     return Result("watchdog.install", {"lines": messages})
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "watchdog check": {
+        "example": """\
+# what cron runs every minute (see `watchdog install`)
+$ lanectl watchdog check --kernel-log file:/var/log/kern.log
+""",
+        "exit": {
+            0: "healthy, or nothing to watch",
+            1: "the watchdog acted (a restart, a rollback) or the lane is unhealthy",
+            2: "misconfigured: no readable state, an active lane missing from the recipes",
+        },
+    },
+    "watchdog run": {
+        "example": """\
+# what the systemd unit runs (see `watchdog install --systemd`)
+$ lanectl watchdog run
+""",
+        "exit": {
+            0: "stopped by SIGTERM or Ctrl-C",
+            2: "misconfigured at start",
+        },
+    },
+    "watchdog arm": {
+        "example": """\
+$ lanectl watchdog arm     # after maintenance, before the lease runs out
+""",
+        "exit": {
+            0: "armed",
+        },
+    },
+    "watchdog rearm": {
+        "example": """\
+$ lanectl watchdog rearm   # cron runs it before each check: it re-arms only an expired lease
+""",
+        "exit": {
+            0: "armed again, or nothing to do",
+        },
+    },
+    "watchdog disarm": {
+        "example": """\
+$ lanectl watchdog disarm --for 2h --reason "swapping the NIC"
+""",
+        "exit": {
+            0: "disarmed until the lease ends",
+            2: "a bad --for",
+        },
+    },
+    "watchdog status": {
+        "example": """\
+$ lanectl watchdog status
+watchdog: disarmed
+active lane: -
+last pass: never (-); heartbeat never
+restarts: 0; rollbacks: 0; Xid: 0 (hardware 0)
+""",
+        "exit": {
+            0: "the state was read",
+            1: "the watchdog's state file is damaged (it is named)",
+        },
+    },
+    "watchdog install": {
+        "example": """\
+$ sudo lanectl watchdog install --cron --dry-run    # print /etc/cron.d/lanectl; write nothing
+$ sudo lanectl watchdog install --cron
+$ sudo lanectl watchdog install --systemd
+$ sudo systemctl daemon-reload && sudo systemctl enable --now lanectl-watchdog
+""",
+        "exit": {
+            0: "written (or already up to date)",
+            1: "a file could not be written (installing needs root)",
+            2: "neither or both of --cron and --systemd, or a setting that cron or systemd cannot carry",
+        },
+    },
+}

@@ -257,6 +257,8 @@ class ContainerState:
     finished_at: str | None
     restart_count: int
     device_requests: tuple[dict[str, Any], ...]
+    # Config.StopTimeout: what a stop without `t` gives it, set when it was created (None: the engine's 10 s).
+    stop_timeout: int | None = None
 
     @property
     def running(self) -> bool:
@@ -275,6 +277,10 @@ def docker_epoch(stamp: str | None) -> float | None:
     # Docker reports nanoseconds ("2026-11-30T08:48:03.123456789Z"); datetime takes microseconds.
     head, _, fraction = stamp.rstrip("Z").partition(".")
     return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00").timestamp()
+
+
+# The states in which a container holds its GPUs and ports: running, on its way (restarting), frozen (paused).
+LIVE_STATES = ("running", "restarting", "paused")
 
 
 class NoGpuRuntime(OperationFailed):
@@ -301,7 +307,7 @@ class ListedContainer:
     @property
     def live(self) -> bool:
         """Running, or on its way (restarting) or frozen (paused): holding its GPUs and ports either way."""
-        return self.state in ("running", "restarting", "paused")
+        return self.state in LIVE_STATES
 
     @property
     def exit_code(self) -> int | None:
@@ -384,6 +390,7 @@ class ContainerEngine(DockerEngine):
             started_at=state.get("StartedAt"),
             finished_at=state.get("FinishedAt"),
             restart_count=int(attrs.get("RestartCount") or 0),
+            stop_timeout=attrs["Config"].get("StopTimeout"),
             device_requests=tuple(attrs["HostConfig"].get("DeviceRequests") or ()),
         )
 

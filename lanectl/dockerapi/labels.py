@@ -18,3 +18,6 @@ CREATED_AS_LABEL = LABEL_PREFIX + "container"
 # (secret values only as keyed digests), so a plan can tell what changed in the recipe since.
 SPEC_LABEL = LABEL_PREFIX + "spec"
 SPEC_FIELDS_LABEL = LABEL_PREFIX + "spec-fields"
+# Also set at creation: the state folder whose journal and state files count on the container (its real path). One
+# engine has one state: a switch from another folder is refused rather than stopping or pruning what it counts on.
+STATE_DIR_LABEL = LABEL_PREFIX + "state-dir"

@@ -435,7 +435,18 @@ class CommandLogSource:
         if done.returncode != 0:
             detail = done.stderr.decode(errors="replace").strip() or f"exit code {done.returncode}"
             raise OperationFailed(f"kernel log command `{command}` failed: {detail}")
-        return done.stdout.decode("utf-8", errors="replace").splitlines()
+        return command_records(done.stdout)
+
+
+def command_records(output: bytes) -> list[str]:
+    """A command's output as records, each ended by "\\n" and by nothing else. `dmesg --raw` prints a record's
+    \\r raw, and U+2028 under a UTF-8 locale (journalctl -a as well): str.splitlines() would start a record there,
+    and `<12>c\\r<4>NVRM: Xid …`, a user's line, would become a kernel one whose facility its forged `<4>` says."""
+    text = output.decode("utf-8", errors="replace")
+    records = text.split("\n")
+    if records[-1] == "":
+        records.pop()  # the newline that ends the last record starts none
+    return [record.removesuffix("\r") for record in records]
 
 
 def _line_hash(text: str) -> str:

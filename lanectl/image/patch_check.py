@@ -5,12 +5,20 @@ Checking never writes to the project: pinned upstream files are extracted into a
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from lanectl.image.in_image.patching import Patch, PatchFormatError, PatchReport, check, parse_patch_file
+from lanectl.image.in_image.patching import (
+    Patch,
+    PatchFormatError,
+    PatchReport,
+    check,
+    parse_patch_file,
+)
 from lanectl.image.upstream import extract_files, fetch_sdist
 from lanectl.project import leaves
 from lanectl.records import frozen
@@ -35,6 +43,34 @@ class PathBase:
 
 
 Base = PypiBase | PathBase
+
+
+# A hunk header's line number: Python's int() refuses more than 4300 digits, and no source file has lines past 18.
+_HUGE_NUMBER = re.compile(r"^@@ .*\d{19}", re.MULTILINE)
+
+
+def read_patch_file(path: Path) -> Patch:
+    """The patch in `path`, a file of patches/ that may be anything a checkout holds: a folder or a FIFO named
+    `*.patch` is refused unopened (reading a FIFO waits for a writer forever), as is a hunk header whose numbers
+    no source file reaches (`@@ -1,555…5 …`)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise PatchFormatError(str(path), None, f"cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+        raise PatchFormatError(str(path), None, f"is {kind}, not a patch; rename it or move it out of patches/")
+    try:
+        return parse_patch_file(path)
+    except PatchFormatError:
+        raise
+    except (OSError, ValueError) as exc:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        if (huge := _HUGE_NUMBER.search(text)) is not None:
+            line = text.count("\n", 0, huge.start()) + 1
+            raise PatchFormatError(str(path), line, "a line number of this hunk header is far past any source "
+                                                    "file's length; fix the header") from None
+        raise PatchFormatError(str(path), None, f"cannot be read as a patch: {exc}") from None
 
 
 def parse_base(patch: Patch) -> Base:
@@ -72,7 +108,7 @@ def check_patch_files(
     Every patch file is parsed and its Base validated before anything is downloaded, and each
     pinned sdist is fetched (or taken from `cache_dir`) once however many patches name it.
     """
-    patches = [parse_patch_file(path) for path in patch_files]
+    patches = [read_patch_file(path) for path in patch_files]
     patches_by_base: dict[Base, list[int]] = {}
     for index, patch in enumerate(patches):
         patches_by_base.setdefault(parse_base(patch), []).append(index)

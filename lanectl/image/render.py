@@ -178,18 +178,57 @@ def render_dockerfile(images_dir: Path, template: str, context: dict[str, Any]) 
         except (ValueError, KeyError, TypeError, AttributeError):
             pass  # a torn or foreign entry: render
     env, loaded = _environment(images_dir)
-    dockerfile = env.get_template(f"{template}/Dockerfile.j2").render(context)
+    dockerfile = _rendered(env, images_dir, template, context)
     if any(_template_digest(images_dir, name) != digest for name, digest in loaded.items()):
         # Jinja re-reads a changed file, but not a project file that now overrides a built-in one it
         # compiled: start again from the files as they are.
         env.cache.clear()  # type: ignore[union-attr]
         loaded.clear()
-        dockerfile = env.get_template(f"{template}/Dockerfile.j2").render(context)
+        dockerfile = _rendered(env, images_dir, template, context)
     if key is not None:
         # Every template this environment has loaded, each at the digest of its source when Jinja last
         # read it: the ones this render used are among them, as they are now.
         cache.write(key, json.dumps({"templates": loaded, "dockerfile": dockerfile}).encode())
     return dockerfile
+
+
+class TemplateFailed(BadInput):
+    """A Dockerfile template that does not render: the template file and line at fault (0: unknown), and why."""
+
+    def __init__(self, file: str, line: int, reason: str):
+        self.file, self.line, self.reason = file, line, reason
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: the image template does not render: {reason}; fix the template")
+
+
+def _rendered(env: SandboxedEnvironment, images_dir: Path, template: str, context: dict[str, Any]) -> str:
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        return env.get_template(f"{template}/Dockerfile.j2").render(context)
+    except TemplateSyntaxError as exc:
+        file = _template_file(exc.filename, images_dir) if exc.filename else f"{template}/Dockerfile.j2"
+        raise TemplateFailed(file, exc.lineno, exc.message or str(exc)) from None
+    except Exception as exc:  # the template is the project's code (in Jinja's sandbox): what it raises is its fault
+        file, line = _failing_line(exc, images_dir, template)
+        raise TemplateFailed(file, line, f"{type(exc).__name__}: {exc}") from None
+
+
+def _failing_line(exc: Exception, images_dir: Path, template: str) -> tuple[str, int]:
+    """The template line an error was raised at: Jinja rewrites its traceback to show the templates' lines."""
+    import traceback
+
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename.endswith(".j2")]
+    if not frames:
+        return _template_file(str(images_dir / template / "Dockerfile.j2"), images_dir), 0
+    return _template_file(frames[-1].filename, images_dir), frames[-1].lineno or 0
+
+
+def _template_file(filename: str, images_dir: Path) -> str:
+    """A template's file as the user finds it: under the project (images/…), or lanectl's own, in full."""
+    path = Path(filename)
+    root = images_dir.parent
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def _template_digest(images_dir: Path, name: str) -> str | None:
@@ -309,7 +348,11 @@ def _plan_image(lane: Lane, fetched: Mapping[str, Path] | None,
         files.append(ContextFile("lanectl-build/patching.py", (HELPERS_DIR / "patching.py").read_bytes()))
     files.append(ContextFile("lanectl-run/exit_guard.py", (HELPERS_DIR / "exit_guard.py").read_bytes()))
 
+    name = spec.image.template
     context = {
+        # Where the Dockerfile came from, for its first line: the project's own template, or lanectl's.
+        "template_source": f"images/{name}/Dockerfile.j2" if template.parent == images_dir
+        else f"lanectl's built-in template {name}/Dockerfile.j2",
         "lane": lane.name,
         "recipe": lane.recipe.id,
         "base": spec.image.base,

@@ -56,7 +56,21 @@ def normalize_project_name(name: str) -> str:
 
 
 def resolve_index_url(index_url: str | None) -> str:
-    return index_url or os.environ.get(INDEX_URL_ENV) or DEFAULT_INDEX_URL
+    """The index to ask: `index_url`, else $LANECTL_PYPI_INDEX, else PyPI; an http(s) URL with a host, or bad
+    input naming where it came from."""
+    from lanectl.errors import BadInput
+
+    url = index_url or os.environ.get(INDEX_URL_ENV) or DEFAULT_INDEX_URL
+    try:
+        parsed = httpx.URL(url)
+        usable = parsed.scheme in ("http", "https") and bool(parsed.host)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        usable = False
+    if not usable:
+        where = "the index URL" if index_url else f"${INDEX_URL_ENV}"
+        raise BadInput(f"{where} {url!r} is not an http(s) URL of a package index; give one like "
+                       f"{DEFAULT_INDEX_URL}")
+    return url
 
 
 def _is_transient(error: BaseException) -> bool:
@@ -107,7 +121,36 @@ def _simple_page(project: str, index_url: str | None, client: httpx.Client) -> t
             f"{page_url} did not answer with {SIMPLE_JSON} (got {response.headers.get('content-type')!r}); "
             "the index must support the PEP 691 JSON simple API"
         )
-    return page_url, list(response.json().get("files", []))
+    try:
+        page = response.json()
+    except ValueError:  # not JSON, or not UTF-8
+        raise UpstreamError(f"{page_url} answered {SIMPLE_JSON} that is not JSON; check the index") from None
+    files = page.get("files") if isinstance(page, dict) else None
+    if not isinstance(files, list):
+        raise UpstreamError(f"{page_url} answered a page without a list of files (PEP 691); check the index")
+    return page_url, [_file_entry(page_url, i, entry) for i, entry in enumerate(files)]
+
+
+# A file entry of a PEP 691 page, as the fetcher reads it: each key, and the types its value may have.
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {"filename": (str,), "url": (str,), "hashes": (dict,),
+                                             "size": (int, type(None)), "yanked": (bool, str, type(None))}
+
+
+def _file_entry(page_url: str, index: int, entry: Any) -> dict[str, Any]:
+    """`entry` when it is shaped as PEP 691 says (sha256, when given, 64 hex digits); else the index is wrong."""
+    if not isinstance(entry, dict):
+        raise UpstreamError(f"{page_url} answered a file entry (files[{index}]) that is not an object; check the "
+                            "index")
+    for key, types in _ENTRY_TYPES.items():
+        value = entry.get(key)
+        if key in ("filename", "url", "hashes") and key not in entry or (
+                not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            raise UpstreamError(f"{page_url} answered files[{index}].{key} of the wrong type; check the index")
+    sha256 = entry["hashes"].get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha256)):
+        raise UpstreamError(f"{page_url} answered files[{index}].hashes.sha256 that is not 64 hex digits; check the "
+                            "index")
+    return entry
 
 
 def resolve_sdist(project: str, version: str, *, index_url: str | None = None, client: httpx.Client) -> SdistFile:

@@ -55,6 +55,10 @@ class EngineCalls(Protocol):
         """Requests the role's engine is running or has waiting (vLLM's /metrics); None when it does not answer."""
         ...
 
+    def is_sleeping(self, lane: Lane, role: str) -> bool | None:
+        """Whether the role's engine sleeps (GET /is_sleeping, a dev-mode route); None when it does not say."""
+        ...
+
 
 
 
@@ -142,6 +146,16 @@ class LaneEngines:
         try:
             return SleepEndpoints(role_base_url(lane, role), METRICS_TIMEOUT_SECONDS).in_flight()
         except StandbyError:  # the role publishes no port
+            return None
+
+    def is_sleeping(self, lane: Lane, role: str) -> bool | None:
+        return self.engine_sleeps(lane, role)
+
+    @staticmethod
+    def engine_sleeps(lane: Lane, role: str) -> bool | None:
+        try:
+            return SleepEndpoints(role_base_url(lane, role), METRICS_TIMEOUT_SECONDS).is_sleeping()
+        except StandbyError:  # no port, no dev-mode route, no answer: it does not say
             return None
 
     def greedy(self, lane: Lane, prompt: str, max_tokens: int) -> str:

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from lanectl.dockerapi.containers import ContainerSpec, ContainerState, NoGpuRuntime
+from lanectl.dockerapi.containers import LIVE_STATES, ContainerSpec, ContainerState, ListedContainer, NoGpuRuntime
+from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import OperationFailed
 from lanectl.health.drain import drain_report
 from lanectl.health.engine_log import log_lines
 from lanectl.health.gate import INTERRUPTED, PROBE_ACCESS_LINE, GateResult
 from lanectl.lanes.engine_calls import EngineCalls
 from lanectl.lanes.interrupt import Interrupt, SwitchAborted
+from lanectl.lanes.invariants import awake_beside, own_stop_timeout
+from lanectl.lanes.inventory import as_published
 from lanectl.lanes.plan import Phase, Plan, Step, gpu_memory_shortfall
 from lanectl.lanes.standby import StandbyError, resident_gib
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -57,6 +60,8 @@ class Engine(Protocol):
     def container(self, name: str) -> ContainerState | None: ...
 
     def logs(self, name: str, *, since: float | None = None, tail: int | None = None) -> str: ...
+
+    def list_containers(self) -> list[ListedContainer]: ...
 
 
 class Reporter(Protocol):
@@ -105,6 +110,8 @@ class _Run:
     woken: dict[str, str] = field(default_factory=dict)  # lane -> how it came back
     warnings: list[str] = field(default_factory=list)
     wake_started: dict[str, float] = field(default_factory=dict)
+    never_slept: set[str] = field(default_factory=set)  # lanes a wake found awake with no standby recorded
+    changed: set[str] = field(default_factory=set)  # containers this run created, started or woke
 
 
 class Executor:
@@ -167,10 +174,11 @@ class Executor:
             return self._succeeded(run)
         return self._go_back(run, failure)
 
-    def _phase(self, run: _Run, phase: Phase) -> StepFailed | None:
-        """Run one phase; the failure that sends the plan back, or None (done, or replaced by its fallback)."""
+    def _phase(self, run: _Run, phase: Phase, *, way_back: bool = False) -> StepFailed | None:
+        """Run one phase; the failure that sends the plan back, or None (done, or replaced by its fallback). On the
+        way back a first signal changes nothing: the way back is what it asks for (a second one aborts)."""
         for step in phase.steps:
-            if not phase.optional and self.interrupt.pending():
+            if not phase.optional and not way_back and self.interrupt.pending():
                 return StepFailed(f"interrupted by {self.interrupt.pending()}")
             try:
                 self._step(run, step)
@@ -178,7 +186,7 @@ class Executor:
                 if phase.optional:
                     run.warnings.append(str(failed))
                     continue
-                if not phase.fallback or self.interrupt.pending():
+                if not phase.fallback or (self.interrupt.pending() and not way_back):
                     return failed
                 return self._fallback(run, step, phase, failed)
         return None
@@ -265,6 +273,8 @@ class Executor:
             message, result = f"{failure}. Rolled back: {plan.previous} is serving again", "rolled-back"
             if plan.previous in run.woken:
                 message += f" ({run.woken[plan.previous]})"
+            if run.warnings:
+                message += f". BUT: {'; '.join(w.rstrip('.') for w in run.warnings)}"
         else:
             message = f"{failure}. {plan.lane} is stopped for debugging; nothing else was started ({plan.alone})"
             result = "failed"
@@ -278,7 +288,7 @@ class Executor:
     def _way_back(self, run: _Run) -> str | None:
         """Run the way back; None when it brought what it must back, else why not (after the plan's abandon)."""
         for phase in run.plan.way_back:
-            failed = self._phase(run, phase)
+            failed = self._phase(run, self._undoing(run, phase), way_back=True)
             if failed is not None:
                 for step in run.plan.abandon:
                     try:
@@ -288,6 +298,18 @@ class Executor:
                 return failed.gate.failed_check + ": " + failed.gate.detail if failed.gate and \
                     failed.gate.failed_check else str(failed)
         return None
+
+    def _undoing(self, run: _Run, phase: Phase) -> Phase:
+        """The way back undoes only what this run changed: a target still recorded asleep whose containers this
+        run never created, started or woke is the standby it was about to wake, and it stays asleep rather than
+        being stopped (a state folder that filled up failed the first step of a rollback, and its way back
+        dropped the standby). A continuation (`finish`, `undo`) goes back from what a killed run changed, so it
+        stops everything its plan names."""
+        if run.plan.kind in ("finish", "undo") or self.standby_state.standby(run.plan.lane or "") is None:
+            return phase
+        steps = tuple(step for step in phase.steps if not (
+            step.action == "stop" and step.lane == run.plan.lane and step.container not in run.changed))
+        return replace(phase, steps=steps)
 
     def _aborted(self, run: _Run, signum: int) -> SwitchOutcome:
         name = signal.Signals(signum).name
@@ -313,6 +335,10 @@ class Executor:
             if not phase.steps:
                 continue
             lane = phase.steps[0].lane
+            removed = [s.container for s in phase.steps if s.action == "remove"]
+            if removed:
+                messages.append(f"{', '.join(removed)} removed: made for a role the recipe no longer has")
+                continue
             stopped = [s for s in phase.steps if s.action == "stop"]
             standby = any(s.action == "forget-standby" for s in phase.steps)
             what = f"{lane} (standby)" if standby else lane
@@ -379,9 +405,9 @@ class Executor:
         elif action == "stop":
             return self._stop(run, step)
         elif action == "remove":
-            self.engine.remove(step.container)
+            return self._remove(step)
         elif action == "set-aside":
-            self.engine.rename(step.container, step.rename_to)
+            return self._set_aside(run, step)
         elif action == "put-back":
             if self.engine.container(step.container) is None:
                 return "nothing was set aside"
@@ -389,12 +415,18 @@ class Executor:
             self.engine.rename(step.container, step.rename_to)
         elif action == "create":
             assert step.spec is not None, "a plan's create step carries its spec"
-            self.engine.create(step.spec, with_gpus=True, environ=self.environ)
+            owner = {STATE_DIR_LABEL: os.path.realpath(self.states.path.parent)}
+            run.changed.add(step.container)
+            self.engine.create(replace(step.spec, labels={**step.spec.labels, **owner}), with_gpus=True,
+                               environ=self.environ)
         elif action == "start":
+            self._refuse_awake_beside(step)
             moment = time.time()
             # The gate judges the log of the run this step began; a primary that was already running (a way back
             # taken before its lane was stopped) is judged from its own start.
             started = self.engine.start(step.container)
+            if started:
+                run.changed.add(step.container)
             if step.role == ROLE_PRIMARY and started:
                 run.started[step.lane] = moment
             elif step.role == ROLE_PRIMARY:
@@ -411,19 +443,57 @@ class Executor:
         """Stop a container, giving its engine its stop timeout, and say what became of the requests it was
         answering: counted before the stop (/metrics), judged from the engine's shutdown records after it."""
         lane = self.catalog.lanes.get(step.lane)
-        before = self.calls.in_flight(lane, step.role) if lane is not None else None
+        state = self.engine.container(step.container)
+        if state is None:
+            return "it is gone"
+        # A role the recipe no longer has (an orphan) has no recipe port to ask.
+        before = self.calls.in_flight(lane, step.role) if lane is not None and step.role in lane.roles else None
         stopped_at = time.time()
-        self.engine.stop(step.container, int(step.seconds))
+        self.engine.stop(step.container, own_stop_timeout(state.stop_timeout, step.seconds))
         report = drain_report(log_lines(self.engine.logs(step.container, since=stopped_at - 1)), before)
         if report.in_flight is None and report.how == "not said":
             return ""
         self._facts = {"in_flight": report.in_flight, "cut": report.cut}
         return report.describe()
 
+    def _set_aside(self, run: _Run, step: Step) -> str:
+        """Rename a container being replaced. The plan stops it first when it ran at the snapshot; one started since
+        (by hand) is stopped here, with its own drain, so that it never runs beside its replacement."""
+        state = self.engine.container(step.container)
+        stopped = ""
+        if state is not None and state.status in LIVE_STATES:
+            stopped = self._stop(run, replace(step, action="stop", why="it runs again")) or "it ran: stopped"
+        self.engine.rename(step.container, step.rename_to)
+        return stopped
+
+    def _remove(self, step: Step) -> str:
+        """Invariant 5 (`lanes/invariants.py`): a container is removed only while it is stopped. The plan chose it
+        from a listing where it was; one that runs now (started by hand, or by another state folder) is kept."""
+        state = self.engine.container(step.container)
+        if state is None:
+            return "it is gone"
+        if state.status in LIVE_STATES:
+            return f"kept: it is {state.status} now"
+        self.engine.remove(step.container)
+        return ""
+
+    def _refuse_awake_beside(self, step: Step) -> None:
+        """Invariant 1 (`lanes/invariants.py`), from a fresh listing: whatever the plan believed, a start or a wake
+        never puts a second lane awake on a GPU or a host port."""
+        lane = self.catalog.lanes.get(step.lane)
+        if lane is None:
+            return
+        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping)
+        if holding:
+            raise StepFailed(f"refused to {step.describe()}: {'; '.join(holding)}, and the box runs one lane awake "
+                             "per GPU and host port")
+
     def _engine_step(self, run: _Run, step: Step, lane: Lane) -> str:
         action = step.action
         if action == "gate":
-            result = self.calls.gate(lane, step.seconds, run.started.get(lane.name))
+            # Held to its gate where its containers really publish (their own spec, not the recipe's now).
+            result = self.calls.gate(as_published(lane, self.engine.list_containers()), step.seconds,
+                                     run.started.get(lane.name))
             if result.failed_check == INTERRUPTED:
                 raise StepFailed(f"interrupted by {self.interrupt.name} while {lane.name} was held to its gate",
                                  result)
@@ -442,6 +512,13 @@ class Executor:
         if action == "check-memory":
             return self._check_memory(run, lane)
         if action == "wake":
+            if self._never_slept(lane):
+                # A way back taken before the switch put the lane to sleep (a Ctrl-C while it stopped an older
+                # standby): it still serves as it was. Its gate follows; a wake check or a cold path would not.
+                run.never_slept.add(lane.name)
+                return "it was never put to sleep: nothing to wake"
+            self._refuse_awake_beside(step)
+            run.changed.update(lane.container_name(role) for role in lane.roles)
             run.wake_started[lane.name] = time.monotonic()
             self.calls.wake(lane)
             return ""
@@ -496,7 +573,15 @@ class Executor:
             raise StepFailed(f"GPU memory beside it: {shortfall}")
         return "enough"
 
+    def _never_slept(self, lane: Lane) -> bool:
+        """No standby recorded, and every engine of the lane runs and says it is awake."""
+        if self.standby_state.standby(lane.name) is not None:
+            return False
+        return all(self.calls.is_sleeping(lane, role) is False for role in lane.roles)
+
     def _wake_check(self, run: _Run, lane: Lane) -> str:
+        if lane.name in run.never_slept:
+            return "not needed: it never slept"
         record = self.standby_state.standby(lane.name)
         if record is None:
             raise StepFailed("its standby record (and fingerprint) is gone")

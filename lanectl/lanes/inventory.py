@@ -14,6 +14,8 @@ containers whose spec is unknown: a switch recreates them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -21,7 +23,8 @@ from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
 from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
 from lanectl.image.containers import plan_containers, spec_changes, spec_digest, spec_fields, stamped
 from lanectl.lanes.snapshot import Snapshot
-from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.recipe.model import PortMapping
 from lanectl.records import frozen
 
 # A container being replaced is renamed `<name>.was-<id>` until its replacement passes its gate (lanes/plan.py).
@@ -85,6 +88,8 @@ class Inventory:
         self.own: dict[str, LaneContainer] = {}
         self.aside: dict[str, LaneContainer] = {}  # set aside by a switch that has not finished, by their names
         self.foreign: list[ForeignContainer] = []
+        # Made by lanectl for a role its lane's recipe no longer has (a companion removed since), by their names.
+        self.orphans: dict[str, LaneContainer] = {}
         for listed in snapshot.containers:
             self._sort(listed)
 
@@ -105,6 +110,13 @@ class Inventory:
                 return
         claimed = labels.get(LANE_LABEL, "")
         claims = claimed in self.catalog.lanes and labels.get(RECIPE_LABEL) == self.catalog.lanes[claimed].recipe.id
+        if claims and owner is None and created_as is not None and (
+                created_as == listed.name or listed.name.startswith(created_as + ASIDE_MARK)):
+            lane = self.catalog.lanes[claimed]
+            role = labels.get(ROLE_LABEL, "")
+            if role and role not in lane.roles:
+                self.orphans[listed.name] = LaneContainer(listed, lane, role, _fields(labels))
+                return
         lanes = self._held(listed)
         if created_as is not None and created_as != listed.name and (claims or lanes):
             self.foreign.append(ForeignContainer(listed, f"renamed: lanectl created it as {created_as}",
@@ -212,7 +224,49 @@ class Inventory:
             return []
         if container.listed.labels.get(SPEC_LABEL) == desired.digest:
             return []
-        return spec_changes(container.fields, desired.fields)
+        now = desired.fields
+        if self.snapshot.secret_key_new:
+            now = {**now, "secret_env": {name: "" for name in now.get("secret_env") or {}}}
+        return spec_changes(container.fields, now)
+
+
+def as_published(lane: Lane, listed: Iterable[ListedContainer]) -> Lane:
+    """The lane with each role's ports as its container was created with them (its recorded spec), where that
+    differs from the recipe: a container put back after a failed recreate serves on its own port, and is held
+    to its gate there, not on the port the recipe names now."""
+    by_name = {c.name: c for c in listed}
+    spec = lane.spec
+    for role in lane.roles:
+        container = by_name.get(lane.container_name(role))
+        fields = _fields(container.labels) if container is not None else None
+        recorded = _ports((fields or {}).get("ports"))
+        engine = spec.engine if role == ROLE_PRIMARY else spec.companions[role].engine
+        if recorded is None or recorded == list(engine.ports):
+            continue
+        if role == ROLE_PRIMARY:
+            spec = replace(spec, engine=replace(spec.engine, ports=recorded))
+        else:
+            companion = spec.companions[role]
+            spec = replace(spec, companions={**spec.companions,
+                                             role: replace(companion, engine=replace(companion.engine,
+                                                                                     ports=recorded))})
+    return lane if spec is lane.spec else replace(lane, spec=spec)
+
+
+def _ports(texts: Any) -> list[PortMapping] | None:
+    """Ports as a container's spec fields record them (`127.0.0.1:18000->8000/tcp`); None when unreadable."""
+    if not isinstance(texts, list):
+        return None
+    ports = []
+    for text in texts:
+        published, arrow, rest = str(text).partition("->")
+        inside, slash, protocol = rest.partition("/")
+        address, colon, host = published.rpartition(":")
+        if not (arrow and slash and host.isdigit() and inside.isdigit() and protocol in ("tcp", "udp")):
+            return None
+        ports.append(PortMapping(container=int(inside), host=int(host), host_ip=address if colon else "0.0.0.0",
+                                 protocol=protocol))  # type: ignore[arg-type]
+    return ports
 
 
 def host_ports(lane: Lane) -> set[tuple[str, int]]:

@@ -20,6 +20,7 @@ from dataclasses import field
 from typing import Any, Literal
 
 from lanectl.dockerapi.containers import ContainerSpec
+from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health.engine_exit import exit_code_text
 from lanectl.lanes.inventory import ASIDE_MARK, Inventory, LaneContainer, host_ports
@@ -243,7 +244,8 @@ def stop_steps(inventory: Inventory, lane: Lane, why: str = "", *, every: bool =
     for role in reversed(lane.roles):
         container = inventory.container(lane, role)
         if every or (container is not None and container.listed.live):
-            steps.append(Step("stop", lane.name, lane.container_name(role), role, _stop_timeout(lane, role), why))
+            steps.append(Step("stop", lane.name, lane.container_name(role), role,
+                              _stop_timeout(inventory, lane, role), why))
     return tuple(steps)
 
 
@@ -265,14 +267,15 @@ def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -
         changes = inventory.drift(container) if container is not None and recreate else []
         live = container is not None and container.listed.live
         if role != ROLE_PRIMARY and not primary_ready and live:
-            first.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role),
+            first.append(Step("stop", lane.name, name, role, _stop_timeout(inventory, lane, role),
                               f"its primary is being {'re' if primary else ''}started"))
             live = False
         if container is None:
             steps += [_create(inventory, lane, role, ""), Step("start", lane.name, name, role)]
         elif changes:
             if live:
-                steps.append(Step("stop", lane.name, name, role, _stop_timeout(lane, role), "to recreate it"))
+                steps.append(Step("stop", lane.name, name, role, _stop_timeout(inventory, lane, role),
+                                  "to recreate it"))
             # Renamed, not removed: until the new container passes its gate, the old one is the way back.
             steps += [Step("set-aside", lane.name, name, role, rename_to=aside_name(container)),
                       _create(inventory, lane, role, "recreated: " + ", ".join(changes)),
@@ -282,12 +285,31 @@ def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -
     return (*asleep, *first, *steps)
 
 
+def orphan_steps(inventory: Inventory) -> tuple[Step, ...]:
+    """Stop (with its own drain) and remove every container lanectl made for a role its lane's recipe no longer
+    has: it holds a GPU and a port that no status, down or rollback would otherwise account for."""
+    steps: list[Step] = []
+    for container in inventory.orphans.values():
+        why = f"its role {container.role} is no longer in {container.lane.name}'s recipe"
+        if container.listed.live:
+            recorded = (container.fields or {}).get("stop_timeout_seconds")
+            seconds = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 10
+            steps.append(Step("stop", container.lane.name, container.name, container.role, seconds, why))
+        steps.append(Step("remove", container.lane.name, container.name, container.role, why=why))
+    return tuple(steps)
+
+
 def stop_asleep_steps(inventory: Inventory, lane: Lane) -> tuple[Step, ...]:
     """Stop the running containers of a lane that is not woken but may be asleep: its standby is recorded (a
     lost one is not woken), or was dropped since it last served (one whose companion died asleep leaves its
     primary asleep). `docker start` of a sleeping container does nothing, and a sleeping vLLM answers /health
     200 but no request: a start must begin from stopped."""
     standby = inventory.snapshot.standby
+    put_to_sleep = {lane.container_name(role) for role in lane.roles} & inventory.snapshot.asleep
+    if put_to_sleep:
+        # Asleep with no standby recorded: someone sent it POST /sleep (a dev-mode route anyone on the port can use).
+        return stop_steps(inventory, lane, f"{sorted(put_to_sleep)[0]} sleeps, by no switch of lanectl's: a start "
+                                           "begins stopped")
     if standby.standby(lane.name) is None and lane.name not in standby.dropped:
         return ()
     return stop_steps(inventory, lane, "its standby is dropped and it may still sleep: a cold start begins stopped")
@@ -344,7 +366,14 @@ def _wake_phase(inventory: Inventory, lane: Lane) -> Phase:
     return Phase((Step("wake", lane.name), _gate(lane, woken=True), Step("wake-check", lane.name)), fallback=cold)
 
 
-def _stop_timeout(lane: Lane, role: str) -> int:
+def _stop_timeout(inventory: Inventory, lane: Lane, role: str) -> int:
+    """The container's own stop timeout, as it was created (its drain was rendered from it: invariant 2,
+    `lanes/invariants.py`); the recipe's only for a container that records none. The executor asks the engine
+    again before the stop: this is what `--dry-run` shows."""
+    container = inventory.container(lane, role)
+    recorded = (container.fields or {}).get("stop_timeout_seconds") if container is not None else None
+    if isinstance(recorded, int) and not isinstance(recorded, bool):
+        return recorded
     engine = lane.spec.engine if role == ROLE_PRIMARY else lane.spec.companions[role].engine
     return engine.stop_timeout_seconds
 
@@ -366,6 +395,21 @@ def refuse_foreign(inventory: Inventory, lane: Lane) -> None:
                        f"{'it' if len(blocking) == 1 else 'them'}; nothing was changed")
 
 
+def refuse_other_state_folder(inventory: Inventory) -> None:
+    """One engine, one state: lane containers made from another state folder are what that folder's journal,
+    active lane and kept lanes count on. A switch from here would stop its active lane and prune its kept ones,
+    so it is refused before anything changes, naming the folder (exit 2)."""
+    snapshot = inventory.snapshot
+    if not snapshot.state_dir:
+        return
+    others = sorted({owner for c in [*inventory.own.values(), *inventory.aside.values()]
+                     if (owner := c.listed.labels.get(STATE_DIR_LABEL)) and owner != snapshot.state_dir})
+    if others:
+        raise BadInput(f"this engine's lanes belong to the state folder {others[0]}, not {snapshot.state_dir}: "
+                       f"one engine has one state. Run lanectl with LANECTL_STATE_DIR={others[0]} (as the user "
+                       "who owns it), or `lanectl down` from there first; nothing was changed")
+
+
 def require_built(snapshot: Snapshot, lane: Lane) -> None:
     if snapshot.built(lane.name) is None:
         tag = snapshot.image_plans[lane.name].tag if lane.name in snapshot.image_plans else lane.name
@@ -380,6 +424,7 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
     recipe asks and it may; every other one stopped), bring it up (woken when it waits asleep), gate it, mark it
     active; on a failed step, stop it and bring the previous lane back."""
     inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    refuse_other_state_folder(inventory)
     require_built(snapshot, target)
     refuse_foreign(inventory, target)
     state = snapshot.state
@@ -389,11 +434,20 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
             and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
         return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
     notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
+    if snapshot.secret_key_new:
+        notes.append("secret-digest.key was missing and a new key was made: the running containers' secrets cannot "
+                     "be compared with lanectl's environment this time, so no container is recreated for them")
+    orphans = orphan_steps(inventory)
     phases = [Phase((_disarm(target),)),
-              *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost)]
+              *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost),
+              *([Phase(orphans)] if orphans else [])]
     waking = target.name in asleep
     live = [lane for lane in inventory.live_lanes() if lane.name != target.name]
-    leaving = [lane for lane in live if lanes_conflict(lane, target)]
+    # A recreate of the serving lane leaves the standby beside it as it is: the lane already holds its GPUs, and
+    # its way back is the lane as it was, not the standby.
+    recreating = state.active == target.name and not waking and inventory.running(target)
+    leaving = [lane for lane in live if lanes_conflict(lane, target)
+               and not (recreating and lane.name in asleep and not host_ports(lane) & host_ports(target))]
     sleeper = next((lane for lane in leaving if lane.name == state.active and lane.spec.standby is not None), None)
     refusal = None
     if sleeper is not None:
@@ -474,11 +528,13 @@ def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_s
     """Stop `lane`, and with `with_standbys` every lane waiting asleep too (`lanectl down` of the box); their
     containers are kept for a later start."""
     inventory = Inventory(catalog, snapshot)
+    refuse_other_state_folder(inventory)
     targets = [lane] if lane is not None else []
     if with_standbys:
         targets += [catalog.lanes[r.lane] for r in snapshot.standby.standbys
                     if r.lane in catalog.lanes and r.lane not in {t.name for t in targets}]
-    if not targets:
+    orphans = orphan_steps(inventory)
+    if not targets and not orphans:
         raise BadInput("no active lane and no standby; name the lane to stop")
     phases = []
     for target in targets:
@@ -489,7 +545,9 @@ def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_s
         if snapshot.state.active == target.name:
             steps.append(Step("deactivate", target.name, why="down"))
         phases.append(Phase(tuple(steps)))
-    return Plan("down", targets[0].name, phases=tuple(phases))
+    if orphans:
+        phases.append(Phase(orphans))
+    return Plan("down", targets[0].name if targets else None, phases=tuple(phases))
 
 
 def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus: bool) -> Plan:
@@ -498,6 +556,7 @@ def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus:
     fails its gate is stopped again, so the next pass counts it. Refused while another lane that conflicts
     with it is live: the watchdog never starts a second lane on a GPU."""
     inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
+    refuse_other_state_folder(inventory)
     refuse_foreign(inventory, lane)
     serving = [other.name for other in inventory.live_lanes() if other.name != lane.name
                and lanes_conflict(other, lane)]
@@ -547,14 +606,33 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
         return Plan("undo", target.name, previous.name if previous else None, way_back, abandon=abandon, alone=alone)
     # The companions the killed run had not started yet start now; nothing is recreated here (a later `up` does).
     # A target still recorded asleep was being woken: the wake finishes it (a wake of an awake vLLM does nothing).
-    bring = _wake_phase(inventory, target) if target.name in standbys(inventory)[0] else Phase(
+    asleep = standbys(inventory)[0]
+    waking = target.name in asleep
+    bring = _wake_phase(inventory, target) if waking else Phase(
         (*bring_up_steps(inventory, target, recreate=False), _gate(target)))
-    phases = (bring,
+    phases = (*_leave_for(inventory, target, asleep, waking),
+              bring,
               Phase((Step("activate", target.name),), optional=True),
               Phase((*_drop_asides(asides, "replaced by a container that passed its gate"),
                      Step("arm", target.name)), optional=True))
     return Plan("finish", target.name, previous.name if previous else None, phases, way_back, abandon, alone=alone,
                 with_gpus=with_gpus, budget_seconds=target.spec.health.startup_budget_minutes * 60)
+
+
+def _leave_for(inventory: Inventory, target: Lane, asleep: set[str], waking: bool) -> tuple[Phase, ...]:
+    """What finishing a killed switch to `target` stops first, from what is live now rather than from the steps the
+    killed run journaled (invariant 5, `lanes/invariants.py`): every other lane live on its GPUs or ports, except a
+    standby left asleep beside a cold start, as the switch would have left it."""
+    phases = []
+    for lane in inventory.live_lanes():
+        if lane.name == target.name or not lanes_conflict(lane, target):
+            continue
+        if lane.name in asleep and not waking and not host_ports(lane) & host_ports(target):
+            continue
+        why = f"finishing the switch to {target.name}, which takes its GPUs"
+        forget = (Step("forget-standby", lane.name, why=why),) if lane.name in asleep else ()
+        phases.append(Phase((*stop_steps(inventory, lane, why), *forget)))
+    return tuple(phases)
 
 
 def _whole(inventory: Inventory, lane: Lane) -> bool:
@@ -597,8 +675,12 @@ def _restore(inventory: Inventory, lane: Lane | None, *,
     else:
         bring = Phase((*stop_asleep_steps(inventory, lane),
                        *bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane)))
-    abandon = (Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
-    return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)))), abandon
+    # A lane that did not come back is stopped, not left half-started: nothing awake goes unwatched (the watchdog
+    # guards the active lane only) or sits beside whatever kept it from coming back.
+    abandon = (*stop_steps(inventory.with_stopped(lane), lane, "it did not come back", every=True),
+               Step("deactivate", lane.name, why=f"{lane.name} did not come back"), Step("arm", lane.name))
+    # Past its gate the lane serves: a state file that cannot be written is reported, never a reason to stop it.
+    return (bring, Phase((Step("activate", lane.name), Step("arm", lane.name)), optional=True)), abandon
 
 
 def _prune(inventory: Inventory, target: Lane, running_after: set[str]) -> tuple[Step, ...]:

@@ -3,12 +3,13 @@
 `take_snapshot` reads everything a switch is planned from, once: one listing of the engine's containers (no
 inspect), one listing of the lane images, `state.json`, `standby.json`, the journal's unfinished switch, each
 lane's image plan (rendered once), the keyed digests of the secrets in lanectl's environment, the host's free
-memory, and whether the active lane answers `/health`. The planner (`lanes/plan.py`) is a pure function of it;
-nothing re-reads a file or asks the engine again while planning.
+memory, and whether the active lane answers `/health` with every engine of it awake. The planner
+(`lanes/plan.py`) is a pure function of it; nothing re-reads a file or asks the engine again while planning.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any, Protocol
@@ -44,7 +45,13 @@ class Snapshot:
     image_plans: Mapping[str, ImagePlan]  # lane -> its build, for the lanes the command may touch
     secret_digests: Mapping[str, str] = field(default_factory=dict)  # secret name -> keyed digest (set ones)
     host_memory_gib: float | None = None  # MemAvailable: where a sleeping lane's weights go
-    active_healthy: bool | None = None  # the active lane's /health, when its primary runs
+    active_healthy: bool | None = None  # the active lane's /health with every engine awake, when its primary runs
+    asleep: frozenset[str] = frozenset()  # the active lane's containers whose engine says it sleeps (/is_sleeping)
+    state_dir: str = ""  # the real path of the state folder this snapshot's state files are in
+    # secret-digest.key was missing, and this snapshot made a new one: no container was stamped with it, so the
+    # secrets' digests cannot tell a changed secret from a lost key (drift does not judge them; a dry run, which
+    # makes no key, plans the same).
+    secret_key_new: bool = False
 
     def built(self, lane: str) -> str | None:
         """The image ID of the lane's current build, None when it is not built."""
@@ -70,7 +77,8 @@ def lanes_in_scope(catalog: Catalog, state: LaneState, standby: StandbyState, co
 def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *, also: Iterable[str] = (),
                   environ: Mapping[str, str], create_secret_key: bool,
                   host_memory: Callable[[], float | None],
-                  health: Callable[[Lane], bool] | None = None) -> Snapshot:
+                  health: Callable[[Lane], bool] | None = None,
+                  asleep: Callable[[Lane, str], bool | None] | None = None) -> Snapshot:
     state = LaneStateStore(files.lanes).load()
     standby = StandbyStore(files.standby).load()
     unfinished = Journal(files.journal).unfinished_intent()
@@ -85,16 +93,24 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                 if found is not None:
                     images[companion.image] = found
     secrets = {name for lane in lanes for _, role in lane.spec.engines() for name in role.secret_env}
+    key_new = create_secret_key and any(name in environ for name in secrets) and not os.path.lexists(
+        files.secret_key)
     active_healthy = None
+    sleeping: frozenset[str] = frozenset()
     if health is not None and state.active in catalog.lanes:
         lane = catalog.lanes[state.active]
-        primary = next((c for c in containers if c.name == lane.container_name()), None)
-        if primary is not None and primary.running:
-            active_healthy = health(lane)
+        running = {c.name for c in containers if c.running}
+        if lane.container_name() in running:
+            # A sleeping vLLM answers /health 200 (invariant 3, lanes/invariants.py): healthy is every engine awake.
+            sleeping = frozenset(lane.container_name(role) for role in lane.roles
+                                 if lane.container_name(role) in running and asleep is not None
+                                 and asleep(lane, role) is True)
+            active_healthy = health(lane) and not sleeping
     return Snapshot(containers=containers, state=state, standby=standby, unfinished=unfinished, images=images,
                     image_plans=plans,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
-                    host_memory_gib=host_memory(), active_healthy=active_healthy)
+                    host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping,
+                    state_dir=os.path.realpath(files.root), secret_key_new=key_new)
 
 
 def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:

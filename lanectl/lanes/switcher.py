@@ -70,7 +70,8 @@ class LaneSwitcher:
             return EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok().ok
 
         return take_snapshot(self.catalog, self.engine, self.files, also=lanes, environ=self.environ,
-                             create_secret_key=create_secret_key, host_memory=self.host_memory, health=healthy)
+                             create_secret_key=create_secret_key, host_memory=self.host_memory, health=healthy,
+                             asleep=self.calls.is_sleeping)
 
     def up(self, lane: Lane, *, rollback_on_failure: bool = True, why: str = "up",
            rollback: bool = False) -> SwitchOutcome:

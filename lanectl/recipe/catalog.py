@@ -112,7 +112,7 @@ YamlKind = Literal["recipe", "other", "unknown"]
 def _yaml_files(project: Project, paths: Iterable[Path]) -> list[tuple[Path, YamlKind]]:
     chosen = list(paths)
     if not chosen:
-        if not project.recipes_dir.is_dir():
+        if _kind(project.recipes_dir) != "dir":
             raise BadInput(
                 f"no recipes folder at {project.display(project.recipes_dir)}; "
                 "run lanectl inside a project or pass --recipes DIR (or set LANECTL_RECIPES)"
@@ -120,14 +120,24 @@ def _yaml_files(project: Project, paths: Iterable[Path]) -> list[tuple[Path, Yam
         chosen = [project.recipes_dir]
     files: list[tuple[Path, YamlKind]] = []
     for path in chosen:
-        if path.is_dir():
+        kind = _kind(path)
+        if kind == "dir":
             # Only files that declare a lanectl schema are recipes; workloads and probes live beside them.
             files.extend((p, yaml_kind(p)) for p in sorted(path.rglob("*.yaml")))
-        elif path.exists():
+        elif kind != "missing":
             files.append((path, "recipe"))
         else:
             raise BadInput(f"{path}: no such recipe file or folder")
     return files
+
+
+def _kind(path: Path) -> Literal["dir", "other", "missing"]:
+    """What is at `path`, links followed; a path the OS refuses (a name too long) is bad input, and a loop of
+    links is there but leads nowhere (loading says so)."""
+    try:
+        return "dir" if path.is_dir() else "other" if os.path.lexists(path) else "missing"
+    except OSError as exc:
+        raise BadInput(f"{path}: {exc.strerror or exc}; give a usable recipe file or folder") from None
 
 
 # The schemas of the files that live under recipes/ beside the recipes.
@@ -161,7 +171,8 @@ def yaml_kind(path: Path) -> YamlKind:
 
 
 def _schema_of(data: bytes) -> str | None:
-    match = _SCHEMA_KEY.search(data.decode("utf-8", errors="replace"))
+    # An editor's UTF-8 byte order mark before the first key: YAML skips it, and so does this.
+    match = _SCHEMA_KEY.search(data.decode("utf-8", errors="replace").removeprefix("\ufeff"))
     return match["schema"] if match else None
 
 
@@ -248,34 +259,19 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
         recipe_file = validated(RecipeFile, raw)
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, doc, RecipeFile))
+        # A top-level problem (a bad id, an unknown key) must not hide the lanes' own: one run lists them all.
+        for name, body in _readable_lanes(raw):
+            problems.extend(_check_lane(project, doc, raw.get("defaults") or {}, name, body, kernels, inputs)[0])
         return []
     recipe = Recipe(id=recipe_file.id, file=file, project_root=project.root, description=recipe_file.description,
                     naming=recipe_file.naming, keep_stopped_lanes=recipe_file.keep_stopped_lanes)
     lanes = []
     locators: dict[str, typing.Callable[[PathKey], PathKey]] = {}
     for name, body in recipe_file.lanes.items():
-        merged = merge(recipe_file.defaults, body)
-
-        def locate(loc: PathKey, name: str = name) -> PathKey:
-            own = ("lanes", name, *loc)
-            if doc.has(own) or not doc.has(("defaults", *loc)):
-                return own
-            return ("defaults", *loc)
-
-        # File references are checked even when the lane has type errors, so one run lists both.
-        lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels, inputs)
-        try:
-            spec = validated(LaneSpec, merged)
-        except ValidationError as exc:
-            problems.extend(lane_problems)
-            problems.extend(problems_from_validation(exc, doc, LaneSpec, locate))
-            continue
-        lane_problems.extend(_check_consistency(doc, spec, locate))
-        lane_problems.extend(_check_standby(doc, spec, locate))
-        lane_problems.extend(_check_swarm_ports(doc, spec, locate))
-        lane_problems.extend(check_shutdown(doc, spec, locate))
+        lane_problems, spec, lane_kernels, locate = _check_lane(project, doc, recipe_file.defaults, name, body,
+                                                                kernels, inputs)
         problems.extend(lane_problems)
-        if lane_problems:
+        if spec is None:
             continue
         # From here on every role that runs `vllm serve` carries the --shutdown-timeout it will stop with.
         spec = with_shutdown_timeouts(spec)
@@ -284,6 +280,44 @@ def _load_recipe_file(project: Project, file: Path, kernels: _KernelLoader,
         locators[str(name)] = locate
     problems.extend(_check_standby_neighbours(doc, lanes, locators))
     return lanes
+
+
+def _readable_lanes(raw: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+    """The lanes of a file whose top level is invalid that can still be checked: those of a `lanes` mapping, under
+    `defaults` that are a mapping (else their merge means nothing)."""
+    lanes, defaults = raw.get("lanes"), raw.get("defaults", {})
+    if not isinstance(lanes, dict) or not isinstance(defaults, dict | None):
+        return []
+    return [(name, body) for name, body in lanes.items() if isinstance(body, dict)]
+
+
+def _check_lane(project: Project, doc: YamlDocument, defaults: dict[str, Any], name: Any, body: dict[str, Any],
+                kernels: _KernelLoader, inputs: set[Path]
+                ) -> tuple[list[Problem], LaneSpec | None, list[KernelSpec], typing.Callable[[PathKey], PathKey]]:
+    """One lane's problems, located in the file; its spec and kernels when it has none."""
+    from pydantic import ValidationError
+
+    from lanectl.recipe.validation import problems_from_validation
+
+    merged = merge(defaults, body)
+
+    def locate(loc: PathKey) -> PathKey:
+        own = ("lanes", name, *loc)
+        if doc.has(own) or not doc.has(("defaults", *loc)):
+            return own
+        return ("defaults", *loc)
+
+    # File references are checked even when the lane has type errors, so one run lists both.
+    lane_problems, lane_kernels = _check_files(project, doc, merged, locate, kernels, inputs)
+    try:
+        spec = validated(LaneSpec, merged)
+    except ValidationError as exc:
+        return [*lane_problems, *problems_from_validation(exc, doc, LaneSpec, locate)], None, [], locate
+    lane_problems.extend(_check_consistency(doc, spec, locate))
+    lane_problems.extend(_check_standby(doc, spec, locate))
+    lane_problems.extend(_check_swarm_ports(doc, spec, locate))
+    lane_problems.extend(check_shutdown(doc, spec, locate))
+    return lane_problems, None if lane_problems else spec, lane_kernels, locate
 
 
 def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
@@ -300,6 +334,10 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
             problems.append(doc.problem(locate(("image", "template")),
                                      f"{template_name} leads out of images/ (through '..' or a symlink); "
                                      "keep templates inside images/"))
+        elif os.path.lexists(template) and leaves(template, template.parent):
+            problems.append(doc.problem(locate(("image", "template")),
+                                     f"images/{template_name}/Dockerfile.j2 is a symbolic link out of its folder; "
+                                     f"copy the template into images/{template_name}/"))
         elif template_dir(project.images_dir, template_name) is None:
             problems.append(doc.problem(locate(("image", "template")),
                                      f"no template {project.display(template)}; known templates: "
@@ -328,16 +366,25 @@ def _check_files(project: Project, doc: YamlDocument, merged: dict[str, Any],
                                      f"{patch['path']} leads out of patches/ (through '..' or a symlink); "
                                      "keep patch files inside patches/"))
             continue
-        if not path.is_file():
+        try:
+            actual = _patch_digest(path)
+        except OSError as exc:
+            why = "" if isinstance(exc, FileNotFoundError) else f" ({exc.strerror or exc})"
             problems.append(doc.problem(locate(("patches", i, "path")),
-                                     f"no patch file {project.display(path)}; paths are relative to patches/"))
+                                     f"no patch file patches/{patch['path']}{why}; paths are relative to patches/"))
             continue
-        actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if isinstance(patch.get("sha256"), str) and actual != patch["sha256"]:
             problems.append(doc.problem(locate(("patches", i, "sha256")),
                                      f"sha256 does not match {project.display(path)} (it hashes to {actual}); "
                                      "review the patch, then update sha256"))
     return problems, found_kernels
+
+
+def _patch_digest(path: Path) -> str:
+    """The sha256 of a regular file's bytes; FileNotFoundError for anything else (a FIFO would block the read)."""
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _check_consistency(doc: YamlDocument, spec: LaneSpec,

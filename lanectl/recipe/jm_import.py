@@ -307,8 +307,22 @@ def _serve_args(text: str, file: str, problems: list[Problem]) -> list[str]:
                 break
         problems.append(Problem(file, line, column, "", f"unbalanced quotes: this {quote} is never closed"))
         return []
+    operator = _shell_operator(text)
+    if operator is not None:
+        line, column, word = operator
+        problems.append(Problem(file, line, column, "", f"the command runs more than `vllm serve` (shell operator "
+                                                        f"`{word}`); lanectl imports the one command: remove what "
+                                                        "the shell would run besides it"))
+        return []
     # A backslash-newline continues the command; shlex would keep the newline as a word of its own.
-    words = shlex.split(text.replace("\\\n", " "), comments=True)
+    try:
+        words = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError:  # the only one left once quotes pair up: a last backslash, with nothing to escape
+        end = text.rstrip("\n")
+        line, column = end.count("\n") + 1, len(end) - (end.rfind("\n") + 1)
+        problems.append(Problem(file, line, column, "", "the command ends in a backslash that escapes nothing; "
+                                                        "remove it"))
+        return []
     if words[:2] != ["vllm", "serve"]:
         line = next((i for i, row in enumerate(text.splitlines(), 1) if row.strip()), 1)
         # The file's words are not quoted back: a command_file that names another file must not print it.
@@ -316,6 +330,38 @@ def _serve_args(text: str, file: str, problems: list[Problem]) -> list[str]:
         problems.append(Problem(file, line, 1, "", f"expected a `vllm serve …` command, found {found}"))
         return []
     return words[2:]
+
+
+_OPERATOR_CHARACTERS = ";&|<>()"
+
+
+def _shell_operator(text: str) -> tuple[int, int, str] | None:
+    """Line, column and text of the first control or redirection operator the shell would see outside quotes
+    (`;`, `&&`, `|`, `>`, …): where a launch command runs or writes more than `vllm serve`. None when there is none."""
+    quote, i = "", 0
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == quote:
+                quote = ""
+            elif char == "\\" and quote == '"':
+                i += 1
+        elif char == "\\":
+            i += 1
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or text[i - 1].isspace()):
+            i = text.find("\n", i)
+            if i < 0:
+                break
+        elif char in _OPERATOR_CHARACTERS:
+            end = i
+            while end < len(text) and text[end] in _OPERATOR_CHARACTERS:
+                end += 1
+            line = text.count("\n", 0, i) + 1
+            return line, i - (text.rfind("\n", 0, i) + 1) + 1, text[i:end]
+        i += 1
+    return None
 
 
 def _unclosed_quote(text: str) -> tuple[int, int, str] | None:

@@ -60,11 +60,30 @@ class Bounds:
         return {**handler(source), **self.limits}  # type: ignore[typeddict-item]
 
 
+# The annotations of fields that take a YAML boolean or integer as it is, never text that reads like one. Not floats:
+# PyYAML reads `1e3` (no dot) as text, which a float field must still take as the number it means.
+STRICT_SCALARS = frozenset({"bool", "int", "bool | None", "int | None"})
+
+
 class Strict:
     """The base of every record: unknown keys are refused, and `.inf` and `.nan`, valid YAML floats, are
     no budget, window or timeout."""
 
     __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # `init: "no"` is text, and pydantic would read it as false; `stop_timeout_seconds: "30"` as 30. A boolean
+        # or integer field takes a YAML boolean or integer only, as the field reference says.
+        super().__init_subclass__(**kwargs)
+        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+            if annotation not in STRICT_SCALARS:
+                continue
+            current = cls.__dict__.get(name, dataclasses.MISSING)
+            if isinstance(current, dataclasses.Field):
+                setattr(cls, name, dataclasses.field(default=current.default, default_factory=current.default_factory,
+                                                     metadata={**current.metadata, "strict": True}))
+            else:
+                setattr(cls, name, dataclasses.field(default=current, metadata={"strict": True}))
 
 
 def validated(cls: type[Record], data: Any) -> Record:
@@ -107,7 +126,9 @@ DOCKER_OBJECT_NAME = r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"
 USER_SPEC = r"(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10})(?::(?:[a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10}))?"
 ROLE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 TEMPLATE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-RECIPE_ID = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+# The id names the image repository lanectl/<id>: a path component of a Docker reference, which is lowercase
+# letters and digits joined by one ".", one or two "_", or dashes, and neither starts nor ends with a separator.
+RECIPE_ID = r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$"
 # The patterns below are text, compiled by `re` (and kept in its cache) when a recipe is first validated: a
 # command served from the catalog cache validates nothing, and compiling them at import cost it ~1.5 ms.
 DIGEST_PIN = r"@sha256:[0-9a-f]{64}$"
@@ -116,7 +137,8 @@ GIT_COMMIT = r"^[0-9a-f]{40}$"
 SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
 # A vLLM release as PyPI names it: 0.31.0, 0.32.0.post1, 0.33.0rc1.
 VLLM_RELEASE = r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:(?:rc|\.post|\.dev)[0-9]{1,4})?$"
-PORT = Annotated[int, Bounds(ge=1, le=65535)]
+# Strict: YAML's `true` is no port, though Python would take it for 1, and "8000" in quotes is text.
+PORT = Annotated[int, Bounds(ge=1, le=65535, strict=True)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
 CONTROL_CHARACTER = r"[\x00-\x1f\x7f]"
@@ -648,6 +670,13 @@ class XidPolicy(Strict):
             raise ValueError(f"Xid codes {both} are listed as both application and hardware faults")
 
 
+def _textfile_dir(value: str | None) -> str | None:
+    # Written by every watchdog pass, from cron: a relative folder would be cron's, and a NUL made each pass fail.
+    if value is not None and (not value.startswith("/") or re.search(CONTROL_CHARACTER, value)):
+        raise ValueError(f"must be an absolute folder without control characters, got {value!r}")
+    return value
+
+
 @frozen(kw_only=True)
 class Alert(Strict):
     """Where the watchdog reports what it did: a webhook, node_exporter's textfile folder."""
@@ -655,7 +684,8 @@ class Alert(Strict):
     webhook_url_env: str | None = Field(
         "LANECTL_ALERT_WEBHOOK", pattern=ENV_NAME, description="Name of the variable holding the webhook URL."
     )
-    textfile_dir: str | None = Field(None, description="node_exporter textfile collector folder.")
+    textfile_dir: Annotated[str | None, After(_textfile_dir)] = Field(
+        None, description="node_exporter textfile collector folder (an absolute path).")
 
 
 @frozen(kw_only=True)
@@ -894,7 +924,8 @@ class RecipeFile(Strict):
     """One YAML file: recipe-level defaults and the lanes that inherit them (maps merge, lists replace)."""
 
     schema_: Literal["lanectl/v1"] = Field(alias="schema")
-    id: str = Field(pattern=RECIPE_ID, description="Recipe id; names the image repository lanectl/<id>.")
+    id: str = Field(pattern=RECIPE_ID, max_length=128,
+                    description="Recipe id; names the image repository lanectl/<id>.")
     description: str = ""
     naming: Naming = Field(default_factory=Naming)
     keep_stopped_lanes: int = Field(3, ge=0, le=20)

@@ -12,6 +12,7 @@ levels of nesting; each failure is a located `Problem`, never a traceback.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,9 +230,14 @@ class YamlSyntaxError(ValueError):
 def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.SafeLoader) -> Any:
     doc.value_at[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
+        own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
         constructor.flatten_mapping(node)  # resolves YAML merge keys (<<) the way safe_load would
+        # flatten_mapping puts the merged pairs first, then the mapping's own: an own key overrides a merged one
+        # (YAML's merge rule, `<<: *defaults` then `port: 9000`), and only two own keys are a duplicate.
+        merged = len(node.value) - own
         result: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
+        from_merge: set[Any] = set()
+        for index, (key_node, value_node) in enumerate(node.value):
             key = _scalar(key_node, path, doc, constructor)
             if key is None:
                 # `null:`, `~:` or an empty key: as text it would be "None" (a lane named None).
@@ -241,7 +247,12 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
             if not isinstance(key, str | int):
                 key = str(key)
             child = (*path, key)
-            if key in result:
+            if index < merged:
+                from_merge.add(key)
+            elif key in from_merge:
+                from_merge.discard(key)
+                del result[key]
+            if key in result and index >= merged:
                 line, column = key_node.start_mark.line + 1, key_node.start_mark.column + 1
                 raise _Located(
                     Problem(doc.file, line, column, format_path(child),
@@ -255,9 +266,15 @@ def _walk(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.S
     return _scalar(node, path, doc, constructor)
 
 
+_SEXAGESIMAL_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 def _scalar(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml.SafeLoader) -> Any:
+    if node.tag in _SEXAGESIMAL_TAGS and isinstance(node.value, str) and ":" in node.value:
+        # YAML 1.1's base-60 numbers: `host: 1:30` would be port 90. YAML 1.2 has none; it is the text written.
+        return node.value
     try:
-        return constructor.construct_object(node, deep=True)
+        value = constructor.construct_object(node, deep=True)
     except (ValueError, OverflowError, yaml.YAMLError) as exc:
         # e.g. a 5000-digit integer (Python's int() refuses it), `2026-13-45` as a date, bad !!binary.
         reason = getattr(exc, "problem", None) or str(exc)
@@ -268,3 +285,14 @@ def _scalar(node: yaml.Node, path: PathKey, doc: YamlDocument, constructor: yaml
             Problem(doc.file, line, column, format_path(path),
                     f"cannot read this value: {reason}; quote it to make it a string")
         ) from None
+    if isinstance(value, str) and (half := _LONE_SURROGATE.search(value)) is not None:
+        # Only a double-quoted "\\udc80" makes one (the file itself is strict UTF-8). It is half a UTF-16 pair, no
+        # character: no file, Dockerfile or terminal can hold it, and every command that wrote it would fail.
+        line, column = node.start_mark.line + 1, node.start_mark.column + 1
+        raise _Located(Problem(doc.file, line, column, format_path(path),
+                               f"holds \\u{ord(half.group()):04x}, half of a UTF-16 surrogate pair and no "
+                               "character; write the character itself (or its \\U escape)"))
+    return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")

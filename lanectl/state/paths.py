@@ -121,8 +121,12 @@ def check_state_dir(path: Path) -> None:
     for component in (absolute, *absolute.parents):
         try:
             status = component.lstat()
-        except FileNotFoundError:
-            continue  # not created yet: nothing there to tamper with
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not created yet (or below a file, refused when the loop reaches it)
+        if not stat.S_ISDIR(status.st_mode) and not stat.S_ISLNK(status.st_mode):
+            raise StateDirUnsafe(
+                f"state folder {absolute}: {component} is not a folder; set LANECTL_STATE_DIR to a "
+                "folder (lanectl makes it when missing)")
         if stat.S_ISLNK(status.st_mode):
             raise StateDirUnsafe(
                 f"state folder {absolute}: {component} is a symbolic link; lanectl does not keep state "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
+from lanectl.environment import carried, carried_paths
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.records import frozen
 from lanectl.state.atomic import write_atomically
@@ -33,10 +34,11 @@ DEFAULT_LOG_FILE = Path("/var/log/lanectl-watchdog.log")
 CRON_SCHEDULE = "* * * * *"
 # cron and systemd both start jobs with a bare PATH; this one finds nvidia-smi and docker wherever Debian puts them.
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Non-secret settings the watchdog must share with the operator's commands: the same state (lock,
-# journal, lane state), the same recipes and the same Docker engine. Nothing else is rendered.
-CARRIED_VARIABLES = ("LANECTL_STATE_DIR", "LANECTL_RECIPES", "DOCKER_HOST")
-PATH_VARIABLES = ("LANECTL_STATE_DIR", "LANECTL_RECIPES")
+# Non-secret settings the watchdog must share with the operator's commands: the same state (journal, lane
+# state), the same engine lock, the same recipes, the same Docker engine, the same kernel log. Nothing else is
+# rendered; lanectl.environment marks them.
+CARRIED_VARIABLES = carried()
+PATH_VARIABLES = carried_paths()
 # Debian's cron reads at most 1000 characters of a command (MAX_COMMAND) and drops the rest silently.
 CRON_MAX_COMMAND = 999
 _SYSTEMD_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")

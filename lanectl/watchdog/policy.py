@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import field, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from lanectl.host.xid import XidClass, XidEvent, classify
 from lanectl.recipe.model import WatchdogPolicy
 from lanectl.records import frozen
+
+if TYPE_CHECKING:
+    from lanectl.host.xid import XidEvent
 
 Action = Literal["none", "restart", "rollback", "stop", "wait"]
 
@@ -79,6 +81,10 @@ def backoff_seconds(policy: WatchdogPolicy, restarts_in_window: int) -> float:
 
 def decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPolicy, *, now: datetime,
            armed: bool, startup_budget_seconds: float) -> Decision:
+    # The Xid tables are imported where a pass decides: `status` reads the watchdog's memory through this module
+    # and decides nothing.
+    from lanectl.host.xid import XidClass, classify
+
     decision = _decide(observation, memory, policy, now=now, armed=armed,
                        startup_budget_seconds=startup_budget_seconds)
     # Codes in neither list (63, 92, 121, ...) are recorded and counted, but neither restart nor stop a lane:
@@ -98,6 +104,8 @@ def _decide(observation: Observation, memory: WatchdogMemory, policy: WatchdogPo
     window_start = now - timedelta(minutes=policy.restart.window_minutes)
     restarts = tuple(t for t in memory.restarts if datetime.fromisoformat(t) >= window_start)
     memory = replace(memory, restarts=restarts)
+    from lanectl.host.xid import XidClass, classify
+
     classes = {x: classify(x, policy.xid.application_codes, policy.xid.hardware_codes) for x in observation.xids}
     hardware = tuple(x for x in observation.xids if classes[x] == XidClass.HARDWARE)
     application = tuple(x for x in observation.xids if classes[x] == XidClass.APPLICATION)

@@ -1,4 +1,4 @@
-# Rendered by lanectl from images/vllm/Dockerfile.j2: lane h1-REF of recipe dsv41-flash-uva-dspark-sidecar.
+# Rendered by lanectl from lanectl's built-in template vllm/Dockerfile.j2: lane h1-REF of recipe dsv41-flash-uva-dspark-sidecar.
 # The pinned vLLM image, plus side-built kernels and backported patches; the engine stays the image's `vllm serve`.
 FROM vllm/vllm-openai:deepseekv41-flash-0909@sha256:00d577a6a63281e15336029d5bcee4e9a2cf182214a4f20ba6111b1c8e79893d
 RUN ["/bin/sh", "-euc", "if [ -f /usr/local/lib/python3.12/dist-packages/vllm/entrypoints/cli/download_kernels.py ]; then vllm download-kernels; else echo 'lanectl: this vLLM has no download-kernels command (before 0.32.0): nothing to install'; fi"]

@@ -1,4 +1,4 @@
-# Rendered by lanectl from images/vllm/Dockerfile.j2: lane h2-REF of recipe dsv41-flash-uva-dspark-sidecar.
+# Rendered by lanectl from lanectl's built-in template vllm/Dockerfile.j2: lane h2-REF of recipe dsv41-flash-uva-dspark-sidecar.
 # The pinned vLLM image, plus side-built kernels and backported patches; the engine stays the image's `vllm serve`.
 # Kernel side extension flashmla-splitkv: built in its own stage, installed beside the shipped module.
 FROM vllm/vllm-openai:deepseekv41-flash-0909@sha256:00d577a6a63281e15336029d5bcee4e9a2cf182214a4f20ba6111b1c8e79893d AS kernel-flashmla-splitkv

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Shows that the switch's fuzzer (tests/test_switch_fuzz.py) guards each runtime invariant of the executor: for
+# each one, a copy of the tree with that check removed, the fuzzer's CI profile run on it, and whether it failed
+# (it must). Prints one line per mutant; exit 1 if any mutant survived. `make fuzz-mutants`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+python=${PYTHON:-$root/.venv/bin/python}
+survived=0
+
+mutant() {  # NAME FILE OLD NEW: the tree with OLD replaced by NEW in FILE
+  local name=$1 file=$2 old=$3 new=$4 copy
+  copy=$(mktemp -d /tmp/lanectl-mutant.XXXXXX)
+  tar -c --exclude=./.git --exclude=./.venv --exclude='./.contract-venv*' --exclude=./site --exclude=__pycache__ . \
+    | tar -x -C "$copy"
+  [ -z "$old" ] && old=$new  # the baseline: nothing removed
+  OLD=$old NEW=$new "$python" - "$copy/$file" <<'PY' || { echo "mutant $name: the code to remove was not found"; exit 2; }
+import os, sys
+path = sys.argv[1]
+text = open(path).read()
+if os.environ["OLD"] not in text:
+    sys.exit(1)
+open(path, "w").write(text.replace(os.environ["OLD"], os.environ["NEW"], 1))
+PY
+  local begun=$SECONDS
+  if (cd "$copy" && PYTHONPATH=$copy "$python" -m pytest -q -x -p no:cacheprovider tests/test_switch_fuzz.py \
+        >"$copy/fuzz.log" 2>&1); then
+    if [ "$old" = "$new" ]; then
+      echo "baseline  the fuzzer passes on the tree as it is ($((SECONDS - begun)) s)"
+    else
+      echo "SURVIVED  $name ($((SECONDS - begun)) s): the fuzzer passed without it"
+      survived=1
+    fi
+  else
+    found=$(grep -m1 -E "^E +[A-Za-z.]*Error" "$copy/fuzz.log" | sed 's/^E *//' | cut -c1-200)
+    if [ "$old" = "$new" ]; then
+      echo "BASELINE FAILED ($((SECONDS - begun)) s): $found"
+      survived=1
+    else
+      echo "killed    $name ($((SECONDS - begun)) s): $found"
+    fi
+  fi
+  rm -rf "$copy"
+}
+
+mutant "baseline" lanectl/lanes/execute.py "" "awake_beside"
+mutant "one lane awake per GPU (no check before a start or a wake)" lanectl/lanes/execute.py \
+  "        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping)" \
+  "        holding: list[str] = []"
+mutant "a stop gives the container its own drain (the plan's timeout instead)" lanectl/lanes/execute.py \
+  "self.engine.stop(step.container, own_stop_timeout(state.stop_timeout, step.seconds))" \
+  "self.engine.stop(step.container, int(step.seconds))"
+mutant "a removal removes only what is stopped (no look before it)" lanectl/lanes/execute.py \
+  "        if state.status in LIVE_STATES:" \
+  "        if False:"
+exit "$survived"

@@ -1,0 +1,592 @@
+"""The box's switch under any interleaving: a stateful fuzzer (Hypothesis's RuleBasedStateMachine).
+
+The rules are the operator's and the world's moves: `up`, `rollback`, `down` and a watchdog pass, each killed
+(SIGKILL) or interrupted (one or two SIGINTs) after any step; recipe edits (the stop timeout, a companion's
+port, env); an engine that fails its gate; an operator who stops, kills, starts or puts to sleep a container,
+also in the middle of a switch. The invariants are the promises of `lanectl/lanes/invariants.py`, checked after
+every rule against the engine in memory (tests/switch_box.py), with the real planner, executor, journal and
+state files.
+
+CI runs the bounded profile (derandomized, at least 2,000 steps); `make fuzz` runs `HYPOTHESIS_PROFILE=long`.
+A failure prints the shortest sequence of moves that breaks a promise; each one found becomes an example test
+below the machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from lanectl.errors import LanectlError
+from lanectl.lanes.execute import SwitchOutcome
+from lanectl.lanes.interrupt import Interrupt
+from lanectl.lanes.invariants import gpus_overlap
+from lanectl.lanes.snapshot import Snapshot, take_snapshot
+from lanectl.lanes.switcher import LaneSwitcher
+from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.state.journal import Journal
+from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneStateStore
+from lanectl.state.standby import StandbyStore
+from tests.switch_box import Box, FakeEngines, MemoryEngine, QuietReporter, repo_catalog, with_engine, with_lane
+
+LANES = ("demo-h1", "demo-h2", "demo-h2-8")
+STEPS_PER_EXAMPLE = 25
+# Shrinking is kept (a failure is worth its shortest form), the explain phase is not: it reruns every failing
+# step with variations, for minutes, to annotate lines the shrunk sequence already shows.
+settings.register_profile("ci", max_examples=100, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
+                          derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+# While writing a fix: no shrinking, every distinct failure reported at once.
+settings.register_profile("dev", max_examples=60, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                          suppress_health_check=list(HealthCheck), report_multiple_bugs=True)
+settings.register_profile("long", max_examples=5_000, stateful_step_count=60, deadline=None,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
+# What happens to a switch after its step k (a kill, one or two SIGINTs, an operator's `docker start` of the
+# stopped container `pick` counts to), or None: it runs to its end.
+INTERRUPTIONS = st.one_of(st.none(), st.tuples(st.sampled_from(["kill", "int", "int2", "operator-start"]),
+                                               st.integers(1, 12), st.integers(0, 7)))
+How = tuple[str, int, int] | None
+
+
+class Killed(BaseException):
+    """kill -9: nothing after the step that was journaled runs, and nothing is cleaned up."""
+
+
+class Acting(QuietReporter):
+    """Does `act` once, after the Nth step is shown (journaled): as the test seams do for real."""
+
+    def __init__(self, after: int, act: Callable[[], None]) -> None:
+        super().__init__()
+        self.after, self.act, self.shown = after, act, 0
+
+    def step(self, text: str, *, ok: bool = True) -> None:
+        super().step(text, ok=ok)
+        self.shown += 1
+        if self.shown == self.after:
+            self.act()
+
+
+class CountingEngine(MemoryEngine):
+    """The memory engine that remembers, for each stop, the stop timeout the container was created with, the
+    order in which containers were started, and which ones an operator started by hand."""
+
+    def __init__(self, images: dict[str, str]):
+        super().__init__(images)
+        self.own_drains: list[tuple[str, int, int]] = []  # (name, allowed, its own)
+        self.started_at: dict[str, int] = {}  # name -> when it was last started, as a count of starts
+        self.by_hand: set[str] = set()  # started by an operator, and not stopped or started by lanectl since
+        self.clock = itertools.count(1)
+
+    def stop(self, name: str, timeout: int) -> None:
+        held = self.held.get(name)
+        if held is not None and held.state == "running":
+            self.own_drains.append((name, timeout, held.spec.stop_timeout_seconds))
+        self.by_hand.discard(name)
+        super().stop(name, timeout)
+
+    def start(self, name: str) -> bool:
+        started = super().start(name)
+        if started:
+            self.started_at[name] = next(self.clock)
+            self.by_hand.discard(name)
+        return started
+
+    def start_by_hand(self, name: str) -> None:
+        self.held[name].state = "running"
+        self.started_at[name] = next(self.clock)
+        self.by_hand.add(name)
+
+    def rename(self, name: str, new_name: str) -> None:
+        super().rename(name, new_name)
+        for marks in (self.started_at,):
+            if name in marks:
+                marks[new_name] = marks.pop(name)
+        if name in self.by_hand:
+            self.by_hand.discard(name)
+            self.by_hand.add(new_name)
+
+
+class FuzzSwitcher(LaneSwitcher):
+    """The real switcher, its snapshot's /health answered by the engines in memory (200 while asleep, as vLLM)."""
+
+    def snapshot(self, *lanes: str, create_secret_key: bool = True) -> Snapshot:
+        engines = self.calls
+        assert isinstance(engines, FakeEngines)
+        return take_snapshot(self.catalog, self.engine, self.files, also=lanes,  # type: ignore[arg-type]
+                             environ=self.environ,
+                             create_secret_key=create_secret_key, host_memory=lambda: 64.0,
+                             health=lambda lane: lane.name not in engines.failing_gates,
+                             asleep=engines.is_sleeping)
+
+
+class BoxMachine(RuleBasedStateMachine):
+    """One box: its engine in memory, its state folder on disk, its recipes as edited so far."""
+
+    @initialize(first=st.sampled_from(LANES))
+    def start(self, first: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="lanectl-fuzz-"))
+        self.catalog: Catalog = repo_catalog()
+        self.engine = CountingEngine({})
+        self.engines = FakeEngines(self.engine)
+        self.environ: dict[str, str] = {}  # lanectl's environment: where secret values come from
+        self._build()
+        self.last: SwitchOutcome | None = None
+        self.switch(lambda s: s.up(self._lane(first), why="up"), None)
+
+    def teardown(self) -> None:
+        shutil.rmtree(getattr(self, "folder", "/nonexistent"), ignore_errors=True)
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _lane(self, name: str) -> Lane:
+        return self.catalog.lanes[name]
+
+    def _build(self) -> None:
+        box = Box(self.catalog).build(*LANES)
+        for tag, image_id in box.images.items():
+            self.engine.images.setdefault(tag, image_id)
+
+    def switcher(self, reporter: QuietReporter, interrupt: Interrupt) -> FuzzSwitcher:
+        return FuzzSwitcher(self.catalog, self.engine, Journal(self.folder / "journal.jsonl"),  # type: ignore[arg-type]
+                            LaneStateStore(self.folder / "state.json"), reporter=reporter, no_gpu=True,
+                            environ=self.environ, calls=self.engines, interrupt=interrupt, host_memory=lambda: 64.0,
+                            gpu_memory=lambda: None)
+
+    def switch(self, verb: Callable[[LaneSwitcher], SwitchOutcome | None], how: How) -> None:
+        """One lanectl command, as a process: killed, interrupted or disturbed after step k, or run to its end."""
+        interrupt = Interrupt()
+        reporter = QuietReporter()
+        if how is not None:
+            kind, after, pick = how
+            act: Callable[[], None]
+            if kind == "kill":
+                def act() -> None:
+                    raise Killed
+            elif kind == "int":
+                def act() -> None:
+                    interrupt.arrived(signal.SIGINT)
+            elif kind == "int2":
+                def act() -> None:
+                    interrupt.arrived(signal.SIGINT)
+                    interrupt.arrived(signal.SIGINT)
+            else:
+                def act() -> None:
+                    self._operator_starts_a_stopped_container(pick)
+            reporter = Acting(after, act)
+        self.last = None
+        try:
+            self.last = verb(self.switcher(reporter, interrupt))
+        except Killed:
+            pass
+        except LanectlError:
+            pass  # refused before any change (no known-good lane, a foreign container): exit 2, nothing changed
+
+    def _operator_starts_a_stopped_container(self, pick: int) -> None:
+        """Someone runs `docker start` on a stopped lane container while a switch runs."""
+        stopped = sorted(name for name, held in self.engine.held.items()
+                         if held.state == "exited" and ".was-" not in name)
+        if stopped:
+            self.engine.start_by_hand(stopped[pick % len(stopped)])
+
+    def state(self) -> Any:
+        return LaneStateStore(self.folder / "state.json").load()
+
+    def unfinished(self) -> dict[str, Any] | None:
+        return Journal(self.folder / "journal.jsonl").unfinished_intent()
+
+    def awake_lanes(self, *, by_lanectl: bool = False) -> dict[str, set[str]]:
+        """Lane -> its containers that run and are awake, by their labels; `by_lanectl`: not those an operator
+        started by hand."""
+        awake: dict[str, set[str]] = {}
+        for name, held in self.engine.held.items():
+            if held.state == "running" and not held.asleep and not (by_lanectl and name in self.engine.by_hand):
+                awake.setdefault(held.spec.labels.get("io.lanectl.lane", "?"), set()).add(name)
+        return awake
+
+    def awake_containers(self) -> list[tuple[str, str]]:
+        """(lane, container) for every awake container, in the order they were started."""
+        awake = [(held.spec.labels.get("io.lanectl.lane", "?"), name) for name, held in self.engine.held.items()
+                 if held.state == "running" and not held.asleep]
+        return sorted(awake, key=lambda pair: self.engine.started_at.get(pair[1], 0))
+
+    # -- the operator's commands -----------------------------------------------------------------------------
+
+    @rule(lane=st.sampled_from(LANES), how=INTERRUPTIONS, fails=st.booleans())
+    def up(self, lane: str, how: How, fails: bool) -> None:
+        """`lanectl up LANE`; with `fails`, the lane's engine fails its gate this once (its way back runs)."""
+        failing = lane in self.engines.failing_gates
+        if fails:
+            self.engines.failing_gates.add(lane)
+        self.switch(lambda s: s.up(self._lane(lane), why="up"), how)
+        if fails and not failing:
+            self.engines.failing_gates.discard(lane)
+
+    @rule(how=INTERRUPTIONS)
+    def rollback(self, how: How) -> None:
+        self.switch(lambda s: s.rollback(None), how)
+
+    @rule(how=INTERRUPTIONS)
+    def down(self, how: How) -> None:
+        active = self.state().active
+        self.switch(lambda s: s.down(self._lane(active) if active in self.catalog.lanes else None,
+                                     with_standbys=True), how)
+
+    @rule(lane=st.sampled_from(LANES))
+    def up_from_a_second_state_folder(self, lane: str) -> None:
+        """`LANECTL_STATE_DIR=… lanectl up LANE` from another folder on the same engine: refused while this
+        folder's lane containers exist, and then nothing changes."""
+        before = {name: (held.state, held.asleep) for name, held in self.engine.held.items()}
+        other = self.folder / "second-state"
+        switcher = FuzzSwitcher(self.catalog, self.engine, Journal(other / "journal.jsonl"),  # type: ignore[arg-type]
+                                LaneStateStore(other / "state.json"), reporter=QuietReporter(), no_gpu=True,
+                                environ={}, calls=self.engines, interrupt=Interrupt(), host_memory=lambda: 64.0,
+                                gpu_memory=lambda: None)
+        self.last = None
+        try:
+            switcher.up(self._lane(lane), why="up")
+        except LanectlError as refused:
+            assert "one engine has one state" in str(refused) or "cannot start" in str(refused), refused
+            assert {n: (h.state, h.asleep) for n, h in self.engine.held.items()} == before
+            return
+        assert not before, "a second state folder switched an engine that already had lanes"
+        shutil.rmtree(other, ignore_errors=True)
+        for name in list(self.engine.held):
+            self.engine.held.pop(name)  # what it made is not this folder's: gone, as if it ran `down` and pruned
+
+    @rule(how=INTERRUPTIONS)
+    def watchdog_check(self, how: How) -> None:
+        """A cron pass: finish or undo a switch that died with its lease; restart a dead active lane."""
+        state = self.state()
+        lease = state.watchdog_lease
+        if lease is not None and lease.reason.startswith(SWITCH_LEASE_PREFIX):
+            self.switch(lambda s: s.reconcile(), how)
+            return
+        active = state.active
+        if active not in self.catalog.lanes or not state.watchdog_armed:
+            return
+        if StandbyStore(self.folder / "standby.json").load().standby(active) is not None:
+            return  # a lane recorded asleep is never restarted
+        lane = self._lane(active)
+        if all(self.engine.held.get(lane.container_name(r)) and self.engine.held[lane.container_name(r)].state
+               == "running" for r in lane.roles):
+            return
+        self.switch(lambda s: s.reconcile() or s.restart(lane), how)
+
+    # -- the world -----------------------------------------------------------------------------------------
+
+    @rule(lane=st.sampled_from(LANES), failing=st.booleans())
+    def engine_health(self, lane: str, failing: bool) -> None:
+        """The lane's engine fails its gate from now on (a bad build, a broken model), or is fixed."""
+        self.last = None  # what the last command said is about the box before this
+        (self.engines.failing_gates.add if failing else self.engines.failing_gates.discard)(lane)
+
+    @rule(data=st.data(), action=st.sampled_from(["stop", "kill", "sleep"]))
+    def operator_on_the_engine(self, data: st.DataObject, action: str) -> None:
+        """`docker stop`/`docker kill` of a container, or `POST /sleep` to an engine, by someone else."""
+        self.last = None  # what the last command said is about the box before this
+        running = sorted(name for name, held in self.engine.held.items() if held.state == "running")
+        if not running:
+            return
+        name = data.draw(st.sampled_from(running))
+        if action == "sleep":
+            self.engine.held[name].asleep = True
+        else:
+            self.engine.held[name].state = "exited"
+            self.engine.held[name].asleep = False
+
+    @rule(lane=st.sampled_from(LANES), seconds=st.sampled_from([20, 30, 60]))
+    def edit_stop_timeout(self, lane: str, seconds: int) -> None:
+        self.last = None
+        engine = self._lane(lane).spec.engine
+        self.catalog = with_engine(self.catalog, lane, stop_timeout_seconds=seconds)
+        rtx = self._lane(lane).spec.companions.get("rtx")
+        if rtx is not None:
+            self.catalog = with_lane(self.catalog, lane, companions={
+                "rtx": replace(rtx, engine=replace(rtx.engine, stop_timeout_seconds=seconds))})
+        assert self._lane(lane).spec.engine is not engine
+        self._build()
+
+    @rule(lane=st.sampled_from(LANES), port=st.sampled_from([18101, 18102]))
+    def edit_companion_port(self, lane: str, port: int) -> None:
+        self.last = None
+        rtx = self._lane(lane).spec.companions.get("rtx")
+        if rtx is None:
+            return
+        ports = [replace(rtx.engine.ports[0], host=port + LANES.index(lane) * 10)]
+        self.catalog = with_lane(self.catalog, lane, companions={
+            "rtx": replace(rtx, engine=replace(rtx.engine, ports=ports))})
+        self._build()
+
+    @rule(lane=st.sampled_from(LANES), present=st.booleans())
+    def edit_companion_presence(self, lane: str, present: bool) -> None:
+        """The lane's `-rtx` companion removed from its recipe, or put back."""
+        self.last = None
+        original = repo_catalog().lanes[lane].spec.companions["rtx"]
+        current = self._lane(lane).spec.companions.get("rtx", original)
+        self.catalog = with_lane(self.catalog, lane, companions={"rtx": current} if present else {})
+        self._build()
+
+    @rule(lane=st.sampled_from(LANES), value=st.sampled_from(["1", "2"]))
+    def edit_env(self, lane: str, value: str) -> None:
+        self.last = None
+        engine = self._lane(lane).spec.engine
+        self.catalog = with_engine(self.catalog, lane, env={**engine.env, "STUB_LOAD_SECONDS": value})
+        self._build()
+
+    # -- the promises ----------------------------------------------------------------------------------------
+
+    @invariant()
+    def one_lane_awake_per_gpu(self) -> None:
+        """No container lanectl started is awake beside one of another lane on its GPUs, whoever started that
+        one first (an operator's `docker start` of two lanes at once is the operator's doing)."""
+        awake = [(lane, name) for lane, name in self.awake_containers() if lane in self.catalog.lanes]
+        for i, (lane, name) in enumerate(awake):
+            if name in self.engine.by_hand:
+                continue
+            earlier = [(other, o) for other, o in awake[:i] if other != lane
+                       and gpus_overlap(self._lane(other), self._lane(lane))]
+            assert not earlier, f"lanectl started {name} awake beside {earlier} on one GPU"
+
+    @invariant()
+    def what_is_awake_is_the_active_lane_or_the_unfinished_switchs(self) -> None:
+        allowed = {self.state().active}
+        intent = self.unfinished()
+        if intent is not None:
+            allowed |= {intent.get("to"), intent.get("from")}
+        stray = {lane: names for lane, names in self.awake_lanes(by_lanectl=True).items() if lane not in allowed}
+        assert not stray, f"awake but neither active nor being switched: {stray} (active {allowed})"
+
+    @invariant()
+    def every_stop_gives_the_containers_own_drain(self) -> None:
+        cut = [(name, allowed, own) for name, allowed, own in self.engine.own_drains if allowed != own]
+        assert not cut, f"stopped with a stop timeout other than its own (name, allowed, own): {cut}"
+
+    @invariant()
+    def every_container_with_lanectls_labels_is_accounted_for(self) -> None:
+        """`status` and `down` see every container lanectl made: a lane's, one set aside, an orphan (a role the
+        recipe no longer has) or a foreign one (renamed)."""
+        from lanectl.lanes.inventory import Inventory
+        from lanectl.state.lanes import LaneState
+        from lanectl.state.standby import StandbyState
+
+        # Sorting containers needs only the listing: no state files, no builds.
+        listing = Snapshot(containers=tuple(self.engine.list_containers()), state=LaneState(),
+                           standby=StandbyState(), unfinished=None, images={}, image_plans={})
+        inventory = Inventory(self.catalog, listing)
+        seen = {*inventory.own, *inventory.aside, *inventory.orphans, *(f.listed.name for f in inventory.foreign)}
+        made = {name for name, held in self.engine.held.items() if "io.lanectl.lane" in held.spec.labels}
+        assert made <= seen, f"made by lanectl and seen by no command: {sorted(made - seen)}"
+
+    @invariant()
+    def the_last_message_names_what_serves(self) -> None:
+        outcome = self.last
+        if outcome is None or outcome.lane is None or outcome.result not in ("ok", "finished", "undone",
+                                                                             "rolled-back"):
+            return
+        lane = self._lane(outcome.lane)
+        names = {lane.container_name(role) for role in lane.roles}
+        awake = self.awake_lanes().get(outcome.lane, set())
+        assert names <= awake, f"{outcome.result}: {outcome.message!r}, but only {sorted(awake)} of it is awake"
+
+
+BoxMachine.TestCase.settings = settings.get_profile(PROFILE)
+TestBoxSwitchInterleavings = BoxMachine.TestCase
+
+
+# -- what the fuzzer and the hostile passes found, pinned as sequences of the machine's moves ------------------
+
+def machine(first: str) -> BoxMachine:
+    box = BoxMachine()
+    box.start(first=first)
+    return box
+
+
+def promises_hold(box: BoxMachine) -> None:
+    box.every_container_with_lanectls_labels_is_accounted_for()
+    box.one_lane_awake_per_gpu()
+    box.what_is_awake_is_the_active_lane_or_the_unfinished_switchs()
+    box.every_stop_gives_the_containers_own_drain()
+    box.the_last_message_names_what_serves()
+    box.teardown()
+
+
+def test_a_killed_rollback_and_one_watchdog_pass_never_leave_two_lanes_awake():
+    """demo-h2 active, demo-h1 asleep as its standby; `rollback` killed right after `stop demo-h2-rtx`; the
+    watchdog's pass finishes the switch: it stops demo-h2's primary before it wakes demo-h1."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and "demo-h1 waits asleep" in box.last.message
+    box.rollback(how=("kill", 2, 0))
+    assert box.unfinished() is not None
+    box.watchdog_check(how=None)
+    assert box.last is not None and box.last.result == "finished", box.last
+    assert set(box.awake_lanes()) == {"demo-h1"}
+    promises_hold(box)
+
+
+def test_a_recipe_that_shortens_the_stop_timeout_still_stops_the_running_container_with_its_own():
+    box = machine("demo-h1")  # created with 30 s
+    box.edit_stop_timeout(lane="demo-h1", seconds=20)
+    box.up(lane="demo-h1", how=None, fails=False)  # recreates it: the old one is stopped first
+    assert ("lanectl-demo-demo-h1", 30, 30) in box.engine.own_drains
+    promises_hold(box)
+
+
+def test_a_way_back_stops_a_recreated_container_with_its_own_new_timeout():
+    box = machine("demo-h1")
+    box.edit_stop_timeout(lane="demo-h1", seconds=60)
+    box.up(lane="demo-h1", how=None, fails=True)  # the recreated lane fails its gate: the way back stops it
+    assert ("lanectl-demo-demo-h1", 60, 60) in box.engine.own_drains
+    promises_hold(box)
+
+
+def test_a_first_signal_during_a_way_back_lets_it_finish():
+    box = machine("demo-h1")
+    box.down(how=None)
+    box.edit_stop_timeout(lane="demo-h1", seconds=20)
+    box.engine_health(lane="demo-h1", failing=True)
+    box.rollback(how=("int", 9, 0))  # SIGINT while the way back stops demo-h1
+    assert box.awake_lanes() == {}, box.last
+    promises_hold(box)
+
+
+def test_a_container_set_aside_that_was_started_by_hand_is_stopped_before_its_replacement_starts():
+    box = machine("demo-h2")
+    box.down(how=None)
+    box.edit_companion_port(lane="demo-h2", port=18101)
+    box.rollback(how=("operator-start", 1, 1))  # `docker start` of demo-h2-rtx before it is set aside
+    assert not [name for name, held in box.engine.held.items() if ".was-" in name and held.state == "running"]
+    box.up(lane="demo-h1", how=None, fails=False)
+    promises_hold(box)
+
+
+def test_an_active_lane_put_to_sleep_by_someone_is_not_healthy_and_up_wakes_it_by_a_restart():
+    box = machine("demo-h1")
+    box.operator_on_the_engine(data=_Drawn("lanectl-demo-demo-h1"), action="sleep")
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and box.last.result == "ok", box.last
+    assert "already active and healthy" not in box.last.message
+    assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"}}
+    promises_hold(box)
+
+
+class _Drawn:
+    """A data() stand-in that draws the given values in order."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any) -> Any:
+        return self.values.pop(0)
+
+
+def test_a_companion_removed_from_the_recipe_is_seen_and_the_next_switch_stops_and_removes_it():
+    box = machine("demo-h1")
+    box.edit_companion_presence(lane="demo-h1", present=False)
+    box.every_container_with_lanectls_labels_is_accounted_for()  # it was invisible to status, down and rollback
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, box.last
+    promises_hold(box)
+
+
+def test_a_ctrl_c_before_the_serving_lane_was_put_to_sleep_leaves_it_serving_untouched():
+    """demo-h2 serves, demo-h1 sleeps as the older standby; `up demo-h2-8` is interrupted while it stops
+    demo-h1: demo-h2 was never put to sleep, so the way back must not wake-check it and restart it cold."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    starts = {name: held.starts for name, held in box.engine.held.items()}
+    box.up(lane="demo-h2-8", how=("int", 2, 0), fails=False)  # after disarm and the first stop of demo-h1
+    assert box.last is not None and box.last.lane == "demo-h2", box.last
+    assert "wake of demo-h2 failed" not in box.last.message, box.last.message
+    h2 = {name: held.starts for name, held in box.engine.held.items() if name.startswith("lanectl-demo-demo-h2")
+          and not name.startswith("lanectl-demo-demo-h2-8")}
+    assert h2 == {name: starts[name] for name in h2}, "demo-h2 was restarted"
+    promises_hold(box)
+
+
+def test_a_lost_secret_key_with_the_secret_unchanged_recreates_nothing_and_the_dry_run_says_the_same():
+    from lanectl.lanes.plan import plan_up
+
+    box = machine("demo-h1")
+    box.environ["HF_TOKEN"] = "hf_unchanged"
+    box.catalog = with_engine(box.catalog, "demo-h1", secret_env=["HF_TOKEN"])
+    box._build()
+    box.up(lane="demo-h1", how=None, fails=False)  # recreated once: the secret is new to the container
+    (box.folder / "secret-digest.key").unlink()
+    switcher = box.switcher(QuietReporter(), Interrupt())
+    dry = plan_up(box.catalog, switcher.snapshot("demo-h1", create_secret_key=False), box._lane("demo-h1"),
+                  with_gpus=False)
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and (dry.kind, box.last.result) == ("noop", "noop"), "\n".join(dry.lines())
+    promises_hold(box)
+
+
+def test_a_recreate_of_the_serving_lane_that_fails_its_gate_leaves_it_serving_and_the_standby_asleep():
+    """demo-h2 serves, demo-h1 sleeps as its standby; a companion env change makes the recreated demo-h2 fail
+    its gate: the way back puts the old containers back and demo-h2 serves as it was, demo-h1 still asleep
+    (it dropped demo-h1's standby first and ended on demo-h1: "demo-h1 is serving again")."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    box.edit_stop_timeout(lane="demo-h2", seconds=60)
+    old = box.engine.held["lanectl-demo-demo-h2"]
+    engines = box.engines  # the recreated containers fail their gate; the old ones, put back, pass it
+    engines.on_gate = lambda lane: (engines.failing_gates.discard if box.engine.held.get(lane.container_name())
+                                    is old else engines.failing_gates.add)(lane.name)
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and box.last.lane == "demo-h2", box.last
+    assert box.engine.held["lanectl-demo-demo-h2"] is old
+    assert box.state().active == "demo-h2"
+    assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"]
+    promises_hold(box)
+
+
+class FullStateFolder(LaneStateStore):
+    """state.json on a disk that has filled up: every write fails as the kernel fails it."""
+
+    def save(self, state: Any) -> Any:
+        raise OSError(28, "No space left on device", str(self.path))
+
+
+def test_a_full_state_folder_fails_the_rollback_first_step_and_leaves_the_standby_asleep():
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)  # demo-h1 waits asleep
+    full = FuzzSwitcher(box.catalog, box.engine, Journal(box.folder / "journal.jsonl"),  # type: ignore[arg-type]
+                        FullStateFolder(box.folder / "state.json"), reporter=QuietReporter(), no_gpu=True,
+                        environ={}, calls=box.engines, interrupt=Interrupt(), host_memory=lambda: 64.0,
+                        gpu_memory=lambda: None)
+    outcome = full.rollback(None)
+    assert outcome.result != "ok" and "No space left on device" in outcome.message, outcome.message
+    assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"], \
+        "the standby the rollback was about to wake is still there"
+    assert set(box.awake_lanes()) == {"demo-h2"}
+    promises_hold(box)
+
+
+def test_a_recreate_for_a_new_port_that_fails_its_gate_puts_the_old_container_back_and_gates_it_on_its_port():
+    """A new host port for demo-h2's companion plus a gate the new containers fail: the old containers are put
+    back and serve on their old port; the way back's gate probes that port, so demo-h2 is serving again and stays
+    active (it probed the new port, said no lane is serving, exited 1 and cleared `active`)."""
+    box = machine("demo-h2")
+    box.edit_companion_port(lane="demo-h2", port=18102)
+    old = box.engine.held["lanectl-demo-demo-h2-rtx"]
+    engines = box.engines
+    engines.on_gate = lambda lane: (engines.failing_gates.discard if box.engine.held.get(
+        lane.container_name("rtx")) is old else engines.failing_gates.add)(lane.name)
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and (box.last.result, box.last.lane) == ("rolled-back", "demo-h2"), box.last
+    assert box.state().active == "demo-h2" and box.engine.held["lanectl-demo-demo-h2-rtx"] is old
+    promises_hold(box)
