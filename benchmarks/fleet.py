@@ -31,9 +31,9 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from lanectl.commands.fleet import plan_and_run  # noqa: E402
 from lanectl.dockerapi.swarm import SwarmEngine  # noqa: E402
-from lanectl.fleet.plan import plan_service  # noqa: E402
+from lanectl.fleet.plan import plan_fleet_up  # noqa: E402
 from lanectl.fleet.rollout import FleetOutcome, FleetRollout, pushed_image  # noqa: E402
-from lanectl.fleet.rollout_plan import plan_fleet_up  # noqa: E402
+from lanectl.fleet.services import plan_service  # noqa: E402
 from lanectl.image.containers import plan_containers  # noqa: E402
 from lanectl.image.render import plan_image  # noqa: E402
 from lanectl.project import Project  # noqa: E402

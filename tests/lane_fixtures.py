@@ -189,6 +189,8 @@ def make_fleet_project(base: Path) -> LaneProject:
     path = project.root / "recipes" / "lanes.yaml"
     text = path.read_text()
     text = text.replace("\ndefaults:\n", "\ndefaults:\n  placement: {backend: swarm}\n", 1)
+    # Swarm publishes each port on every address of its node, the dev-mode routes with it: the recipe says so.
+    text = text.replace("host_ip: 127.0.0.1}", "host_ip: 127.0.0.1, public: true}")
     # The fault lanes' waits are Swarm's timers here, paid at every update and rollback. t-unhealthy's budget is
     # its health check's start period, whose failures do not count: at 1.2 s Swarm finds it unhealthy at its
     # third check (6 s) instead of its sixth. t-hang never finishes a request: its probes hang until its drain

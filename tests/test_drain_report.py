@@ -40,7 +40,7 @@ def test_the_words_of_each_report():
     assert drain_report(engine_lines("drain-0"), None).describe().startswith(
         "8 request(s) in flight CUT: the engine aborted them")
     assert drain_report(engine_lines("drain-5"), None).describe() == (
-        "8 request(s) in flight CUT: the drain's 5 s ran out before they finished (they stalled)")
+        "8 request(s) in flight CUT: the drain's 5 s ran out before they finished")
 
 
 def test_an_engine_that_says_nothing_keeps_the_count_from_before_and_claims_nothing():

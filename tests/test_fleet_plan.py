@@ -6,18 +6,22 @@ from dataclasses import replace
 
 import pytest
 
+from lanectl.dockerapi.engine_api import EngineAPI
 from lanectl.dockerapi.labels import LEASE_LABEL
-from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.fleet.plan import (
+from lanectl.fleet.node_lease import NodeLease, read_lease, why_left_behind
+from lanectl.fleet.services import (
     choose_nodes,
     current_task,
+    gated_label,
     last_task_error,
     plan_service,
     service_drift,
     service_fields,
     service_labels,
     service_name,
+    spec_mark,
     task_problem,
     why_swarm_rolled_back,
 )
@@ -26,6 +30,7 @@ from lanectl.image.containers import plan_containers
 from lanectl.image.render import plan_image
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
+from tests.test_engine_api import Answer, Recorded, ok_json, recording, socket_dir  # noqa: F401 - fixtures
 
 RECIPE = """
 schema: lanectl/v1
@@ -265,16 +270,31 @@ def service(lane: str, role: str, node_name: str, sid: str, **kw) -> ServiceStat
                         update_message="")
 
 
+def gated(name: str, services: list[ServiceState], **labels: str) -> NodeInfo:
+    """A node whose last passed gate saw `services` as they are."""
+    marks = {gated_label(s.name): spec_mark(s.spec) for s in services if s.node == name}
+    return node(name, labels={"gpu": "gb300", **labels, **marks})
+
+
 def test_fleet_status_is_healthy_only_when_every_node_is_up_and_every_lane_answers():
-    nodes = [node("s1"), node("s2", labels={"gpu": "gb300", LEASE_LABEL: "ops@s1 pid 7 @1"})]
     services = [service("f1", "primary", "s1", "a"), service("f1", "primary", "s2", "b")]
+    nodes = [gated("s1", services), gated("s2", services, **{LEASE_LABEL: "ops@s1 pid 7 @1"})]
     tasks = {"a": [task("running")], "b": [task("running")]}
     ok = summarize(nodes, services, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
     assert ok["healthy"] and ok["problems"] == []
     assert ok["nodes"][1]["lease"] == "ops@s1 pid 7 @1" and LEASE_LABEL not in ok["nodes"][1]["labels"]
+    assert ok["nodes"][1]["labels"] == {"gpu": "gb300"}, "the gated marks are not the node's own labels"
     assert [lane["lane"] for row in ok["nodes"] for lane in row["lanes"]] == ["f1", "f1"]
 
-    down = summarize([node("s1"), node("s2", state="down")], services, tasks, {"a": Probe(True, "200")})
+    changed = [services[0], service("f2", "primary", "s2", "b")]
+    ungated = summarize(nodes, changed, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
+    assert ungated["problems"] == ["s2: f2 primary changed since the node last passed its gate (r-primary-s2); "
+                                   "`lanectl up f2 --fleet` gates it"]
+    assert [lane["gated"] for row in ungated["nodes"] for lane in row["lanes"]] == [True, False]
+    never = summarize([node("s1"), nodes[1]], services, tasks, {"a": Probe(True, "200"), "b": Probe(True, "200")})
+    assert not never["healthy"], "a service no gate ever saw is not called serving"
+
+    down = summarize([nodes[0], node("s2", state="down")], services, tasks, {"a": Probe(True, "200")})
     assert not down["healthy"]
     assert down["problems"] == ["s2: node is down; its lanes (f1) cannot be reached"]
 
@@ -313,3 +333,74 @@ def test_doctor_says_what_a_swarm_placement_needs(catalog):
     assert found[0].detail == "manager of 2 node(s); not ready: s2"
     assert found[1].detail == "nodes advertising no NVIDIA-GPU: s2"
     assert [f.severity for f in swarm_findings(manager, [gpu_node], lanes)] == ["ok", "ok"]
+
+
+def test_a_lease_is_left_behind_once_its_term_passed_its_process_is_gone_or_its_switch_closed():
+    lease = read_lease("ops@box1 pid 4242 switch abc123 @1000 +600")
+    assert (lease.holder, lease.pid, lease.switch, lease.since, lease.seconds) == ("ops@box1", 4242, "abc123", 1000,
+                                                                                    600)
+    assert read_lease(lease.label()) == lease
+
+    def judge(lease: NodeLease, *, now: float = 1100, host: str = "box1", alive: bool = True,
+              closed: frozenset[str] = frozenset()) -> str | None:
+        return why_left_behind(lease, now=now, host=host, pid_alive=lambda pid: alive,
+                               switch_closed=closed.__contains__, term_seconds=3600)
+
+    assert judge(lease) is None, "a live run within its term holds the node"
+    assert judge(lease, alive=False) == "its process (pid 4242 on box1) is gone"
+    assert judge(lease, alive=False, host="box2") is None, "another host's pid says nothing here"
+    assert judge(lease, closed=frozenset({"abc123"})) == "its run (switch abc123) has ended"
+    assert judge(lease, now=1600) == "it was taken 600 s ago, longer than its run could last (600 s)"
+    legacy = read_lease("ops@box1 pid 7 @1000")
+    assert (legacy.switch, legacy.seconds) == (None, None)
+    assert judge(legacy) is None and judge(legacy, now=4600) is not None, "an old lease keeps the legacy term"
+    assert judge(read_lease("garbage")) == "it does not say when it was taken"
+
+
+def test_fleet_status_names_a_lease_left_behind_and_is_not_healthy():
+    services = [service("f1", "primary", "s1", "a")]
+    held = "ops@box1 pid 4242 switch abc123 @1000 +600"
+    nodes = [gated("s1", services, **{LEASE_LABEL: held})]
+    tasks = {"a": [task("running")]}
+    live = summarize(nodes, services, tasks, {"a": Probe(True, "200")})
+    assert live["healthy"] and live["nodes"][0]["lease_left_behind"] is None, "a run in progress is no problem"
+    dead = summarize(nodes, services, tasks, {"a": Probe(True, "200")},
+                     leases_left={"s1": "its process (pid 4242 on box1) is gone"})
+    assert dead["problems"] == ["s1: the lease of ops@box1 pid 4242 is left behind (its process (pid 4242 on box1) "
+                                "is gone); the next `up --fleet` or `rollback --fleet` takes it over"]
+    from lanectl.cli.views import fleet_status
+    from lanectl.output import Result
+
+    shown = [line.text for line in fleet_status(Result("fleet-status", dead))]
+    assert f"    lease left behind by {held}: its process (pid 4242 on box1) is gone" in shown
+    assert not any("being changed" in text for text in shown)
+
+
+def test_the_swarm_adapter_writes_gated_marks_and_takes_over_only_a_lease_left_behind(recording):  # noqa: F811
+    held = "ops@box1 pid 4242 switch abc123 @1000 +600"
+    labels = {"gpu": "gb300", LEASE_LABEL: held, gated_label("r-rtx-s1"): "0" * 16}
+
+    def answer(request: Recorded) -> Answer:
+        if request.path.endswith("/info"):
+            return ok_json({"Swarm": {"LocalNodeState": "active", "ControlAvailable": True, "NodeID": "n1"}})
+        if request.path.endswith("/nodes/n1"):
+            return ok_json({"ID": "n1", "Version": {"Index": 7}, "Spec": {"Labels": labels, "Role": "manager"},
+                            "Description": {"Hostname": "s1"}})
+        return 200, {}, b""
+
+    engine = recording(answer)
+    swarm = SwarmEngine(EngineAPI(engine.url))
+    s1 = node("s1")
+    swarm.record_gated(replace(s1, id="n1"), {"r-primary-s1": "f" * 16, "r-rtx-s1": None})
+    update = engine.requests[-1]
+    assert (update.path.endswith("/nodes/n1/update"), update.query) == (True, {"version": "7"})
+    assert update.json()["Labels"] == {"gpu": "gb300", LEASE_LABEL: held, gated_label("r-primary-s1"): "f" * 16}
+
+    engine.requests.clear()
+    with pytest.raises(OperationFailed, match="node s1 is being changed by ops@box1 pid 4242 switch abc123;"):
+        swarm.take_lease(replace(s1, id="n1"), "ops@box2 pid 1 switch def @2000 +600", left_behind=lambda _: None)
+    assert [r.method for r in engine.requests] == ["GET"], "nothing written"
+    replaced = swarm.take_lease(replace(s1, id="n1"), "ops@box2 pid 1 switch def @2000 +600",
+                                left_behind=lambda value: "its process (pid 4242 on box1) is gone")
+    assert replaced == f"{held}: its process (pid 4242 on box1) is gone"
+    assert engine.requests[-1].json()["Labels"][LEASE_LABEL] == "ops@box2 pid 1 switch def @2000 +600"

@@ -4,29 +4,41 @@ over an in-memory Swarm behind the interface of `dockerapi/swarm.py` (the real s
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
-from lanectl.errors import OperationFailed
+from lanectl.dockerapi.labels import LEASE_LABEL
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo, _with_secrets
+from lanectl.errors import BadInput, OperationFailed, RecipeInvalid
+from lanectl.fleet.plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
 from lanectl.fleet.rollout import MONITOR_SECONDS_ENV, FleetRollout
-from lanectl.fleet.rollout_plan import FleetSnapshot, plan_data, plan_fleet_rollback, plan_fleet_up
+from lanectl.fleet.services import gated_label
+from lanectl.fleet.status import left_over_services, summarize
 from lanectl.health.gate import INTERRUPTED, GateResult
 from lanectl.lanes.execute import SIGNAL_AFTER_STEP_ENV
 from lanectl.lanes.interrupt import Interrupt
+from lanectl.lanes.plan import Phase, Plan, Step
 from lanectl.project import Project
 from lanectl.recipe.catalog import load_catalog
 from lanectl.state.journal import Journal
 from tests.test_fleet_plan import RECIPE
 
 PUSHED = {"f1": "reg:5000/fleet-t@sha256:" + "1" * 64, "f2": "reg:5000/fleet-t@sha256:" + "2" * 64}
-SECRETS = {"HF_TOKEN": "d1"}
+SECRETS = {"HF_TOKEN": "d1"}  # their keyed digests, as the snapshot has them
+SECRET_VALUES = {"HF_TOKEN": "hf_t0ken"}  # lanectl's environment
 DRAINED = ("(EngineCore pid=7) INFO 12-03 10:16:21 [core.py:1452] [shutdown] EngineCore: draining in-flight requests "
            "count=2 timeout=105s\n(EngineCore pid=7) INFO 12-03 10:16:30 [core.py:1463] [shutdown] EngineCore: request "
            "processing complete; starting resource teardown\n")
+
+
+class Killed(BaseException):
+    """lanectl's process was killed (SIGKILL): nothing of the run happens after this point."""
 
 
 class FakeSwarm:
@@ -46,15 +58,49 @@ class FakeSwarm:
         self.stopped: set[str] = set()  # tasks an update stopped: their engine logged its drain
         self.started: dict[str, float] = {}  # service -> when its last update began (UNIX time, as Swarm says)
         self.clock = 1000.0
+        # A call ("update fleet-t-rtx-s2") -> what happens to lanectl right after Swarm took it (a kill, signals).
+        self.after_call: dict[str, Callable[[], None]] = {}
+        self.dead = False  # lanectl was killed: what it had in hand (a lease) stays as it was
+
+    def kill_after(self, call: str) -> None:
+        def kill() -> None:
+            self.dead = True
+            raise Killed(call)
+        self.after_call[call] = kill
+
 
     def nodes(self) -> list[NodeInfo]:
         return list(self.node_list)
 
-    def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
+    def take_lease(self, node: NodeInfo, lease: str, *, left_behind: Callable[[str], str | None]) -> str | None:
         self.calls.append(f"lease {node.hostname}")
+        held = self._node(node.id).labels.get(LEASE_LABEL)
+        why = left_behind(held) if held else None
+        if held and why is None:
+            raise OperationFailed(f"node {node.hostname} is being changed by {held.split(' @', 1)[0]}")
+        self._label(node.id, LEASE_LABEL, lease)
+        return f"{held}: {why}" if held else None
 
     def release_lease(self, node: NodeInfo) -> None:
         self.calls.append(f"release {node.hostname}")
+        if not self.dead:  # a killed process gives nothing back
+            self._label(node.id, LEASE_LABEL, None)
+
+    def _node(self, node_id: str) -> NodeInfo:
+        return next(n for n in self.node_list if n.id == node_id)
+
+    def _label(self, node_id: str, key: str, value: str | None) -> None:
+        index = next(i for i, n in enumerate(self.node_list) if n.id == node_id)
+        labels = {k: v for k, v in self.node_list[index].labels.items() if k != key}
+        if value is not None:
+            labels[key] = value
+        self.node_list[index] = dataclasses.replace(self.node_list[index], labels=labels)
+
+    def record_gated(self, node: NodeInfo, marks: dict[str, str | None]) -> None:
+        self.calls.append(f"gated {node.hostname}")
+        for service, mark in marks.items():
+            self._label(node.id, gated_label(service), mark)
+        self._maybe_die(f"gated {node.hostname}")
 
     def lane_services(self) -> list[ServiceState]:
         return [s for name in self.specs if (s := self.service(name)) is not None]
@@ -72,13 +118,16 @@ class FakeSwarm:
     def create_service(self, spec: dict[str, Any], environ: Any) -> str:
         name = spec["Name"]
         self.calls.append(f"create {name}")
+        _with_secrets(spec, environ)  # as the adapter sends it: a secret missing from the environment is refused
         self.specs[name], self.previous[name], self.states[name] = copy.deepcopy(spec), None, None
         self.task_list[name] = [self._task(name)]
+        self._maybe_die(f"create {name}")
         return str(name)
 
     def update_service(self, current: ServiceState, spec: dict[str, Any], environ: Any) -> None:
         name = current.name
         self.calls.append(f"update {name}")
+        _with_secrets(spec, environ)
         self.started[name] = time.time()
         self._stop_task(name)
         if name in self.fail_updates:
@@ -88,6 +137,7 @@ class FakeSwarm:
             self.previous[name], self.specs[name], self.states[name] = self.specs[name], copy.deepcopy(spec), \
                 "completed"
         self.task_list[name].append(self._task(name))
+        self._maybe_die(f"update {name}")
 
     def rollback_service(self, current: ServiceState) -> None:
         name = current.name
@@ -97,6 +147,7 @@ class FakeSwarm:
         self.specs[name], self.previous[name] = self.previous[name] or self.specs[name], self.specs[name]
         self.states[name] = "rollback_completed"
         self.task_list[name].append(self._task(name))
+        self._maybe_die(f"rollback {name}")
 
     def remove_service(self, service_id: str) -> None:
         self.calls.append(f"remove {service_id}")
@@ -118,6 +169,11 @@ class FakeSwarm:
         self.clock += 1
         return TaskInfo(id=f"{name}-{self.clock:.0f}", node_id="n", state=state, desired_state=desired, message="",
                         error=error, exit_code=None, created=f"{self.clock:09.0f}")
+
+    def _maybe_die(self, call: str) -> None:
+        then = self.after_call.pop(call, None)
+        if then is not None:
+            then()
 
     def _stop_task(self, name: str) -> None:
         self.stopped |= {t.id for t in self.task_list[name] if t.state == "running"}
@@ -163,13 +219,17 @@ def passing_gate(failing: set[tuple[str, str]] = frozenset()):  # type: ignore[a
 
 def rollout(catalog, swarm: FakeSwarm, journal: Journal, *, environ=None, gate=None,
             interrupt: Interrupt | None = None) -> FleetRollout:
-    return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ or {},  # type: ignore[arg-type]
+    swarm.dead = False  # a new lanectl process
+    environ = {**SECRET_VALUES, **(environ or {})}
+    return FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=environ,  # type: ignore[arg-type]
                         gate=gate or passing_gate(), in_flight=lambda lane, node, service: 2, poll_seconds=0,
                         interrupt=interrupt)
 
 
 def up(catalog, swarm: FakeSwarm, journal: Journal, lane: str, **kw):
-    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane(lane), canary="s2")
+    hosts = tuple(n.hostname for n in swarm.nodes())
+    nodes = hosts if len(hosts) == 1 else ()
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane(lane), canary="s2", nodes=nodes)
     return plan, rollout(catalog, swarm, journal, **kw).run(plan, why=f"up {lane} --fleet",
                                                           unfinished=journal.unfinished_intent())
 
@@ -219,7 +279,8 @@ def test_the_way_back_of_a_dry_run_is_swarms_rollback_node_by_node_last_first(ca
         "service-rollback:fleet-t-rtx-s2", "service-rollback:fleet-t-primary-s2", "node-gate:fleet-t-primary-s2"]
     lines = plan_data(plan)["steps"]
     assert lines[0] == "canary s2:"
-    assert "would update service fleet-t-primary-s2 on s2 to f2 (lane f1 → f2, image " in lines[1]
+    assert f"would update service fleet-t-primary-s2 on s2 to f2 (lane f1 → f2, image sha256:{'1' * 12}… → " \
+           f"sha256:{'2' * 12}…" in lines[1], "the image by its digest, not the registry's name cut short"
     assert lines[-1].startswith("on Ctrl-C or SIGTERM: stop after the step in progress")
 
 
@@ -263,7 +324,8 @@ def test_a_fleet_update_reports_each_nodes_drain_from_the_stopped_tasks_engine_l
     up(catalog, swarm, journal, "f1")
     plan, outcome = up(catalog, swarm, journal, "f2")
     assert set(outcome.drains) == {"s1", "s2"}
-    assert all("2" in text and "drained" in text for text in outcome.drains.values()), outcome.drains
+    assert all(set(roles) == {"primary", "rtx"} for roles in outcome.drains.values()), outcome.drains
+    assert all("2" in text and "drained" in text for roles in outcome.drains.values() for text in roles.values())
     step = next(r for r in journal.read().records if r.get("step") == "service-update:fleet-t-primary-s2"
                 and r["switch"] == switches(journal)[-1]["switch"])
     assert (step["in_flight"], step["cut"]) == (2, 0)
@@ -357,9 +419,28 @@ def test_a_lane_looking_service_lanectl_did_not_create_is_named_and_refused(cata
     assert swarm.calls == []
 
 
+def test_a_swarm_lanes_port_limited_to_one_address_is_refused_with_why_unless_the_recipe_says_it_may_be_public(
+        project, write_recipe):
+    loopback = RECIPE.replace("{container: 8000, host: 18000}", "{container: 8000, host: 18000, host_ip: 127.0.0.1}")
+    loopback = loopback.replace("{container: 8000, host: 19000}", "{container: 8000, host: 19000, host_ip: 127.0.0.1}")
+    write_recipe(loopback.replace('env: {PLAIN: "1"}', 'env: {PLAIN: "1", VLLM_SERVER_DEV_MODE: "1"}'))
+    with pytest.raises(RecipeInvalid) as refused:
+        load_catalog(Project.locate())
+    message = str(refused.value)
+    assert [": ".join(str(p).split(": ")[:2]) for p in refused.value.problems] == [
+        "recipes/r.yaml:14:49: defaults.engine.ports[0].host_ip"], "only the Swarm lanes' port; a local lane keeps it"
+    assert "host_ip 127.0.0.1 limits the primary's port 18000 to that address, but Swarm publishes a port on every " \
+           "address of its node (it has no host address); with VLLM_SERVER_DEV_MODE=1 vLLM serves its development " \
+           "routes there, so anyone who reaches the node can POST /sleep" in message
+    assert message.endswith("Keep this lane local (placement.backend: local), or say that the port may be public: "
+                            "`public: true` on it")
+    write_recipe(loopback.replace("host_ip: 127.0.0.1}", "host_ip: 127.0.0.1, public: true}"))
+    assert load_catalog(Project.locate()).lane("f1").spec.engine.ports[0].public
+
+
 def test_what_swarm_cannot_carry_is_said_not_dropped(catalog, write_recipe):
     write_recipe(RECIPE.replace("{container: 8000, host: 18000}",
-                                "{container: 8000, host: 18000, host_ip: 127.0.0.1}"))
+                                "{container: 8000, host: 18000, host_ip: 127.0.0.1, public: true}"))
     changed = load_catalog(Project.locate())
     plan = plan_fleet_up(changed, snapshot_of(FakeSwarm(["s1"])), changed.lane("f1"))
     assert "note: primary: host_ip 127.0.0.1 is not carried: a host-mode port binds on every address of the node; " \
@@ -377,3 +458,288 @@ def test_the_monitor_seam_shortens_only_swarms_watch_after_the_first_healthy_ans
         assert spec["RollbackConfig"] == {**planned["RollbackConfig"], "Monitor": 1_500_000_000}
         assert spec["TaskTemplate"] == planned["TaskTemplate"], "the health check is as planned"
     assert planned["UpdateConfig"]["Monitor"] != 1_500_000_000, "the plan itself is unchanged"
+
+
+# -- a node is gated before any run calls it serving ---------------------------------------------------------
+
+HANGS = passing_gate({("f1", "s2")})  # f1 answers /health on s2 but generates nothing (the issue's hp-hang)
+
+
+def fleet_healthy(swarm: FakeSwarm) -> bool:
+    """`fleet status`'s verdict from what Swarm shows (every task answers its probe)."""
+    services = swarm.lane_services()
+    return bool(summarize(swarm.nodes(), services, {s.id: swarm.tasks(s.id) for s in services}, {})["healthy"])
+
+
+def rollback_run(catalog, swarm: FakeSwarm, journal: Journal, **kw):
+    plan = plan_fleet_rollback(catalog, snapshot_of(swarm, journal), None)
+    return plan, rollout(catalog, swarm, journal, **kw).run(plan, why="rollback --fleet",
+                                                          unfinished=journal.unfinished_intent())
+
+
+@pytest.fixture
+def one_node() -> FakeSwarm:
+    return FakeSwarm(["s2"])
+
+
+def hang_left_behind_then_h2(catalog, swarm: FakeSwarm, journal: Journal) -> None:
+    """The issue's start: a killed `up f1` leaves f1 on both services before the node's gate; `up f2` then
+    serves and passes its gate, so `rollback --fleet` goes back to f1."""
+    up(catalog, swarm, journal, "f2")
+    swarm.kill_after("update fleet-t-rtx-s2")
+    with pytest.raises(Killed):
+        up(catalog, swarm, journal, "f1", gate=HANGS)
+    assert {swarm.lane_of(n) for n in swarm.specs} == {"f1"}
+    assert up(catalog, swarm, journal, "f2")[1].result == "ok"
+
+
+def test_a_rollback_interrupted_before_its_gate_leaves_a_node_that_up_gates_and_status_calls_degraded(
+        catalog, one_node, journal):
+    hang_left_behind_then_h2(catalog, one_node, journal)
+    back, outcome = rollback_run(catalog, one_node, journal, environ={SIGNAL_AFTER_STEP_ENV: "2:INT"})
+    assert back.lane == "f1" and outcome.result == "interrupted"
+    assert list(outcome.steps) == ["service-rollback:fleet-t-primary-s2", "service-rollback:fleet-t-rtx-s2"]
+    assert outcome.message.endswith("To continue the rollback: `lanectl rollback --fleet`; to go forward again: "
+                                    "`lanectl up f2 --fleet`")
+    assert plan_fleet_rollback(catalog, snapshot_of(one_node, journal), None).keys == [
+        "node-gate:fleet-t-primary-s2"], "the command it suggests is not refused"
+    assert not fleet_healthy(one_node), "f1 was never gated on s2"
+    plan, again = up(catalog, one_node, journal, "f1", gate=HANGS)
+    assert plan.keys == ["node-gate:fleet-t-primary-s2"]
+    assert again.result == "failed" and again.exit_code == 1, again.message
+    assert again.nodes[0].result == "failed"
+
+
+def test_a_rollback_killed_during_its_companion_step_is_continued_with_the_gate(catalog, one_node, journal):
+    hang_left_behind_then_h2(catalog, one_node, journal)
+    one_node.kill_after("rollback fleet-t-rtx-s2")
+    with pytest.raises(Killed):
+        rollback_run(catalog, one_node, journal, gate=HANGS)
+    assert not fleet_healthy(one_node)
+    assert plan_fleet_up(catalog, snapshot_of(one_node, journal), catalog.lane("f1"), nodes=("s2",)).keys == [
+        "node-gate:fleet-t-primary-s2"]
+    back, again = rollback_run(catalog, one_node, journal, gate=HANGS)
+    assert back.keys == ["node-gate:fleet-t-primary-s2"], "the rollback it continues has only its gate left"
+    assert again.result == "failed", again.message
+
+
+@pytest.mark.parametrize("stop", ["kill", "two signals"])
+def test_an_up_stopped_during_its_only_service_update_plans_the_gate_it_skipped(
+        catalog, one_node, journal, write_recipe, stop):
+    up(catalog, one_node, journal, "f1")
+    write_recipe(RECIPE.replace("ports: [{container: 8001, host: 18001}]", "ports: [{container: 8001, host: 18003}]"))
+    changed = load_catalog(Project.locate())
+    interrupt = Interrupt()
+    if stop == "kill":
+        one_node.kill_after("update fleet-t-rtx-s2")
+    else:
+        def two_signals() -> None:
+            interrupt.arrived(signal.SIGINT)
+            interrupt.arrived(signal.SIGINT)
+        one_node.after_call["update fleet-t-rtx-s2"] = two_signals
+    plan = plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1"))
+    assert plan.keys == ["service-update:fleet-t-rtx-s2", "node-gate:fleet-t-primary-s2"]
+    if stop == "kill":
+        with pytest.raises(Killed):
+            rollout(changed, one_node, journal, interrupt=interrupt).run(plan, why="up")
+    else:
+        assert rollout(changed, one_node, journal, interrupt=interrupt).run(plan, why="up").result == "aborted"
+    # Swarm finished the update on its own; the dry run must still show the gate.
+    rest = plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1"))
+    assert plan_data(rest)["keys"] == ["node-gate:fleet-t-primary-s2"]
+    assert plan_data(rest)["steps"][1] == ("  would hold f1 on s2 to its health gate (within 600 s) (fleet-t-rtx-s2 "
+                                           "changed since the node last passed its gate)")
+    assert not fleet_healthy(one_node)
+    outcome = rollout(changed, one_node, journal).run(rest, why="up", unfinished=journal.unfinished_intent())
+    assert outcome.result == "ok" and fleet_healthy(one_node)
+    assert plan_fleet_up(changed, snapshot_of(one_node, journal), changed.lane("f1")).kind == "noop"
+
+
+# -- leases of runs that are over ----------------------------------------------------------------------------
+
+def test_a_killed_runs_lease_is_named_and_taken_over_by_the_next_run(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    swarm.kill_after("update fleet-t-rtx-s2")
+    with pytest.raises(Killed):
+        up(catalog, swarm, journal, "f2")
+    held = next(n for n in swarm.nodes() if n.hostname == "s2").labels[LEASE_LABEL]
+    assert f" pid {os.getpid()} switch " in held, "the lease names the process and the run"
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "ok", outcome.message
+    [note] = [r["message"] for r in journal.read().records if "took over the lease" in str(r.get("message"))]
+    assert note.startswith(f"s2: took over the lease {held}: its process (pid {os.getpid()} on ")
+    assert all(LEASE_LABEL not in n.labels for n in swarm.nodes()), "given back at the end"
+
+
+def test_a_lease_whose_run_ended_is_taken_over_and_one_of_a_live_run_elsewhere_is_not(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    switch = switches(journal)[-1]["switch"]
+    alive_elsewhere = f"ops@other-manager pid {os.getpid()} switch {'a' * 32} @{time.time():.0f} +3600"
+    swarm._label("id-s2", LEASE_LABEL, alive_elsewhere)
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "failed" and outcome.nodes[0].result == "failed"
+    assert swarm.calls[-1] == "lease s2", "refused before any change"
+    assert "s2 is being changed by ops@other-manager pid" in outcome.message
+    ended = f"ops@other-manager pid 1 switch {switch} @{time.time():.0f} +3600"
+    swarm._label("id-s2", LEASE_LABEL, ended)
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.result == "ok", outcome.message
+    assert any(f"its run (switch {switch}) has ended" in str(r.get("message")) for r in journal.read().records)
+
+
+# -- services of a role the recipe no longer has ------------------------------------------------------------
+
+WITHOUT_RTX = RECIPE.replace("""  companions:
+    rtx:
+      engine:
+        args: [/model, --port, "8001"]
+        ports: [{container: 8001, host: 18001}]
+""", "").replace("""    companions:
+      rtx:
+        engine:
+          ports: [{container: 8001, host: 19001}]
+""", "")
+
+
+def test_a_companion_dropped_from_the_recipe_is_removed_by_the_next_switch_and_shown_until_then(
+        catalog, swarm, journal, write_recipe):
+    up(catalog, swarm, journal, "f1")
+    write_recipe(WITHOUT_RTX)
+    dropped = load_catalog(Project.locate())
+    services = swarm.lane_services()
+    left = left_over_services(services, dropped)
+    assert sorted(swarm.service(i).name for i in left) == ["fleet-t-rtx-s1", "fleet-t-rtx-s2"]
+    seen = summarize(swarm.nodes(), services, {s.id: swarm.tasks(s.id) for s in services}, {}, left_over=left)
+    assert "s2: fleet-t-rtx-s2 (rtx of f1) is left over: f1 has no rtx; `lanectl up f1 --fleet` removes it" \
+        in seen["problems"]
+    plan, outcome = up(dropped, swarm, journal, "f1")
+    assert plan.keys == ["service-remove:fleet-t-rtx-s2", "node-gate:fleet-t-primary-s2",
+                         "service-remove:fleet-t-rtx-s1", "node-gate:fleet-t-primary-s1"]
+    assert outcome.result == "ok", outcome.message
+    assert sorted(swarm.specs) == ["fleet-t-primary-s1", "fleet-t-primary-s2"]
+    assert left_over_services(swarm.lane_services(), dropped) == {} and fleet_healthy(swarm)
+    assert plan_fleet_up(dropped, snapshot_of(swarm, journal), dropped.lane("f1")).kind == "noop"
+
+
+def test_a_left_over_service_the_switch_removed_is_put_back_when_the_switch_fails(
+        catalog, swarm, journal, write_recipe):
+    up(catalog, swarm, journal, "f1")
+    before = copy.deepcopy(swarm.specs["fleet-t-rtx-s2"])
+    write_recipe(WITHOUT_RTX)
+    dropped = load_catalog(Project.locate())
+    plan, outcome = up(dropped, swarm, journal, "f2", gate=passing_gate({("f2", "s2")}))
+    assert outcome.result == "rolled-back", outcome.message
+    assert swarm.specs["fleet-t-rtx-s2"] == before, "created again from the spec it had"
+    assert swarm.lane_of("fleet-t-primary-s2") == "f1"
+
+
+def test_a_cut_primary_request_is_not_hidden_by_its_companions_drain(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    cut = DRAINED.split("\n")[0] + "\n"  # the drain began and never said it completed
+    swarm.task_logs = lambda task_id: cut if "primary" in task_id else ""  # type: ignore[method-assign]
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    outcome = FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ=SECRET_VALUES,  # type: ignore[arg-type]
+                           gate=passing_gate(), poll_seconds=0,
+                           in_flight=lambda lane, node, service: 2 if service.role == "primary" else 0
+                           ).run(plan, why="up")
+    assert outcome.drains["s2"] == {
+        "primary": "2 request(s) in flight CUT: the drain's 105 s ran out before they finished",
+        "rtx": "no request in flight"}
+    assert "primary: 2 request(s) in flight CUT" in outcome.nodes[0].detail
+
+
+@pytest.mark.parametrize("option", ["--nodes", "--canary"])
+def test_an_empty_nodes_or_canary_is_refused_not_read_as_every_node_or_none(project, write_recipe, option):
+    from tests.test_cli import lanectl
+
+    write_recipe(RECIPE)
+    for verb in (["up", "f1"], ["rollback"]):
+        result = lanectl(*verb, "--fleet", option, " ", "--dry-run", cwd=project)
+        assert result.returncode == 2, result.stderr
+        assert f"lanectl: {option} names no node" in result.stderr
+
+
+def test_a_secret_missing_from_lanectls_environment_is_refused_before_any_change(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    calls = list(swarm.calls)
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    with pytest.raises(BadInput, match=r"secret\(s\) not set in lanectl's environment: HF_TOKEN \(for "
+                                       r"fleet-t-primary-s2, fleet-t-primary-s1\); "
+                                       "nothing was changed"):
+        FleetRollout(catalog, swarm, journal, reporter=Reporter(), environ={},  # type: ignore[arg-type]
+                     gate=passing_gate(), poll_seconds=0).run(plan, why="up")
+    assert swarm.calls == calls and journal.unfinished_intent() is None
+
+
+def test_an_updates_change_list_is_printed_once_and_journaled_once(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    runner = rollout(catalog, swarm, journal)
+    runner.run(plan, why="up")
+    why = plan.steps[0].why
+    printed = [line for line in runner.reporter.lines if "update service fleet-t-primary-s2" in line]  # type: ignore[attr-defined]
+    assert len(printed) == 1 and printed[0].count(why) == 1, printed
+    [record] = [r for r in journal.read().records if r.get("step") == plan.steps[0].key]
+    assert record["changes"] == why and why not in record["detail"]
+
+
+def test_a_refused_node_carries_no_unrelated_log_tail(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    swarm.service_logs = lambda service_id, since: "INFO an old line of the lane that still serves\n"  # type: ignore
+    swarm._label("id-s2", LEASE_LABEL, f"ops@other-manager pid 1 switch {'a' * 32} @{time.time():.0f} +3600")
+    plan, outcome = up(catalog, swarm, journal, "f2")
+    assert outcome.diagnostics["check"] == "lease" and outcome.diagnostics["log_tail"] == []
+
+
+@pytest.mark.parametrize("spelling", ["2G", "2048m", "2097152k"])
+def test_the_same_shm_size_spelled_otherwise_is_no_change(catalog, swarm, journal, write_recipe, spelling):
+    up(catalog, swarm, journal, "f1")
+    write_recipe(RECIPE.replace("    shm_size: 2g", f"    shm_size: {spelling}"))
+    respelled = load_catalog(Project.locate())
+    assert plan_fleet_up(respelled, snapshot_of(swarm, journal), respelled.lane("f1")).kind == "noop"
+    write_recipe(RECIPE.replace("    shm_size: 2g", "    shm_size: 3g"))
+    bigger = load_catalog(Project.locate())
+    steps = plan_fleet_up(bigger, snapshot_of(swarm, journal), bigger.lane("f1")).steps
+    assert "shm_size 2g → 3g" in steps[0].why
+
+
+def test_a_first_signal_during_a_swarm_update_is_acknowledged_at_once(catalog, swarm, journal):
+    up(catalog, swarm, journal, "f1")
+    interrupt = Interrupt()
+    swarm.after_call["update fleet-t-primary-s2"] = lambda: interrupt.arrived(signal.SIGINT)
+    plan = plan_fleet_up(catalog, snapshot_of(swarm, journal), catalog.lane("f2"), canary="s2")
+    runner = rollout(catalog, swarm, journal, interrupt=interrupt)
+    outcome = runner.run(plan, why="up")
+    assert outcome.result == "interrupted"
+    lines = runner.reporter.lines  # type: ignore[attr-defined]
+    heard = [i for i, line in enumerate(lines) if line.startswith("SIGINT: stopping once")]
+    done = [i for i, line in enumerate(lines) if line.startswith("update service fleet-t-primary-s2")]
+    assert heard and heard[0] < done[0], lines
+    assert lines[heard[0]] == ("SIGINT: stopping once service-update:fleet-t-primary-s2 ends (Swarm is running it); "
+                               "a second SIGINT stops at once and leaves Swarm to finish it")
+
+
+def test_a_wait_for_the_engine_lock_is_said_not_silent():
+    from lanectl.commands.fleet import engine_lock_held
+    from lanectl.state.lock import LockBusy, engine_lock
+
+    other = engine_lock("lanectl up f1 --fleet")
+    other.acquire(0)
+    reporter = Reporter()
+    try:
+        with pytest.raises(LockBusy), engine_lock_held("lanectl rollback --fleet", 0.2, reporter):  # type: ignore[arg-type]
+            pass
+    finally:
+        other.release()
+    assert reporter.lines == [f"waiting up to 0.2 s for the lock of this Docker engine, held by pid {os.getpid()} "
+                              "(lanectl up f1 --fleet)"]
+
+
+def test_a_node_missing_one_of_its_lanes_services_is_never_called_gated(catalog, one_node, journal):
+    up(catalog, one_node, journal, "f1")
+    one_node.remove_service("fleet-t-rtx-s2")  # by hand, or by a switch to a lane without it
+    gate_only = Plan("up", "f1", "f1", (Phase((Step("node-gate", "f1", "fleet-t-primary-s2", "primary", 600.0,
+                                                     node="s2"),)),))
+    outcome = rollout(catalog, one_node, journal).run(gate_only, why="up")
+    assert outcome.result == "failed", outcome.message
+    assert "its service(s) fleet-t-rtx-s2 are missing; `lanectl up f1 --fleet` creates them" in outcome.message

@@ -248,7 +248,7 @@ def test_no_stream_in_flight_is_cut_by_a_fleet_update_whose_drain_fits_the_stop_
     assert streams.ends() == ["length"] * 8, [vars(s) for s in streams.streams]
     assert all(s.tokens == 1000 and s.done for s in streams.streams)
     drains = json.loads(result.stdout)["data"]["drains"]
-    assert drains[cluster.worker_hostname].startswith("rtx: 8 request(s) in flight, all finished"), drains
+    assert drains[cluster.worker_hostname]["rtx"].startswith("8 request(s) in flight, all finished"), drains
 
 
 def test_a_switch_updates_the_same_services_and_a_rerun_changes_nothing(fleet):

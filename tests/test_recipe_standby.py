@@ -38,6 +38,14 @@ lanes:
 """
 
 
+# tests/test_fleet_rollout.py holds the claim about a Swarm lane's port; here it only comes along.
+SWARM_PORT = ("host_ip 127.0.0.1 limits the primary's port %d to that address, but Swarm publishes a port on every "
+              "address of its node (it has no host address); with VLLM_SERVER_DEV_MODE=1 vLLM serves its development "
+              "routes there, so anyone who reaches the node can POST /sleep (the lane then answers /health and "
+              "generates nothing) or /wake_up, and /collective_rpc runs engine methods. Keep this lane local "
+              "(placement.backend: local), or say that the port may be public: `public: true` on it")
+
+
 def problems() -> list[str]:
     with pytest.raises(RecipeInvalid) as caught:
         load_catalog(Project.locate())
@@ -81,9 +89,11 @@ def test_the_shipped_recipes_say_where_standby_is_on_and_off():
         id="port-off-the-box"),
     pytest.param(
         ("    served_model_name: m\n", "    served_model_name: m\n  placement: {backend: swarm}\n"),
-        ["recipes/r.yaml:19:12: defaults.standby: Swarm lanes (placement.backend: swarm) cannot keep a standby "
+        [f"recipes/r.yaml:14:49: defaults.engine.ports[0].host_ip: {SWARM_PORT % 18000}",
+         "recipes/r.yaml:19:12: defaults.standby: Swarm lanes (placement.backend: swarm) cannot keep a standby "
          "yet: an update replaces the service's task, so no process is left to wake. Remove standby for this "
-         "lane"],
+         "lane",
+         f"recipes/r.yaml:25:51: lanes.b.engine.ports[0].host_ip: {SWARM_PORT % 18001}"],
         id="swarm"),
     pytest.param(
         ('    gpus: {device_ids: ["0"]}\n', ""),

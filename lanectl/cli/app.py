@@ -301,7 +301,21 @@ CanaryOption = Annotated[str | None, typer.Option("--canary", help="With --fleet
 
 
 def _node_list(nodes: str | None) -> list[str]:
-    return [n.strip() for n in (nodes or "").split(",") if n.strip()]
+    from lanectl.errors import BadInput
+
+    named = [n.strip() for n in (nodes or "").split(",") if n.strip()]
+    if nodes is not None and not named:  # an unset shell variable must not widen a rollout to every node
+        raise BadInput("--nodes names no node; give hostnames (comma-separated), or leave --nodes out for the "
+                       "recipe's nodes")
+    return named
+
+
+def _canary(canary: str | None) -> str | None:
+    from lanectl.errors import BadInput
+
+    if canary is not None and not canary.strip():
+        raise BadInput("--canary names no node; give a hostname, or leave --canary out for the recipe's")
+    return canary.strip() if canary is not None else None
 
 
 def _reporter(quiet: bool = False) -> "ConsoleReporter":
@@ -321,7 +335,7 @@ def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.", a
     from lanectl.commands import switch
 
     show(switch.up(catalog(), lane, dry_run=dry_run, no_rollback=no_rollback, no_gpu=no_gpu, fleet=fleet,
-                   nodes=_node_list(nodes), canary=canary, lock_wait=_seconds(lock_wait, "--lock-wait"),
+                   nodes=_node_list(nodes), canary=_canary(canary), lock_wait=_seconds(lock_wait, "--lock-wait"),
                    reporter=_reporter()), as_json)
 
 
@@ -336,7 +350,8 @@ def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go bac
     from lanectl.commands import switch
 
     show(switch.rollback(catalog(), to, dry_run=dry_run, no_gpu=no_gpu, fleet=fleet, nodes=_node_list(nodes),
-                         canary=canary, lock_wait=_seconds(lock_wait, "--lock-wait"), reporter=_reporter()), as_json)
+                         canary=_canary(canary), lock_wait=_seconds(lock_wait, "--lock-wait"),
+                         reporter=_reporter()), as_json)
 
 
 @app.command()

@@ -193,7 +193,9 @@ def fleet_status(result: Result) -> list[Line]:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(node["labels"].items())) or "-"
         lines.append(line((node["hostname"], "bold"), " ", (node["state"], colour),
                           f" {node['availability']} {node['role']} {node['addr']}  {gpus}  labels: {labels}"))
-        if node["lease"]:
+        if node.get("lease_left_behind"):
+            lines.append(line((f"    lease left behind by {node['lease']}: {node['lease_left_behind']}", "yellow")))
+        elif node["lease"]:
             lines.append(line(f"    being changed by {node['lease']}"))
         for lane in node["lanes"]:
             health = f"  health: {lane['health']}" if lane["health"] else ""

@@ -8,7 +8,8 @@ runs exactly that plan."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,8 +22,8 @@ from lanectl.state.lock import engine_lock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 
 if TYPE_CHECKING:
+    from lanectl.fleet.plan import FleetSnapshot
     from lanectl.fleet.rollout import FleetOutcome, FleetRollout
-    from lanectl.fleet.rollout_plan import FleetSnapshot
     from lanectl.lanes.plan import Plan
 
 Planner = Callable[["FleetSnapshot"], "Plan"]
@@ -30,7 +31,7 @@ Planner = Callable[["FleetSnapshot"], "Plan"]
 
 def up(catalog: Catalog, target: Lane, *, nodes: Sequence[str], canary: str | None, no_gpu: bool, dry_run: bool,
        lock_wait: float, reporter: Reporter) -> Result:
-    from lanectl.fleet.rollout_plan import plan_fleet_up
+    from lanectl.fleet.plan import plan_fleet_up
 
     def planner(snapshot: FleetSnapshot) -> Plan:
         return plan_fleet_up(catalog, snapshot, target, nodes=tuple(nodes), canary=canary, with_gpus=not no_gpu)
@@ -41,7 +42,7 @@ def up(catalog: Catalog, target: Lane, *, nodes: Sequence[str], canary: str | No
 
 def rollback(catalog: Catalog, target: Lane | None, *, nodes: Sequence[str], canary: str | None, no_gpu: bool,
              dry_run: bool, lock_wait: float, reporter: Reporter) -> Result:
-    from lanectl.fleet.rollout_plan import plan_fleet_rollback
+    from lanectl.fleet.plan import plan_fleet_rollback
 
     def planner(snapshot: FleetSnapshot) -> Plan:
         return plan_fleet_rollback(catalog, snapshot, target, nodes=tuple(nodes), canary=canary,
@@ -55,8 +56,8 @@ def rollback(catalog: Catalog, target: Lane | None, *, nodes: Sequence[str], can
 def _plan_or_run(catalog: Catalog, planner: Planner, lanes: list[Lane], command: str, *, dry_run: bool,
                  lock_wait: float, reporter: Reporter) -> Result:
     from lanectl.dockerapi.swarm import SwarmEngine
+    from lanectl.fleet.plan import plan_data
     from lanectl.fleet.rollout import FleetRollout
-    from lanectl.fleet.rollout_plan import plan_data
     from lanectl.fleet.snapshot import take_fleet_snapshot
 
     files = StateFiles(state_dir())
@@ -69,10 +70,22 @@ def _plan_or_run(catalog: Catalog, planner: Planner, lanes: list[Lane], command:
     create_state_dir(files.root)
     # The manager's engine's lock, as a box switch takes it: one mutation at a time there, whatever the state
     # folder; node leases keep two managers from changing one node at once.
-    with engine_lock(command).held(lock_wait):
+    with engine_lock_held(command, lock_wait, reporter):
         outcome = plan_and_run(FleetRollout(catalog, swarm, journal, reporter=reporter), files, planner, lanes,
                                why=command.removeprefix("lanectl "))
     return Result("fleet-switch", outcome.as_dict(), exit_code=outcome.exit_code)
+
+
+@contextmanager
+def engine_lock_held(command: str, lock_wait: float, reporter: Reporter) -> Iterator[None]:
+    """The manager's engine's lock, as a box switch takes it; a wait for it is said, not silent (up to a
+    minute that reads as a hang)."""
+    lock = engine_lock(command)
+    busy = lock.holder_now()
+    if busy is not None and lock_wait > 0:
+        reporter.note(f"waiting up to {lock_wait:g} s for the lock of this Docker engine, held by {busy}")
+    with lock.held(lock_wait):
+        yield
 
 
 def plan_and_run(rollout: FleetRollout, files: StateFiles, planner: Planner, lanes: list[Lane], *,

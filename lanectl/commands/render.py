@@ -29,7 +29,7 @@ def render_lane(lane: Lane, out_dir: Path | None) -> Result:
         _write_context(plan.files, containers, out_dir)
     services = []
     if lane.spec.placement.backend == "swarm":
-        from lanectl.fleet.plan import plan_service
+        from lanectl.fleet.services import plan_service
 
         # The recipe's nodes, or a placeholder when the lane may go to any node with its labels.
         for node in lane.spec.placement.nodes or ["NODE"]:

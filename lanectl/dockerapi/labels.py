@@ -5,6 +5,10 @@ LABEL_PREFIX = "io.lanectl."
 # (which lists containers labelled io.lanectl.lane) never mistakes a Swarm task for a local lane.
 FLEET_LABEL = LABEL_PREFIX + "fleet"
 LEASE_LABEL = LABEL_PREFIX + "lease"
+# On a node, one per service placed there: the mark of the service's spec when the node last passed its gate. A
+# node label, not a service label: writing a service's labels is a service update, which would replace the
+# PreviousSpec that Swarm's rollback goes back to.
+GATED_LABEL_PREFIX = LABEL_PREFIX + "gated."
 # Set on a container when lanectl creates it, never on an image: a container inherits its image's labels
 # (recipe, lane, inputs), so those say only what it was made from. This one holds the name lanectl gave it,
 # so a container lanectl did not create (a hand-run `docker run` of a lane image) has none, and one renamed

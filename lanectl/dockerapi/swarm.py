@@ -1,20 +1,19 @@
 """Docker Swarm, through the manager's engine, behind the few operations a fleet rollout needs.
 
-Service specs go over the wire as the Engine API's JSON (`fleet_plan.plan_service` builds them), so
+Service specs go over the wire as the Engine API's JSON (`fleet.services.plan_service` builds them), so
 there is one description of a lane's service, not a second one in SDK objects.
 """
 
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any
 
 from lanectl.dockerapi.containers import DockerEngine, docker_epoch
 from lanectl.dockerapi.engine_api import EngineAPI, EngineError, NotFound, filters
-from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, LEASE_LABEL
+from lanectl.dockerapi.labels import FLEET_LABEL, GATED_LABEL_PREFIX, LABEL_PREFIX, LEASE_LABEL
 from lanectl.errors import OperationFailed
 from lanectl.records import frozen
 
@@ -110,23 +109,23 @@ class SwarmEngine(DockerEngine):
     def nodes(self) -> list[NodeInfo]:
         return [_node(raw) for raw in self.api.get("/nodes")]
 
-    def take_lease(self, node: NodeInfo, holder: str, *, stale_after_seconds: float) -> None:
-        """Mark `node` as being changed by `holder`: a node label, so every manager and operator sees it.
+    def take_lease(self, node: NodeInfo, lease: str, *, left_behind: Callable[[str], str | None]) -> str | None:
+        """Mark `node` as being changed: the label `lease`, so every manager and operator sees it.
 
-        Swarm's node version makes it atomic: two lanectl runs racing for one node cannot both succeed.
-        A lease older than `stale_after_seconds` belonged to a run that died; it is taken over.
-        """
+        Swarm's node version makes it atomic: two lanectl runs racing for one node cannot both succeed. A lease
+        held already is taken over when `left_behind` says why its run is over; that reason, with the holder,
+        is returned. Otherwise the node is refused."""
         raw = self._inspect_node(node.id)
         labels = dict(raw["Spec"].get("Labels") or {})
         held = labels.get(LEASE_LABEL)
-        if held:
-            since = _lease_since(held)
-            if since is not None and time.time() - since < stale_after_seconds:
-                raise OperationFailed(f"node {node.hostname} is being changed by {held.split(' @', 1)[0]}; "
-                                      f"wait for it, or clear a dead run's lease with `docker node update "
-                                      f"--label-rm {LEASE_LABEL} {node.hostname}`")
-        labels[LEASE_LABEL] = f"{holder} @{time.time():.0f}"
+        why = left_behind(held) if held else None
+        if held and why is None:
+            raise OperationFailed(f"node {node.hostname} is being changed by {held.split(' @', 1)[0]}; wait for "
+                                  f"it, or clear a dead run's lease with `docker node update --label-rm "
+                                  f"{LEASE_LABEL} {node.hostname}`")
+        labels[LEASE_LABEL] = lease
         self._update_node_labels(raw, labels)
+        return f"{held}: {why}" if held else None
 
     def release_lease(self, node: NodeInfo) -> None:
         try:
@@ -136,6 +135,17 @@ class SwarmEngine(DockerEngine):
                 self._update_node_labels(raw, labels)
         except (EngineError, OperationFailed):
             pass  # a node that went away keeps a stale lease; the next run takes it over
+
+    def record_gated(self, node: NodeInfo, marks: Mapping[str, str | None]) -> None:
+        """Note on `node`, per service, the mark of the spec its gate just passed (None: forget the service)."""
+        raw = self._inspect_node(node.id)
+        labels = dict(raw["Spec"].get("Labels") or {})
+        for service, mark in marks.items():
+            if mark is None:
+                labels.pop(GATED_LABEL_PREFIX + service, None)
+            else:
+                labels[GATED_LABEL_PREFIX + service] = mark
+        self._update_node_labels(raw, labels)
 
     def _inspect_node(self, node_id: str) -> dict[str, Any]:
         return dict(self.api.get(self.api.url("/nodes/{}", node_id)))
@@ -226,14 +236,6 @@ def _with_secrets(spec: dict[str, Any], environ: Mapping[str, str]) -> dict[str,
             raise OperationFailed(f"{spec['Name']}: secret {name} is not set in lanectl's environment")
         container["Env"].append(f"{name}={environ[name]}")
     return body
-
-
-def _lease_since(value: str) -> float | None:
-    _, _, stamp = value.rpartition(" @")
-    try:
-        return float(stamp)
-    except ValueError:
-        return None
 
 
 def _node(raw: dict[str, Any]) -> NodeInfo:

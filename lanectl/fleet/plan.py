@@ -1,335 +1,318 @@
-"""Lanes on Docker Swarm: which nodes, in what order, and the service spec each role runs as. Pure.
+"""Planning a fleet rollout: a pure function from one snapshot of the Swarm to a whole plan, as on the box.
 
-Swarm does the running, restarting and rolling back; lanectl decides what to ask of it. A lane is
-one Swarm service per role *and node*, each with one replica pinned to its node. One service per
-role spanning all nodes would leave the update order to Swarm, which cannot be told to update a
-canary first; a service per node keeps Swarm's stop-first update, health-gated automatic rollback
-and restart policy on every node, while lanectl decides the order and stops at the first failure.
-
-A service is named for its recipe, role and node, not for its lane: switching a node from h1-REF
-to h2-REF is an *update* of the same service, so Swarm's rollback (`PreviousSpec`) is the way back.
-Specs are the Engine API's ServiceSpec JSON, so what `lanectl render --fleet` prints is what Swarm gets.
+`plan_fleet_up` and `plan_fleet_rollback` take what `fleet/snapshot.py` read (nodes, services, tasks, pushed
+digests, the fleet journal's unfinished switch) and return the box's `Plan`: one phase per node, canary first
+(each role's service created or updated, then the node's health gate), and the way back per node (Swarm's
+rollback of every service the switch changed, then the previous lane's gate there). The executor
+(`fleet/rollout.py`) runs exactly these steps and journals each under its key, so `up --fleet --dry-run --json`
+lists the keys the rollout then journals. What a service's spec is, and how Swarm's answers read, is
+`fleet/services.py`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import field
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerSpec
-from lanectl.dockerapi.labels import FLEET_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
-from lanectl.dockerapi.swarm import NodeInfo, TaskInfo
+from lanectl.dockerapi.swarm import NodeInfo, ServiceState, TaskInfo
 from lanectl.errors import BadInput, OperationFailed
-from lanectl.health.engine_exit import exit_code_text
-from lanectl.image.containers import spec_changes, spec_digest, spec_fields
-from lanectl.recipe.catalog import Lane
+from lanectl.fleet.services import (
+    UPDATE_DONE,
+    choose_nodes,
+    not_carried,
+    plan_service,
+    service_drift,
+    service_fields,
+    service_name,
+    task_problem,
+    ungated_services,
+)
+from lanectl.image.containers import plan_containers
+from lanectl.image.render import plan_image
+from lanectl.lanes.plan import Kind, Phase, Plan, Step
+from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
+from lanectl.records import frozen
 
-SECOND_NS = 1_000_000_000
-HEALTH_RETRIES = 3
-# Docker runs a task's health check (a python3 process in the task) for its whole life, not only while a switch
-# waits: at a recipe's sub-second gate poll that is several process starts a second per service, on every node,
-# and on a busy node a check that misses its timeout three times in a row gets a healthy engine killed. lanectl's
-# own gate still polls at the recipe's interval; Swarm's check runs no more often than this.
-SWARM_CHECK_MIN_INTERVAL_SECONDS = 2.0
-SERVICE_NAME_MAX = 63
-
-
-def service_name(lane: Lane, role: str, node: str) -> str:
-    """`<recipe>-<role>-<node>`, shortened with a hash when Swarm's 63-character limit needs it."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{lane.recipe.id}-{role}-{node}")
-    if len(name) <= SERVICE_NAME_MAX:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:SERVICE_NAME_MAX - 9]}-{digest}"
+FLEET_UP = "fleet-up"
+FLEET_ROLLBACK = "fleet-rollback"
 
 
-def service_labels(lane: Lane, role: str, node: str, inputs: str,
-                   fields: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The service's own marks; with `fields`, the box's spec digest and fields, so drift is judged as there."""
-    labels = {
-        FLEET_LABEL: "1",
-        LABEL_PREFIX + "recipe": lane.recipe.id,
-        LABEL_PREFIX + "lane": lane.name,
-        LABEL_PREFIX + "role": role,
-        LABEL_PREFIX + "node": node,
-        LABEL_PREFIX + "inputs": inputs,
-    }
-    if fields is not None:
-        labels[SPEC_LABEL] = spec_digest(fields)
-        labels[SPEC_FIELDS_LABEL] = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return labels
+@frozen
+class FleetSnapshot:
+    """What one look at the Swarm (and lanectl's records of it) showed; a plan is made from nothing else."""
+
+    nodes: tuple[NodeInfo, ...]
+    services: tuple[ServiceState, ...]  # lanectl's own (labelled) services
+    tasks: Mapping[str, tuple[TaskInfo, ...]]  # service ID -> its tasks
+    service_names: tuple[str, ...] = ()  # every service in the Swarm, lanectl's or not
+    pushed: Mapping[str, str] = field(default_factory=dict)  # lane -> repository@sha256:… its build was pushed as
+    secret_digests: Mapping[str, str] = field(default_factory=dict)
+    unfinished: Mapping[str, Any] | None = None  # the fleet journal's intent that has no outcome
 
 
-# What the box's spec digest covers that a Swarm service cannot carry. `ipc` has no field in a service spec: a
-# Swarm lane that sets it is refused by the recipe's validation. A host IP other than every address is named in
-# the plan's notes.
-HOST_IP_NOT_CARRIED = "a host-mode port binds on every address of the node; Swarm has no host IP for it"
-EVERY_ADDRESS = "0.0.0.0"
+def foreign_services(snapshot: FleetSnapshot, lane: Lane) -> list[str]:
+    """Services named as lanectl names the recipe's services that lanectl did not create (no fleet labels)."""
+    own = {s.name for s in snapshot.services}
+    prefix = f"{lane.recipe.id}-"
+    roles = {f"{prefix}{role}-" for role in lane.roles}
+    return sorted(name for name in snapshot.service_names if name not in own and name.startswith(tuple(roles)))
 
 
-def service_fields(container: ContainerSpec, secret_digests: Mapping[str, str]) -> dict[str, Any]:
-    """The box's spec fields of one role as its service carries them: the image by its pushed digest (every node
-    pulls the same bytes), ports without a host IP and no ipc (Swarm has neither; see above)."""
-    ports = [{k: v for k, v in p.items() if k != "host_ip"} for p in container.ports]
-    fields = spec_fields(dataclasses.replace(container, ports=ports, ipc=None), container.image, secret_digests)
-    del fields["ipc"]
-    return fields
+def refuse_foreign(snapshot: FleetSnapshot, lane: Lane) -> None:
+    foreign = foreign_services(snapshot, lane)
+    if foreign:
+        raise OperationFailed(f"service(s) {', '.join(foreign)} look like {lane.recipe.id}'s but lanectl did not "
+                              "create them (no io.lanectl.fleet label); lanectl neither updates nor removes them: "
+                              "rename or remove them (`docker service rm NAME`), then run this again")
 
 
-def not_carried(container: ContainerSpec) -> list[str]:
-    """What the recipe asks of `container` that Swarm cannot carry."""
-    addresses = sorted({str(p["host_ip"]) for p in container.ports if p.get("host_ip") not in (None, EVERY_ADDRESS)})
-    return [f"{container.role}: host_ip {a} is not carried: {HOST_IP_NOT_CARRIED}" for a in addresses]
+def pushed_reference(snapshot: FleetSnapshot, lane: Lane) -> str:
+    """The lane's build as its registry holds it; a lane never pushed is refused before any change."""
+    reference = snapshot.pushed.get(lane.name)
+    if reference is None:
+        raise not_pushed(lane)
+    return reference
 
 
-def choose_nodes(lane: Lane, inventory: Sequence[NodeInfo], requested: Sequence[str] = (),
-                 canary: str | None = None) -> list[NodeInfo]:
-    """The nodes a fleet `up` changes, canary first, then the rest by hostname.
-
-    Refuses, before anything changes, a node that is unknown, does not carry the lane's labels,
-    or cannot take a task now (down, paused, drained).
-    """
-    placement = lane.spec.placement
-    if placement.backend != "swarm":
-        raise BadInput(f"lane {lane.name} is not placed on Swarm (placement.backend is 'local'); "
-                       f"add `placement: {{backend: swarm}}` to its recipe, or run `lanectl up {lane.name}` "
-                       "without --fleet")
-    by_host: dict[str, list[NodeInfo]] = {}
-    for node in inventory:
-        by_host.setdefault(node.hostname, []).append(node)
-    twins = sorted(host for host, nodes in by_host.items() if len(nodes) > 1)
-    if twins:
-        raise OperationFailed(f"several Swarm nodes share the hostname {', '.join(twins)}; lanectl places lanes "
-                              "by hostname, so remove the stale node (`docker node rm`) or rename the host")
-    eligible = [n for n in inventory if all(n.labels.get(k) == v for k, v in placement.node_labels.items())]
-    names = list(requested) or list(placement.nodes)
-    if names:
-        chosen = []
-        for name in dict.fromkeys(names):
-            if name not in by_host:
-                known = ", ".join(sorted(by_host)) or "none"
-                raise BadInput(f"no Swarm node {name!r}; the nodes are: {known}")
-            node = by_host[name][0]
-            if node not in eligible:
-                wanted = ", ".join(f"{k}={v}" for k, v in placement.node_labels.items())
-                raise BadInput(f"node {name} lacks the labels lane {lane.name} requires ({wanted}); add them with "
-                               f"`docker node update --label-add KEY=VALUE {name}` or choose other nodes")
-            chosen.append(node)
-    else:
-        chosen = sorted((n for n in eligible if n.schedulable), key=lambda n: n.hostname)
-        if not chosen:
-            raise OperationFailed(f"no ready, active Swarm node matches lane {lane.name}'s placement")
-    unavailable = [f"{n.hostname} ({n.state}, {n.availability})" for n in chosen if not n.schedulable]
-    if unavailable:
-        raise OperationFailed(f"cannot place {lane.name} on {', '.join(unavailable)}: a node must be ready and "
-                              "active; bring it back or leave it out with --nodes")
-    first = canary or placement.canary
-    if first is not None:
-        if first not in {n.hostname for n in chosen}:
-            raise BadInput(f"canary {first!r} is not one of the chosen nodes "
-                           f"({', '.join(n.hostname for n in chosen)})")
-        chosen.sort(key=lambda n: n.hostname != first)  # stable: the rest keep their order
-    return chosen
+def not_pushed(lane: Lane) -> OperationFailed:
+    where = "" if lane.spec.image.registry else " --registry HOST:PORT"
+    return OperationFailed(f"{lane.name}: image {plan_image(lane).tag} has not been pushed to a registry, and fleet "
+                           f"nodes pull it by digest from one; push it with `lanectl build {lane.name} --push{where}`")
 
 
-def plan_service(lane: Lane, container: ContainerSpec, node: str, *, with_gpus: bool,
-                 inputs: str, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ServiceSpec for one role of `lane` on `node`.
-
-    Secret variables are listed by name under `lanectl_secret_env`; the adapter fills their values
-    from lanectl's environment when it sends the spec, and strips the key.
-    """
-    health = lane.spec.health
-    placement = lane.spec.placement
-    poll_ns = swarm_check_interval_ns(lane)
-    task: dict[str, Any] = {
-        "ContainerSpec": _container_spec(lane, container, node, health_port=_health_port(container)),
-        "Placement": {"Constraints": [f"node.hostname=={node}",
-                                      *(f"node.labels.{k}=={v}" for k, v in sorted(placement.node_labels.items()))],
-                      "MaxReplicas": 1},
-        # Swarm restarts a crashed task (the watchdog's first remedy) within the recipe's budget. vLLM's API
-        # server exits 0 when its engine core dies (gpu/record), and on-failure never restarts an exit 0, so the
-        # image runs the engine under lanectl's exit guard, which turns that unasked 0 into 70. "any" would
-        # restart it too, but on the two-node swarm it broke Swarm's own rollback of a lane that fails its
-        # health check (a stopped task came back and held the host port; the rollback paused).
-        "RestartPolicy": {"Condition": "on-failure",
-                          "Delay": int(lane.spec.watchdog.restart.backoff_initial_seconds * SECOND_NS),
-                          "MaxAttempts": lane.spec.watchdog.restart.max_restarts,
-                          "Window": int(lane.spec.watchdog.restart.window_minutes * 60 * SECOND_NS)},
-        "Resources": {},
-    }
-    if with_gpus and container.gpus is not None:
-        count = container.gpus.get("count") or len(container.gpus.get("device_ids") or [])
-        # Swarm hands out GPUs as counted generic resources: it picks the devices, not the recipe.
-        task["Resources"]["Reservations"] = {
-            "GenericResources": [{"DiscreteResourceSpec": {"Kind": placement.gpu_resource, "Value": int(count)}}]
-        }
-    # A rollout waits until the task is healthy; watching this long after catches a lane that falls over
-    # right after its first healthy answer (three missed polls).
-    monitor_ns = HEALTH_RETRIES * poll_ns + int(health.request_timeout_seconds * SECOND_NS)
-    update = {"Parallelism": 1, "Delay": 0, "FailureAction": "rollback", "Monitor": monitor_ns,
-              "MaxFailureRatio": 0, "Order": "stop-first"}  # one GPU cannot hold two lanes
-    return {
-        "Name": service_name(lane, container.role, node),
-        "Labels": service_labels(lane, container.role, node, inputs, fields),
-        "TaskTemplate": task,
-        "Mode": {"Replicated": {"Replicas": 1}},
-        "UpdateConfig": update,
-        "RollbackConfig": {**update, "FailureAction": "pause"},
-        "EndpointSpec": {"Mode": "vip", "Ports": [
-            # The routing mesh needs IPVS and would hide which node answered; host mode binds on the node.
-            {"Protocol": p["protocol"], "TargetPort": p["container"], "PublishedPort": p["host"],
-             "PublishMode": "host"} for p in container.ports]},
-    }
+def fleet_containers(lane: Lane, reference: str, *, with_gpus: bool) -> list[ContainerSpec]:
+    """Each role's container spec as its service runs it: the lane's own image by its pushed digest; a
+    companion's own digest-pinned image as it is."""
+    tag = plan_image(lane).tag
+    return [dataclasses.replace(c, image=reference) if c.image == tag else c
+            for c in plan_containers(lane, plan_image(lane), with_gpus=with_gpus)]
 
 
-def _health_port(container: ContainerSpec) -> int | None:
-    return int(container.ports[0]["container"]) if container.ports else None
+def gate_seconds(lane: Lane) -> float:
+    return lane.spec.health.startup_budget_minutes * 60
 
 
-def _container_spec(lane: Lane, container: ContainerSpec, node: str, *, health_port: int | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "Image": container.image,
-        "Labels": {LABEL_PREFIX + "fleet-lane": lane.name, LABEL_PREFIX + "fleet-role": container.role,
-                   LABEL_PREFIX + "fleet-node": node},
-        "Env": [f"{k}={v}" for k, v in container.env.items()],
-        "Init": container.init,
-        "StopGracePeriod": container.stop_timeout_seconds * SECOND_NS,
-        "Mounts": [_mount(v) for v in container.volumes],
-        "lanectl_secret_env": list(container.secret_env),
-    }
-    if container.entrypoint is not None:
-        spec["Command"] = list(container.entrypoint)
-    if container.command is not None:
-        spec["Args"] = list(container.command)
-    if container.user is not None:
-        spec["User"] = container.user
-    if container.shm_size is not None:
-        spec["Mounts"].append({"Type": "tmpfs", "Target": "/dev/shm",
-                               "TmpfsOptions": {"SizeBytes": _bytes(container.shm_size)}})
-    if health_port is not None:
-        spec["Healthcheck"] = _healthcheck(lane, health_port)
-    return spec
+def plan_fleet_up(catalog: Catalog, snapshot: FleetSnapshot, lane: Lane, *, nodes: tuple[str, ...] = (),
+                  canary: str | None = None, with_gpus: bool = True, rollback: bool = False) -> Plan:
+    """Bring `lane` to the chosen nodes, canary first, each node gated before the next is touched."""
+    refuse_foreign(snapshot, lane)
+    order = choose_nodes(lane, snapshot.nodes, nodes, canary)
+    containers = fleet_containers(lane, pushed_reference(snapshot, lane), with_gpus=with_gpus)
+    inputs = plan_image(lane).input_hash
+    existing = {(s.recipe, s.role, s.node): s for s in snapshot.services}
+    notes = [note for c in containers for note in not_carried(c)]
+    phases: list[Phase] = []
+    way_back: list[Phase] = []
+    for node in order:
+        steps: list[Step] = []
+        back: list[Step] = []
+        # A role the lane does not have goes first: it may hold the ports or GPUs the lane's own roles need.
+        for left in left_over(snapshot, lane, node.hostname):
+            steps.append(Step("service-remove", lane.name, left.name, left.role, node=node.hostname,
+                              why=f"its role {left.role} is not in {lane.name}'s recipe"))
+            back.insert(0, Step("service-create", lane.name, left.name, left.role, gate_seconds(lane),
+                                node=node.hostname, why=f"put back as it was ({left.lane})",
+                                service=dict(left.spec)))
+        for container in containers:
+            fields = service_fields(container, snapshot.secret_digests)
+            wanted = plan_service(lane, container, node.hostname, with_gpus=with_gpus, inputs=inputs, fields=fields)
+            current = existing.get((lane.recipe.id, container.role, node.hostname))
+            step = _service_step(lane, node, container, wanted, fields, current, snapshot)
+            if step is None:
+                continue
+            steps.append(step)
+            back.insert(0, _undo_step(catalog, lane, node, step, current))
+        primary = service_name(lane, ROLE_PRIMARY, node.hostname)
+        ungated = _ungated(snapshot, lane, node)
+        if not steps and not ungated:
+            continue
+        steps.append(Step("node-gate", lane.name, primary, ROLE_PRIMARY, gate_seconds(lane), node=node.hostname,
+                          why=_not_gated(ungated) if not steps else ""))
+        phases.append(Phase(tuple(steps)))
+        if back:  # a node only gated (its services were already as the recipe says) has nothing to put back
+            way_back.insert(0, Phase(tuple(back) + _restored_gate(catalog, node, back)))
+    hosts = ", ".join(n.hostname for n in order)
+    kind: Kind = "rollback" if rollback else "up"
+    if not phases:
+        return Plan("noop", lane.name, message=f"{lane.name} already serves on {hosts} as its recipe says; "
+                    "nothing to do", notes=tuple(notes), with_gpus=with_gpus)
+    return Plan(kind, lane.name, _previous_lane(snapshot, lane, order), tuple(phases), tuple(way_back),
+                notes=tuple(notes), with_gpus=with_gpus, budget_seconds=gate_seconds(lane))
 
 
-def _healthcheck(lane: Lane, port: int) -> dict[str, Any]:
-    """The recipe's /health check, run by Docker inside the task, so Swarm itself sees an unhealthy lane.
-
-    Python's urllib rather than curl: vLLM images and the stub image both have python3, not all have curl.
-    Failures inside the startup budget do not count: a model loads for minutes.
-    """
-    health = lane.spec.health
-    url = f"http://127.0.0.1:{port}{health.health_path}"
-    probe = f"import urllib.request; urllib.request.urlopen({url!r}, timeout={health.request_timeout_seconds})"
-    return {"Test": ["CMD", "python3", "-c", probe],
-            "Interval": swarm_check_interval_ns(lane),
-            "Timeout": int(health.request_timeout_seconds * SECOND_NS),
-            "Retries": HEALTH_RETRIES,
-            "StartPeriod": int(health.startup_budget_minutes * 60 * SECOND_NS)}
+def left_over(snapshot: FleetSnapshot, lane: Lane, host: str) -> list[ServiceState]:
+    """The recipe's services on `host` for a role `lane` does not have: a companion the recipe dropped, or one of
+    the lane the node ran before. Left there, it would run beside the lane, holding its ports and GPUs."""
+    return [s for s in snapshot.services
+            if s.recipe == lane.recipe.id and s.node == host and s.role not in lane.roles]
 
 
-def swarm_check_interval_ns(lane: Lane) -> int:
-    """How often Swarm runs the task's health check: the recipe's poll interval, but never below
-    SWARM_CHECK_MIN_INTERVAL_SECONDS."""
-    return int(max(lane.spec.health.poll_interval_seconds, SWARM_CHECK_MIN_INTERVAL_SECONDS) * SECOND_NS)
+def _not_gated(services: list[str]) -> str:
+    return f"{', '.join(services)} changed since the node last passed its gate"
 
 
-def _mount(volume: dict[str, Any]) -> dict[str, Any]:
-    if "volume" in volume:
-        return {"Type": "volume", "Source": volume["volume"], "Target": volume["target"],
-                "ReadOnly": bool(volume.get("read_only"))}
-    return {"Type": "bind", "Source": volume["source"], "Target": volume["target"],
-            "ReadOnly": bool(volume.get("read_only"))}
+def _ungated(snapshot: FleetSnapshot, lane: Lane, node: NodeInfo) -> list[str]:
+    """The recipe's services on `node` that differ from what the node's last passed gate saw.
+
+    Decided from the services as they are, never from the journal: an update Swarm finished after lanectl
+    died, a rollback interrupted before its gate, or an edit by hand all leave a node that no gate has seen
+    serve. A service Swarm updated is no proof that the node serves, so the rollout gates it."""
+    mine = [s for s in snapshot.services if s.recipe == lane.recipe.id and s.node == node.hostname]
+    return ungated_services(node, mine)
 
 
-def _bytes(size: str) -> int:
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    if size[-1].lower() in units:
-        return int(size[:-1]) * units[size[-1].lower()]
-    return int(size)
+def _service_step(lane: Lane, node: NodeInfo, container: ContainerSpec, wanted: dict[str, Any],
+                  fields: Mapping[str, Any], current: ServiceState | None, snapshot: FleetSnapshot) -> Step | None:
+    name = wanted["Name"]
+    seconds = gate_seconds(lane)
+    if current is None:
+        return Step("service-create", lane.name, name, container.role, seconds, node=node.hostname, service=wanted)
+    changes = service_drift(current.labels, lane, fields)
+    problem = task_problem(snapshot.tasks.get(current.id, ()))
+    if not changes and problem is None:
+        return None
+    why = ", ".join(changes) if changes else f"its task is not serving: {problem}"
+    return Step("service-update", lane.name, name, container.role, seconds, why, node=node.hostname, service=wanted)
 
 
-def service_drift(labels: Mapping[str, str], lane: Lane, fields: Mapping[str, Any]) -> list[str]:
-    """How a service (by its labels) differs from what `lane`'s recipe asks now, field by field as on the box."""
-    changes = []
-    was = labels.get(LABEL_PREFIX + "lane", "")
-    if was != lane.name:
-        changes.append(f"lane {was or 'none'} → {lane.name}")
-    if labels.get(SPEC_LABEL) == spec_digest(fields):
-        return changes
-    raw = labels.get(SPEC_FIELDS_LABEL)
-    recorded = json.loads(raw) if raw else None
-    return changes + [c for c in spec_changes(recorded, fields) if c not in changes]
+def _undo_step(catalog: Catalog, lane: Lane, node: NodeInfo, step: Step, current: ServiceState | None) -> Step:
+    if current is None:
+        return Step("service-remove", lane.name, step.container, step.role, node=node.hostname,
+                    why="created by this switch")
+    return Step("service-rollback", current.lane or lane.name, step.container, step.role,
+                gate_seconds(catalog.lanes.get(current.lane, lane)), node=node.hostname)
 
 
-# -- what Swarm reports --------------------------------------------------------------------------------
-
-UPDATE_DONE = "completed"
-ROLLED_BACK = "rollback_completed"
-UPDATE_FAILED_STATES = ("paused", "rollback_paused", ROLLED_BACK)
-
-
-def current_task(tasks: Sequence[TaskInfo]) -> TaskInfo | None:
-    """The task Swarm wants running (the newest such); else the newest task at all."""
-    wanted = [t for t in tasks if t.desired_state == "running"]
-    pool = wanted or list(tasks)
-    return max(pool, key=lambda t: t.created) if pool else None
+def _restored_gate(catalog: Catalog, node: NodeInfo, back: list[Step]) -> tuple[Step, ...]:
+    """Swarm calls a rollback complete once the old task starts; the previous lane must serve again."""
+    for step in back:
+        if step.action == "service-rollback" and step.role == ROLE_PRIMARY and step.lane in catalog.lanes:
+            previous = catalog.lanes[step.lane]
+            return (Step("node-gate", previous.name, step.container, ROLE_PRIMARY, gate_seconds(previous),
+                         node=node.hostname),)
+    return ()
 
 
-def task_problem(tasks: Sequence[TaskInfo]) -> str | None:
-    """Why the newest task is not serving, in Swarm's words, or None while it is running or getting there."""
-    task = current_task(tasks)
-    if task is None:
-        return "no task"
-    if task.state in ("failed", "rejected", "orphaned") or (task.state == "shutdown" and task.desired_state
-                                                             == "running"):
-        code = f" ({exit_code_text(task.exit_code)})" if task.exit_code not in (None, 0) else ""
-        return f"task {task.state}{code}: {task.error or task.message}"
-    if task.state == "complete":
-        # A serving engine never completes: an exit 0 is vLLM's after its engine core died (an image
-        # built before the exit guard; with it, that exit is 70 and the task failed).
-        return f"task complete ({exit_code_text(0)}): {task.error or task.message}"
-    return None
+def _previous_lane(snapshot: FleetSnapshot, lane: Lane, order: list[NodeInfo]) -> str | None:
+    hosts = {n.hostname for n in order}
+    lanes = {s.lane for s in snapshot.services
+             if s.recipe == lane.recipe.id and s.role == ROLE_PRIMARY and s.node in hosts}
+    return lanes.pop() if len(lanes) == 1 else None
 
 
-def last_task_error(tasks: Sequence[TaskInfo]) -> str | None:
-    """The newest error any task reported: after Swarm's rollback, why the new task did not make it.
+def plan_fleet_rollback(catalog: Catalog, snapshot: FleetSnapshot, to: Lane | None, *, nodes: tuple[str, ...] = (),
+                        canary: str | None = None, with_gpus: bool = True) -> Plan:
+    """Back to the lane before the last completed update, by Swarm's rollback, canary first; with `to`, a
+    rollout of that lane. After an interrupted `up --fleet`, exactly the nodes it moved go back.
 
-    A task still waiting to be placed ("no suitable node (host-mode port already in use …)") is the rollback's
-    own task queuing behind the failed one for its port, on a busy node: it says nothing about why the update
-    failed, so a task that actually ran or was rejected is preferred."""
-    failed = [t for t in tasks if t.error]
-    settled = [t for t in failed if t.state not in SCHEDULING_STATES]
-    pick = settled or failed
-    return max(pick, key=lambda t: t.created).error if pick else None
+    A service whose last update Swarm already rolled back is left alone: its PreviousSpec is then the lane that
+    failed."""
+    services = snapshot.services
+    if to is not None:
+        on = tuple(nodes) or tuple(sorted({s.node for s in services if s.recipe == to.recipe.id}))
+        return plan_fleet_up(catalog, snapshot, to, nodes=on, canary=canary, with_gpus=with_gpus, rollback=True)
+    if (snapshot.unfinished or {}).get("action") == FLEET_ROLLBACK:
+        rest = _rest_of_rollback(catalog, snapshot, snapshot.unfinished or {}, nodes=nodes, canary=canary,
+                                 with_gpus=with_gpus)
+        if rest is not None:
+            return rest
+    interrupted = snapshot.unfinished if (snapshot.unfinished or {}).get("action") == FLEET_UP else None
+    primaries = [s for s in services if s.role == ROLE_PRIMARY and s.update_state == UPDATE_DONE
+                 and s.previous_spec and (not nodes or s.node in nodes)
+                 and (interrupted is None or s.lane == interrupted.get("to"))]
+    if not primaries:
+        raise BadInput("nothing to roll back on the fleet: no lane's last update completed (Swarm and lanectl "
+                       "already undid failed ones, and a rollback is not undone by another); name a lane "
+                       "with --to")
+    targets = {(s.recipe, s.previous_lane) for s in primaries}
+    if len(targets) != 1:
+        shown = ", ".join(sorted(f"{lane} ({recipe})" for recipe, lane in targets))
+        raise BadInput(f"the fleet's nodes would go back to different lanes ({shown}); name one with --to")
+    ((recipe, target_name),) = targets
+    if target_name is None or target_name not in catalog.lanes:
+        raise BadInput(f"the previous lane {target_name} is not in the recipes; name one with --to")
+    target = catalog.lanes[target_name]
+    refuse_foreign(snapshot, target)
+    hosts = sorted({s.node for s in primaries}, key=lambda h: (h != canary, h))
+    # Companions go back with their primary when their last update was the same switch.
+    candidates = [s for s in services if s.node in hosts and s.recipe == recipe and s.update_state == UPDATE_DONE
+                  and s.previous_lane == target_name]
+    phases = []
+    for host in hosts:
+        mine = sorted((s for s in candidates if s.node == host), key=lambda s: s.role != ROLE_PRIMARY)
+        steps = [Step("service-rollback", target.name, s.name, s.role, gate_seconds(target), node=host)
+                 for s in mine]
+        primary = service_name(target, ROLE_PRIMARY, host)
+        steps.append(Step("node-gate", target.name, primary, ROLE_PRIMARY, gate_seconds(target), node=host))
+        phases.append(Phase(tuple(steps)))
+    return Plan("rollback", target.name, primaries[0].lane, tuple(phases), with_gpus=with_gpus,
+                budget_seconds=gate_seconds(target))
 
 
-SCHEDULING_STATES = frozenset({"new", "pending", "assigned"})
+def _rest_of_rollback(catalog: Catalog, snapshot: FleetSnapshot, intent: Mapping[str, Any], *,
+                      nodes: tuple[str, ...], canary: str | None, with_gpus: bool) -> Plan | None:
+    """What an interrupted or killed `rollback --fleet` left undone, decided from what the services are: on each
+    node it named, every service that has not gone back yet goes back, and the node is gated unless its
+    services are the ones its last passed gate saw."""
+    target = catalog.lanes.get(str(intent.get("to")))
+    if target is None:
+        return None
+    refuse_foreign(snapshot, target)
+    named = {str(key).partition(":")[2] for key in intent.get("steps") or []}
+    hosts = sorted({s.node for s in snapshot.services if s.name in named and (not nodes or s.node in nodes)},
+                   key=lambda h: (h != canary, h))
+    by_host = {n.hostname: n for n in snapshot.nodes}
+    phases = []
+    for host in hosts:
+        mine = sorted((s for s in snapshot.services if s.node == host and s.recipe == target.recipe.id),
+                      key=lambda s: s.role != ROLE_PRIMARY)
+        steps = [Step("service-rollback", target.name, s.name, s.role, gate_seconds(target), node=host)
+                 for s in mine if s.lane != target.name and s.previous_lane == target.name
+                 and s.update_state == UPDATE_DONE]
+        ungated = _ungated(snapshot, target, by_host[host]) if host in by_host else []
+        if not steps and host in by_host and not ungated:
+            continue
+        primary = service_name(target, ROLE_PRIMARY, host)
+        steps.append(Step("node-gate", target.name, primary, ROLE_PRIMARY, gate_seconds(target), node=host,
+                          why=_not_gated(ungated) if not steps and ungated else ""))
+        phases.append(Phase(tuple(steps)))
+    if not phases:
+        return Plan("noop", target.name, message=f"the rollback to {target.name} is done and gated on "
+                    f"{', '.join(hosts) or 'its nodes'}; nothing to do", with_gpus=with_gpus)
+    return Plan("rollback", target.name, intent.get("from"), tuple(phases), with_gpus=with_gpus,
+                budget_seconds=gate_seconds(target))
 
 
-def why_swarm_rolled_back(tasks: Sequence[TaskInfo]) -> str:
-    """Why the new task did not make it, read from Swarm's final record of the service's tasks once its own
-    rollback completed (never from states lanectl's polls happened to catch: a busy machine misses them).
+def plan_lines(plan: Plan) -> list[str]:
+    """The plan as `--dry-run` prints it: notes, each node's steps in order, then what a failure and an interrupt
+    do."""
+    if plan.kind == "noop":
+        return [f"note: {note}" for note in plan.notes] + [f"would do nothing: {plan.message}"]
+    lines = [f"note: {note}" for note in plan.notes]
+    for index, phase in enumerate(plan.phases):
+        node = phase.steps[0].node
+        lines.append(f"{'canary' if index == 0 else 'then'} {node}:")
+        lines += [f"  would {step.describe()}" + (f" ({step.why})" if step.action == "node-gate" and step.why else "")
+                  for step in phase.steps]
+    if plan.way_back:
+        lines.append("on a failed step: stop, and put back every node changed so far, the last one first:")
+        lines += [f"  would {step.describe()}" for phase in plan.way_back for step in phase.steps]
+    lines.append(f"on Ctrl-C or SIGTERM: stop after the step in progress, say what serves on each node; "
+                 f"`lanectl up {plan.lane} --fleet` continues, `lanectl rollback --fleet` goes back")
+    return lines
 
-    A task that Docker stopped for failing its health check carries no error when the engine then exits 0:
-    Docker's Swarm executor reports the health failure only with a non-zero exit (moby's
-    daemon/cluster/executor/container/controller.go, Start and Wait), and records an exit 0 as state
-    `complete`, message `finished` (seen on this machine's two-node swarm, the t-unhealthy lane). An
-    engine in a lanectl image exits 0 only when asked to stop (the exit guard turns any other 0 into 70),
-    so the update's task ending that way with no error is a failed health check."""
-    error = last_task_error(tasks)
-    if error:
-        return error
-    stopped = [t for t in tasks if t.desired_state != "running"]
-    if not stopped:
-        return "Swarm's record names no task that stopped"
-    task = max(stopped, key=lambda t: t.created)  # the update's task: the rollback's own task is wanted running
-    if task.state in ("complete", "shutdown") and task.exit_code in (None, 0):
-        return (f"the new task failed its health check and Swarm stopped it (it ended {task.state}, exit 0, "
-                "with no error)")
-    code = f", {exit_code_text(task.exit_code)}" if task.exit_code not in (None, 0) else ""
-    return f"the new task ended {task.state}{code}: {task.message or 'Swarm gave no message'}"
+
+def drift_by_node(plan: Plan) -> dict[str, dict[str, str]]:
+    """node -> service -> what changes (for `--dry-run --json`)."""
+    drift: dict[str, dict[str, str]] = {}
+    for step in plan.steps:
+        if step.action in ("service-create", "service-update"):
+            drift.setdefault(step.node, {})[step.container] = step.why or "created"
+    return drift
+
+
+def plan_data(plan: Plan) -> dict[str, Any]:
+    return {**plan.as_dict(), "steps": plan_lines(plan), "drift": drift_by_node(plan)}

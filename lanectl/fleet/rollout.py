@@ -25,19 +25,29 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lanectl.dockerapi.swarm import ServiceState, SwarmEngine, TaskInfo
-from lanectl.errors import OperationFailed
-from lanectl.fleet.plan import (
+from lanectl.errors import BadInput, OperationFailed
+from lanectl.fleet.node_lease import (
+    LEGACY_LEASE_SECONDS,
+    NodeLease,
+    closed_switches,
+    pid_alive,
+    read_lease,
+    why_left_behind,
+)
+from lanectl.fleet.plan import FLEET_ROLLBACK, FLEET_UP, not_pushed
+from lanectl.fleet.services import (
     ROLLED_BACK,
     SECOND_NS,
     UPDATE_DONE,
     UPDATE_FAILED_STATES,
+    UPDATE_IN_PROGRESS,
     NodeInfo,
     current_task,
     service_name,
+    spec_mark,
     task_problem,
     why_swarm_rolled_back,
 )
-from lanectl.fleet.rollout_plan import FLEET_ROLLBACK, FLEET_UP, not_pushed
 from lanectl.health.drain import DrainReport, drain_report
 from lanectl.health.engine_http import engine_url
 from lanectl.health.engine_log import log_lines
@@ -89,7 +99,7 @@ class FleetOutcome:
     nodes: tuple[NodeOutcome, ...] = ()
     diagnostics: dict[str, Any] = field(default_factory=dict)
     steps: tuple[str, ...] = ()  # the plan keys journaled, in order
-    drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
+    drains: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> role -> its requests in flight
     signum: int | None = None  # the signal that interrupted it
 
     @property
@@ -111,11 +121,12 @@ class GateInterrupted(Exception):
 
 class StepFailed(Exception):
     def __init__(self, message: str, *, check: str, exit_code: int | None = None,
-                 log_tail: list[str] | None = None):
+                 log_tail: list[str] | None = None, logs_tell: bool = True):
         super().__init__(message)
         self.check = check
         self.exit_code = exit_code
         self.log_tail = log_tail or []
+        self.logs_tell = logs_tell  # whether the service's log can say why (not for a refusal before any start)
 
 
 class SwarmLogSource:
@@ -230,14 +241,23 @@ class _Run:
     changed: dict[str, list[str]] = field(default_factory=dict)  # node -> services this run created or updated
     by_swarm: set[str] = field(default_factory=set)  # services whose update Swarm rolled back itself
     created: set[str] = field(default_factory=set)  # services this run created (their way back removes them)
-    drains: dict[str, str] = field(default_factory=dict)  # node -> what became of its requests in flight
+    drains: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> role -> its requests in flight
     results: dict[str, NodeOutcome] = field(default_factory=dict)
+
+
+def _ways_on(plan: Plan) -> str:
+    """The commands that continue a stopped run, and that go back, as the next run plans them."""
+    if plan.kind == "rollback" and not plan.way_back:
+        back = f"`lanectl up {plan.previous} --fleet`" if plan.previous else "an `up --fleet` of the lane wanted"
+        return f"To continue the rollback: `lanectl rollback --fleet`; to go forward again: {back}"
+    return f"To continue: `lanectl up {plan.lane} --fleet`; to go back: `lanectl rollback --fleet`"
 
 
 class FleetRollout:
     def __init__(self, catalog: Catalog, swarm: SwarmEngine, journal: Journal, *, reporter: Reporter,
                  interrupt: Interrupt | None = None, environ: Mapping[str, str] | None = None,
-                 gate: NodeGate = gate_on_node, in_flight: InFlight = in_flight_on_node, poll_seconds: float = 0.5):
+                 gate: NodeGate = gate_on_node, in_flight: InFlight = in_flight_on_node, poll_seconds: float = 0.5,
+                 clock: Callable[[], float] = time.time):
         self.catalog = catalog
         self.swarm = swarm
         self.journal = journal
@@ -247,8 +267,10 @@ class FleetRollout:
         self.gate = gate
         self.in_flight = in_flight
         self.poll_seconds = poll_seconds
-        self.holder = f"{current_user_at_host()} pid {os.getpid()}"
+        self.holder = current_user_at_host()
+        self.clock = clock
         self._seams = StepSeams(self.environ)
+        self._acknowledged = False
 
     def run(self, plan: Plan, *, why: str, unfinished: Mapping[str, Any] | None = None) -> FleetOutcome:
         """Run `plan`. An unfinished switch in the record is continued by this one: its intent is closed with
@@ -262,6 +284,7 @@ class FleetRollout:
             self.reporter.note(message)
         if plan.kind == "noop":
             return FleetOutcome("noop", plan.message, plan.lane)
+        self._refuse_missing_secrets(plan)
         action = FLEET_ROLLBACK if plan.kind == "rollback" and not plan.way_back else FLEET_UP
         switch = self.journal.record_intent(action=action, from_lane=plan.previous, to_lane=plan.lane, why=why,
                                             steps=plan.keys)["switch"]
@@ -272,6 +295,20 @@ class FleetRollout:
                 return self._run(run)
         except SwitchAborted as exc:
             return self._aborted(run, exc.signum)
+
+    def _refuse_missing_secrets(self, plan: Plan) -> None:
+        """Every secret a service step sends must be in lanectl's environment before the first change: found
+        mid-rollout, it would stop there with nodes changed and the rest never reached."""
+        missing: dict[str, list[str]] = {}
+        for step in plan.steps:
+            container = ((step.service or {}).get("TaskTemplate") or {}).get("ContainerSpec") or {}
+            for name in container.get("lanectl_secret_env") or []:
+                if name not in self.environ:
+                    missing.setdefault(name, []).append(step.container)
+        if missing:
+            named = "; ".join(f"{name} (for {', '.join(services)})" for name, services in sorted(missing.items()))
+            raise BadInput(f"secret(s) not set in lanectl's environment: {named}; nothing was changed. Export "
+                           "them and run the command again")
 
     def _run(self, run: _Run) -> FleetOutcome:
         nodes = {n.hostname: n for n in self.swarm.nodes()}
@@ -286,7 +323,8 @@ class FleetRollout:
                 return self._go_back(run, failure, nodes, label)
             if self.interrupt.pending() and (index + 1 < len(run.plan.phases) or not self._whole(run, phase)):
                 return self._interrupted(run)
-            detail = "serving, passed its gate" + (f"; {run.drains[host]}" if host in run.drains else "")
+            drained = [f"{role}: {text}" for role, text in run.drains.get(host, {}).items()]
+            detail = "; ".join(("serving, passed its gate", *drained))
             run.results[host] = NodeOutcome(host, "ok", detail)
         message = f"{run.plan.lane} is serving on {', '.join(run.results)}"
         self.journal.record_outcome(run.switch, "ok", message)
@@ -297,11 +335,16 @@ class FleetRollout:
 
     def _leased(self, run: _Run, node: NodeInfo | None, phase: Phase) -> StepFailed | None:
         if node is None or not node.schedulable:
-            return StepFailed(f"node {phase.steps[0].node} is not ready and active", check="node")
+            return StepFailed(f"node {phase.steps[0].node} is not ready and active", check="node", logs_tell=False)
+        lease = NodeLease(self.holder, os.getpid(), run.switch, self.clock(), self._lease_seconds(phase))
         try:
-            self.swarm.take_lease(node, self.holder, stale_after_seconds=self._lease_seconds(phase))
+            replaced = self.swarm.take_lease(node, lease.label(), left_behind=self._left_behind)
         except OperationFailed as exc:
-            return StepFailed(str(exc), check="lease")
+            return StepFailed(str(exc), check="lease", logs_tell=False)
+        if replaced is not None:
+            message = f"{node.hostname}: took over the lease {replaced}"
+            self.journal.append("note", switch=run.switch, lane=run.plan.lane, node=node.hostname, message=message)
+            self.reporter.note(message)
         try:
             for step in phase.steps:
                 if self.interrupt.pending():
@@ -323,7 +366,7 @@ class FleetRollout:
             detail = self._do(run, node, step, facts)
         except OperationFailed as exc:
             self._done(run, step, f"failed: {exc}", facts, ok=False)
-            raise StepFailed(f"{step.describe()}: {exc}", check="swarm") from None
+            raise StepFailed(f"{step.describe()}: {exc}", check="swarm", logs_tell=False) from None
         except StepFailed as failed:
             self._done(run, step, f"failed: {failed}", facts, ok=False)
             raise
@@ -345,7 +388,10 @@ class FleetRollout:
         if step.action == "service-rollback":
             return self._rollback(run, lane, step)
         if step.action == "service-remove":
+            if step.container not in run.created:  # a left-over service: its way back creates it again
+                run.changed.setdefault(node.hostname, []).append(step.container)
             self.swarm.remove_service(step.container)
+            self.swarm.record_gated(node, {step.container: None})
             return "removed"
         if step.action == "node-gate":
             return self._gate(lane, node, step)
@@ -367,12 +413,14 @@ class FleetRollout:
         drain = self._drain(old, before)
         if drain is not None:
             facts.update(in_flight=drain.in_flight, cut=drain.cut)
-            run.drains[node.hostname] = f"{step.role}: {drain.describe()}"
+            run.drains.setdefault(node.hostname, {})[step.role] = drain.describe()
         if problem is not None:
             if problem.startswith(SWARM_ROLLED_BACK):
                 run.by_swarm.add(step.container)
             raise StepFailed(problem, check="swarm")
-        return f"{step.why}" + (f"; {drain.describe()}" if drain is not None else "")
+        # The step's own line already lists the changes (`describe`); the journal keeps them beside the outcome.
+        facts["changes"] = step.why
+        return "updated" + (f"; {drain.describe()}" if drain is not None else "")
 
     def _drain(self, old: TaskInfo | None, before: int | None) -> DrainReport | None:
         if old is None:
@@ -397,6 +445,16 @@ class FleetRollout:
         service = self.swarm.service(step.container)
         if service is None:
             raise StepFailed(f"service {step.container} is gone", check="swarm")
+        problem = self._wait_settled(lane, node, step.key)
+        if problem is not None:
+            raise StepFailed(problem, check="swarm")
+        # The marks are taken before the gate: a service changed while the gate ran is not called gated.
+        marks = self._marks(lane, node)
+        missing = [name for name, mark in marks.items() if mark is None]
+        if missing:  # the gate would pass over a role with no service as one that publishes no port
+            raise StepFailed(f"{lane.name} cannot serve on {node.hostname}: its service(s) {', '.join(missing)} "
+                             f"are missing; `lanectl up {lane.name} --fleet` creates them", check="companion",
+                             logs_tell=False)
         result = self.gate(self.swarm, lane, node, service.id, self.reporter, self.interrupt.pending)
         if result.failed_check == INTERRUPTED:
             raise GateInterrupted(result.detail)
@@ -404,7 +462,17 @@ class FleetRollout:
             raise StepFailed(f"failed its health gate ({result.failed_check}): {result.detail}",
                              check=result.failed_check or "gate", exit_code=result.exit_code,
                              log_tail=[line for line in result.log_tail if not PROBE_ACCESS_LINE.search(line)][-30:])
+        self.swarm.record_gated(node, marks)
         return "; ".join(("passed", *result.companions))
+
+    def _marks(self, lane: Lane, node: NodeInfo) -> dict[str, str | None]:
+        """Each of the lane's services on `node` by the mark of its spec now; a role without one, None."""
+        marks: dict[str, str | None] = {}
+        for role in lane.roles:
+            name = service_name(lane, role, node.hostname)
+            service = self.swarm.service(name)
+            marks[name] = None if service is None else spec_mark(service.spec)
+        return marks
 
     def _done(self, run: _Run, step: Step, detail: str, facts: dict[str, Any], *, ok: bool = True) -> None:
         """Journal a step that ran, show it, and honour the test seams."""
@@ -424,11 +492,14 @@ class FleetRollout:
         self.interrupt.take()  # the way back runs whole; only a second signal stops it
         host = next(p.steps[0].node for p in plan.phases if p.steps[0].node not in run.results)
         diagnostics = {"failed": str(failure), "check": failure.check, "exit_code": failure.exit_code,
-                       "log_tail": failure.log_tail or self._log_tail(plan, host)}
+                       "log_tail": failure.log_tail or (self._log_tail(plan, host) if failure.logs_tell else [])}
         self.journal.append("diagnostics", switch=run.switch, lane=plan.lane, node=host, failed=str(failure),
                             log_tail=diagnostics["log_tail"])
         if failure.check in ("lease", "node"):
             run.results[host] = NodeOutcome(host, "failed", f"left as it was: {failure}")
+        elif host not in run.changed:
+            run.results[host] = NodeOutcome(host, "failed", f"does not serve, and this run changed nothing there "
+                                            f"to put back: {failure}")
         for phase in plan.way_back:
             back_host = phase.steps[0].node
             changed = run.changed.get(back_host)
@@ -492,8 +563,7 @@ class FleetRollout:
             run.results[host] = NodeOutcome(host, "interrupted" if done and len(done) < len(keys) else
                                             ("ok" if done else "not-reached"), state)
         message = (f"interrupted by {name} after {len(run.done)} of {len(plan.keys)} step(s); serving now: "
-                   f"{'; '.join(where)}. To continue: `lanectl up {plan.lane} --fleet`; to go back: "
-                   "`lanectl rollback --fleet`")
+                   f"{'; '.join(where)}. {_ways_on(plan)}")
         self.journal.append("note", switch=run.switch, lane=plan.lane, message=message)
         self.reporter.note(message)
         return self._outcome(run, "interrupted", message, None, signum=self.interrupt.signum)
@@ -501,8 +571,8 @@ class FleetRollout:
     def _aborted(self, run: _Run, signum: int) -> FleetOutcome:
         name = signal.Signals(signum).name
         message = (f"stopped at once by a second signal ({name}) after {len(run.done)} step(s); Swarm finishes or "
-                   "rolls back the service it was updating on its own; `lanectl fleet status` shows each node, "
-                   f"`lanectl up {run.plan.lane} --fleet` continues and `lanectl rollback --fleet` goes back")
+                   "rolls back the service it was updating on its own; `lanectl fleet status` shows each node. "
+                   f"{_ways_on(run.plan)}")
         try:
             self.journal.append("note", switch=run.switch, lane=run.plan.lane, message=message)
         except Exception:  # the journal may be what failed; the message still reaches the operator
@@ -513,8 +583,8 @@ class FleetRollout:
                  diagnostics: dict[str, Any] | None = None, signum: int | None = None) -> FleetOutcome:
         order = [p.steps[0].node for p in run.plan.phases]
         nodes = tuple(run.results[h] for h in order if h in run.results)
-        return FleetOutcome(result, message, lane, nodes, diagnostics or {}, tuple(run.done), dict(run.drains),
-                            signum)
+        drains = {host: dict(roles) for host, roles in run.drains.items()}
+        return FleetOutcome(result, message, lane, nodes, diagnostics or {}, tuple(run.done), drains, signum)
 
     # -- waiting on Swarm --------------------------------------------------------------------------
 
@@ -524,6 +594,7 @@ class FleetRollout:
         wanted = ROLLED_BACK if rollback else UPDATE_DONE
         last = ""
         while time.monotonic() < deadline:
+            self._acknowledge_stop(step)
             service = self.swarm.service(service_id)
             if service is None:
                 return "the service was removed while lanectl waited for it"
@@ -545,11 +616,33 @@ class FleetRollout:
             time.sleep(self.poll_seconds)
         return f"Swarm did not finish within {self._budget_seconds(lane):.0f} s (last: {last})"
 
+    def _wait_settled(self, lane: Lane, node: NodeInfo, step: str) -> str | None:
+        """Until Swarm has finished every update of the lane's services on `node` (one a killed run began goes
+        on without it): a gate that ran meanwhile could pass on the task being replaced."""
+        deadline = time.monotonic() + self._budget_seconds(lane)
+        names = [service_name(lane, role, node.hostname) for role in lane.roles]
+        last = ""
+        while time.monotonic() < deadline:
+            busy = [s for n in names if (s := self.swarm.service(n)) is not None
+                    and s.update_state in UPDATE_IN_PROGRESS]
+            if not busy:
+                return None
+            if self.interrupt.pending():
+                raise GateInterrupted(f"Swarm was still updating {busy[0].name}")
+            now = f"  {step}: Swarm is still updating {', '.join(s.name for s in busy)}"
+            if now != last:
+                self.reporter.step(now)
+                last = now
+            self.interrupt.sleep(self.poll_seconds)
+        return f"Swarm did not finish updating the services on {node.hostname} within " \
+               f"{self._budget_seconds(lane):.0f} s"
+
     def _wait_created(self, lane: Lane, service_id: str, step: str) -> str | None:
         """A new service has no previous spec to roll back to: its first task must reach running."""
         deadline = time.monotonic() + self._budget_seconds(lane)
         last = ""
         while time.monotonic() < deadline:
+            self._acknowledge_stop(step)
             tasks = self.swarm.tasks(service_id)
             problem = task_problem(tasks) if tasks else None  # Swarm creates the first task a moment later
             if problem is not None:
@@ -564,11 +657,27 @@ class FleetRollout:
             time.sleep(self.poll_seconds)
         return f"the first task did not start within {self._budget_seconds(lane):.0f} s (last: {last})"
 
+    def _acknowledge_stop(self, step: str) -> None:
+        """Say at once that a first signal was heard: the step in progress (a Swarm update, minutes on a real
+        model) runs to its end before the run stops, and a silent wait reads as a signal ignored."""
+        name = self.interrupt.pending()
+        if name is None or self._acknowledged:
+            return
+        self._acknowledged = True
+        self.reporter.note(f"{name}: stopping once {step} ends (Swarm is running it); a second {name} stops at "
+                           "once and leaves Swarm to finish it")
+
     # -- helpers -----------------------------------------------------------------------------------
 
     def _budget_seconds(self, lane: Lane) -> float:
         # Swarm waits out the health check's start period (the startup budget) and then its monitor.
         return lane.spec.health.startup_budget_minutes * 60 + 60
+
+    def _left_behind(self, held: str) -> str | None:
+        closed = closed_switches(self.journal.read().records)
+        return why_left_behind(read_lease(held), now=self.clock(), host=self.holder.rpartition("@")[2],
+                               pid_alive=pid_alive, switch_closed=closed.__contains__,
+                               term_seconds=LEGACY_LEASE_SECONDS)
 
     def _lease_seconds(self, phase: Phase) -> float:
         return 2 * sum(step.seconds + 60 for step in phase.steps) + LEASE_MARGIN_SECONDS

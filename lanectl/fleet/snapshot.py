@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from lanectl.dockerapi.swarm import SwarmEngine
-from lanectl.fleet.rollout_plan import FleetSnapshot
+from lanectl.fleet.plan import FleetSnapshot
 from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lanectl.dockerapi.labels import LEASE_LABEL, SPEC_FIELDS_LABEL
+from lanectl.dockerapi.labels import GATED_LABEL_PREFIX, LEASE_LABEL, SPEC_FIELDS_LABEL
 from lanectl.dockerapi.swarm import NodeInfo, ServiceState, SwarmEngine, TaskInfo
-from lanectl.fleet.plan import current_task, service_drift, service_fields, task_problem
-from lanectl.fleet.rollout_plan import fleet_containers
+from lanectl.fleet.node_lease import LEGACY_LEASE_SECONDS, closed_switches, pid_alive, read_lease, why_left_behind
+from lanectl.fleet.plan import fleet_containers
+from lanectl.fleet.services import current_task, service_drift, service_fields, task_problem, ungated_services
 from lanectl.image.render import plan_image
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.records import frozen
@@ -34,15 +36,22 @@ class Probe:
 
 def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
               tasks: Mapping[str, Sequence[TaskInfo]], probes: Mapping[str, Probe],
-              drift: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
-    """The fleet as one document; `healthy` is false when any node is down or any lane role is not serving.
-    `drift`: service ID -> how it differs from its lane's recipe now, field by field (a switch would update it)."""
+              drift: Mapping[str, list[str]] | None = None,
+              leases_left: Mapping[str, str] | None = None,
+              left_over: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The fleet as one document; `healthy` is false when any node is down, any lane role is not serving or
+    changed since its node's last gate, or a run that is over left its lease. `drift`: service ID -> how it
+    differs from its lane's recipe now, field by field (a switch would update it). `leases_left`: hostname ->
+    why its lease's run is over. `left_over`: service ID -> the lane whose switch removes it (its role is not
+    in the lane its node's primary runs)."""
     problems: list[str] = []
     rows = []
     known = {n.hostname for n in nodes}
     for node in sorted(nodes, key=lambda n: n.hostname):
         lanes = []
-        for service in sorted((s for s in services if s.node == node.hostname), key=lambda s: (s.recipe, s.role)):
+        placed = [s for s in services if s.node == node.hostname]
+        ungated = set(ungated_services(node, placed))
+        for service in sorted(placed, key=lambda s: (s.recipe, s.role)):
             service_tasks = tasks.get(service.id, [])
             task = current_task(service_tasks)
             problem = task_problem(service_tasks)
@@ -58,21 +67,37 @@ def summarize(nodes: Sequence[NodeInfo], services: Sequence[ServiceState],
                 "previous_lane": service.previous_lane,
                 "health": None if probe is None else ("ok" if probe.ok else probe.detail),
                 "serving": serving,
+                "gated": service.name not in ungated,
                 "drift": list((drift or {}).get(service.id, [])),
             }
             lanes.append(entry)
-            if node.state == "ready" and not serving:
+            entry["left_over"] = (left_over or {}).get(service.id)
+            if entry["left_over"] is not None:
+                lane_now = entry["left_over"]
+                problems.append(f"{node.hostname}: {service.name} ({service.role} of {service.lane}) is left over: "
+                                f"{lane_now} has no {service.role}; `lanectl up {lane_now} --fleet` removes it")
+            if node.state != "ready":
+                continue
+            if not serving:
                 why = problem or (probe.detail if probe and not probe.ok else f"task {entry['task']}")
                 problems.append(f"{node.hostname}: {service.lane} {service.role} is not serving ({why})")
+            elif service.name in ungated:
+                # A task that answers /health may still generate nothing: only the node's gate says it serves.
+                problems.append(f"{node.hostname}: {service.lane} {service.role} changed since the node last passed "
+                                f"its gate ({service.name}); `lanectl up {service.lane} --fleet` gates it")
         if node.state != "ready":
             unreachable = ", ".join(sorted({str(e["lane"]) for e in lanes}))
             problems.append(f"{node.hostname}: node is {node.state}" + (
                 f"; its lanes ({unreachable}) cannot be reached" if lanes else ""))
-        labels = {k: v for k, v in node.labels.items() if k != LEASE_LABEL}
+        labels = {k: v for k, v in node.labels.items() if k != LEASE_LABEL and not k.startswith(GATED_LABEL_PREFIX)}
+        left = (leases_left or {}).get(node.hostname)
+        if left is not None:
+            problems.append(f"{node.hostname}: the lease of {read_lease(node.labels[LEASE_LABEL]).who()} is left "
+                            f"behind ({left}); the next `up --fleet` or `rollback --fleet` takes it over")
         rows.append({
             "hostname": node.hostname, "state": node.state, "availability": node.availability, "role": node.role,
             "addr": node.addr, "engine": node.engine_version, "gpus": node.gpus, "labels": labels,
-            "lease": node.labels.get(LEASE_LABEL), "lanes": lanes,
+            "lease": node.labels.get(LEASE_LABEL), "lease_left_behind": left, "lanes": lanes,
         })
     for service in services:
         if service.node not in known:
@@ -107,7 +132,36 @@ def observe(swarm: SwarmEngine, catalog: Catalog | None, files: StateFiles | Non
                 or task.state != "running":
             continue
         probes[service.id] = _probe(node, service, catalog)
-    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files))
+    return summarize(nodes, services, tasks, probes, _drift(services, catalog, files), _leases_left(nodes, files),
+                     left_over_services(services, catalog))
+
+
+def left_over_services(services: Sequence[ServiceState], catalog: Catalog | None) -> dict[str, str]:
+    """service ID -> the lane of its node's primary, for each service of a role that lane does not have."""
+    if catalog is None:
+        return {}
+    primaries = {(s.recipe, s.node): catalog.lanes.get(s.lane) for s in services if s.role == ROLE_PRIMARY}
+    left = {}
+    for service in services:
+        lane = primaries.get((service.recipe, service.node))
+        if lane is not None and service.role not in lane.roles:
+            left[service.id] = lane.name
+    return left
+
+
+def _leases_left(nodes: Sequence[NodeInfo], files: StateFiles | None) -> dict[str, str]:
+    """hostname -> why its lease's run is over, for each node whose lease is left behind."""
+    from lanectl.state.journal import Journal, current_user_at_host
+
+    held = {n.hostname: read_lease(n.labels[LEASE_LABEL]) for n in nodes if n.labels.get(LEASE_LABEL)}
+    if not held:
+        return {}
+    closed = closed_switches(Journal(files.fleet_journal).read().records) if files is not None else set()
+    host = current_user_at_host().rpartition("@")[2]
+    verdicts = {name: why_left_behind(lease, now=time.time(), host=host, pid_alive=pid_alive,
+                                      switch_closed=closed.__contains__, term_seconds=LEGACY_LEASE_SECONDS)
+                for name, lease in held.items()}
+    return {name: why for name, why in verdicts.items() if why is not None}
 
 
 def _drift(services: Sequence[ServiceState], catalog: Catalog | None,

@@ -44,8 +44,8 @@ class DrainReport:
             return (f"{count} request(s) in flight CUT: the engine aborted them (finish_reason \"abort\"; "
                     "--shutdown-timeout 0)")
         if self.how == "drain timed out":
-            return (f"{count} request(s) in flight CUT: the drain's {self.timeout:g} s ran out before they "
-                    "finished (they stalled)")
+            # Why they did not finish (long, or stalled) the engine does not say.
+            return f"{count} request(s) in flight CUT: the drain's {self.timeout:g} s ran out before they finished"
         return f"{count} request(s) in flight; the engine did not say whether they finished"
 
 

@@ -123,6 +123,8 @@ def _change(name: str, old: Any, new: Any) -> str:
 
 def _short(image_id: Any) -> str:
     text = str(image_id or "none")
+    if "@" in text:  # a fleet service's image, `registry/repository@sha256:…`: its digest is what differs
+        return text.rpartition("@")[2][:len("sha256:") + 12] + "…"
     return text.removeprefix("sha256:")[:12]
 
 

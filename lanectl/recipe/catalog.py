@@ -315,6 +315,7 @@ def _check_lane(project: Project, doc: YamlDocument, defaults: dict[str, Any], n
         return [*lane_problems, *problems_from_validation(exc, doc, LaneSpec, locate)], None, [], locate
     lane_problems.extend(_check_consistency(doc, spec, locate))
     lane_problems.extend(_check_standby(doc, spec, locate))
+    lane_problems.extend(_check_swarm_ports(doc, spec, locate))
     lane_problems.extend(check_shutdown(doc, spec, locate))
     return lane_problems, None if lane_problems else spec, lane_kernels, locate
 
@@ -462,6 +463,29 @@ def _check_standby(doc: YamlDocument, spec: LaneSpec, locate: typing.Callable[[P
                                      "reaches it can put the lane to sleep or wake it, and /collective_rpc runs engine "
                                      "methods. Publish on 127.0.0.1 and let clients in through a proxy on the box, or "
                                      "set standby.acknowledge_exposed_dev_routes: true"))
+    return problems
+
+
+def _check_swarm_ports(doc: YamlDocument, spec: LaneSpec, locate: typing.Callable[[PathKey], PathKey]) -> list[Problem]:
+    """A Swarm lane's port that the recipe limits to one address would be published on every address of its node
+    (Swarm has no host address for a port): refused unless the recipe says the port may be public."""
+    if spec.placement.backend != "swarm":
+        return []
+    problems = []
+    for role, engine in spec.engines():
+        dev_mode = engine.env.get(DEV_MODE_ENV) == "1"
+        for i, port in enumerate(engine.ports):
+            if port.host_ip in ("0.0.0.0", "::") or port.public:
+                continue
+            danger = (f"; with {DEV_MODE_ENV}=1 vLLM serves its development routes there, so anyone who reaches "
+                      "the node can POST /sleep (the lane then answers /health and generates nothing) or /wake_up, "
+                      "and /collective_rpc runs engine methods") if dev_mode else ""
+            path = (*_engine_path(role), "ports", i, "host_ip")
+            problems.append(doc.problem(locate(path if doc.has(locate(path)) else path[:-1]),
+                                     f"host_ip {port.host_ip} limits the {role}'s port {port.published} to that "
+                                     "address, but Swarm publishes a port on every address of its node (it has no "
+                                     f"host address){danger}. Keep this lane local (placement.backend: local), or "
+                                     "say that the port may be public: `public: true` on it"))
     return problems
 
 

@@ -266,6 +266,9 @@ class PortMapping(Strict):
     host: PORT | None = Field(None, description="Host port; defaults to the container port.")
     host_ip: Annotated[str, After(_ip_address)] = Field("0.0.0.0", description="Host address to publish on.")
     protocol: Literal["tcp", "udp"] = "tcp"
+    public: bool = Field(False, description="On a Swarm lane: this port may be reached on every address of its "
+                         "node. Swarm has no host address for a port, so a Swarm lane whose port names a narrower "
+                         "host_ip is refused unless this says so.")
 
     @property
     def published(self) -> int:
