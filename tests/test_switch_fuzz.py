@@ -14,6 +14,7 @@ below the machine.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import shutil
@@ -82,6 +83,7 @@ class CountingEngine(MemoryEngine):
         self.started_at: dict[str, int] = {}  # name -> when it was last started, as a count of starts
         self.by_hand: set[str] = set()  # started by an operator, and not stopped or started by lanectl since
         self.clock = itertools.count(1)
+        self.removed_running: list[str] = []  # containers removed while they ran (docker rm -f)
 
     def stop(self, name: str, timeout: int) -> None:
         held = self.held.get(name)
@@ -89,6 +91,12 @@ class CountingEngine(MemoryEngine):
             self.own_drains.append((name, timeout, held.spec.stop_timeout_seconds))
         self.by_hand.discard(name)
         super().stop(name, timeout)
+
+    def remove(self, name: str) -> None:
+        held = self.held.get(name)
+        if held is not None and held.state == "running":
+            self.removed_running.append(name)
+        super().remove(name)
 
     def start(self, name: str) -> bool:
         started = super().start(name)
@@ -137,7 +145,9 @@ class BoxMachine(RuleBasedStateMachine):
         self.environ: dict[str, str] = {}  # lanectl's environment: where secret values come from
         self._build()
         self.last: SwitchOutcome | None = None
-        self.switch(lambda s: s.up(self._lane(first), why="up"), None)
+        # Every lane made once, the first one serving: stopped containers of other lanes are there from the start.
+        for lane in (*(other for other in LANES if other != first), first):
+            self.switch(lambda s, lane=lane: s.up(self._lane(lane), why="up"), None)
 
     def teardown(self) -> None:
         shutil.rmtree(getattr(self, "folder", "/nonexistent"), ignore_errors=True)
@@ -148,9 +158,10 @@ class BoxMachine(RuleBasedStateMachine):
         return self.catalog.lanes[name]
 
     def _build(self) -> None:
-        box = Box(self.catalog).build(*LANES)
-        for tag, image_id in box.images.items():
-            self.engine.images.setdefault(tag, image_id)
+        # One image per tag: a recipe edit that changes what is built (the primary's env and flags are baked into
+        # its image) is a new image ID, and so drift on the containers made from the old one.
+        for tag in Box(self.catalog).build(*LANES).images:
+            self.engine.images.setdefault(tag, "sha256:" + hashlib.sha256(tag.encode()).hexdigest()[:16])
 
     def switcher(self, reporter: QuietReporter, interrupt: Interrupt) -> FuzzSwitcher:
         return FuzzSwitcher(self.catalog, self.engine, Journal(self.folder / "journal.jsonl"),  # type: ignore[arg-type]
@@ -188,11 +199,14 @@ class BoxMachine(RuleBasedStateMachine):
             pass  # refused before any change (no known-good lane, a foreign container): exit 2, nothing changed
 
     def _operator_starts_a_stopped_container(self, pick: int) -> None:
-        """Someone runs `docker start` on a stopped lane container while a switch runs."""
-        stopped = sorted(name for name, held in self.engine.held.items()
-                         if held.state == "exited" and ".was-" not in name)
-        if stopped:
-            self.engine.start_by_hand(stopped[pick % len(stopped)])
+        """Someone runs `docker start` on a stopped lane container while a switch runs: one of another lane than
+        the switch's target when there is one (what the executor's look before a start must catch)."""
+        target = getattr(self, "target", None)
+        stopped = sorted(name for name, held in self.engine.held.items() if held.state == "exited")
+        others = [name for name in stopped if self.engine.held[name].spec.labels.get("io.lanectl.lane") != target]
+        chosen = others if pick % 2 == 0 and others else stopped
+        if chosen:
+            self.engine.start_by_hand(chosen[pick % len(chosen)])
 
     def state(self) -> Any:
         return LaneStateStore(self.folder / "state.json").load()
@@ -223,6 +237,7 @@ class BoxMachine(RuleBasedStateMachine):
         failing = lane in self.engines.failing_gates
         if fails:
             self.engines.failing_gates.add(lane)
+        self.target = lane
         self.switch(lambda s: s.up(self._lane(lane), why="up"), how)
         if fails and not failing:
             self.engines.failing_gates.discard(lane)
@@ -384,6 +399,10 @@ class BoxMachine(RuleBasedStateMachine):
         assert made <= seen, f"made by lanectl and seen by no command: {sorted(made - seen)}"
 
     @invariant()
+    def nothing_running_is_removed(self) -> None:
+        assert not self.engine.removed_running, f"removed while running: {self.engine.removed_running}"
+
+    @invariant()
     def the_last_message_names_what_serves(self) -> None:
         outcome = self.last
         if outcome is None or outcome.lane is None or outcome.result not in ("ok", "finished", "undone",
@@ -409,6 +428,7 @@ def machine(first: str) -> BoxMachine:
 
 def promises_hold(box: BoxMachine) -> None:
     box.every_container_with_lanectls_labels_is_accounted_for()
+    box.nothing_running_is_removed()
     box.one_lane_awake_per_gpu()
     box.what_is_awake_is_the_active_lane_or_the_unfinished_switchs()
     box.every_stop_gives_the_containers_own_drain()
@@ -591,4 +611,28 @@ def test_a_secret_missing_from_lanectls_environment_is_refused_before_the_servin
     box.up(lane="demo-h2", how=None, fails=False)
     assert box.last is None, "refused before any change (exit 2)"
     assert set(box.awake_lanes()) == {"demo-h1"} and box.engine.asleep(box._lane("demo-h1")) == []
+    promises_hold(box)
+
+
+def test_a_container_of_another_lane_started_by_hand_before_a_start_refuses_the_start():
+    """`docker start` of demo-h2's stopped primary while `up demo-h2-8` is about to start: the executor's fresh
+    look refuses the start, and no lane lanectl starts is awake beside it."""
+    box = machine("demo-h1")  # every lane made once; demo-h1 serves, demo-h2 and demo-h2-8 stopped
+    box.target = "demo-h2-8"
+    box.up(lane="demo-h2-8", how=("operator-start", 3, 2), fails=False)  # after demo-h1's stops, before the wake
+    assert box.engine.by_hand, "the operator started a container"
+    assert box.last is not None and "refused to start" in box.last.message, box.last
+    promises_hold(box)
+
+
+def test_a_container_set_aside_and_started_again_by_hand_is_not_removed_by_the_prune():
+    box = machine("demo-h1")
+    box.edit_env(lane="demo-h1", value="1")  # `up demo-h1` recreates both containers, setting the old ones aside
+
+    def start_the_old_ones() -> None:  # after `mark demo-h1 active`, before the prune removes what was set aside
+        for name in [name for name in box.engine.held if ".was-" in name]:
+            box.engine.start_by_hand(name)
+
+    box.last = box.switcher(Interrupting(11, start_the_old_ones), Interrupt()).up(box._lane("demo-h1"), why="up")
+    assert [name for name in box.engine.by_hand if ".was-" in name], box.last
     promises_hold(box)
