@@ -48,6 +48,11 @@ OUT_OF_MEMORY = re.compile(r"less than desired GPU memory utilization|CUDA out o
 # 13.15 GiB is backed up in CPU and the rest 41.69 GiB is discarded directly."
 BACKED_UP_LINE = re.compile(r"of which ([0-9.]+) GiB is backed up in CPU")
 RESIDENT_LOG_WAIT_SECONDS = 2.0
+ENDED_WAIT_SECONDS = 5.0
+# An engine that no longer answers, or whose engine core died while its API server still answers (vLLM 0.26.0 to
+# 0.33.0: completions 500 with this text for about a second, then the API server exits 0; BRIEF §8).
+DEAD_ENGINE = re.compile(r"EngineCore encountered an issue|EngineDeadError|EngineCore encountered a fatal error|"
+                         r"no answer|refused|Connection|connection")
 STREAM_PROMPT = "Stream {i}: write a long story about the sea."
 
 
@@ -280,8 +285,13 @@ def engine_failure(lane: CheckedLane, index: int | None, detail: str) -> Failure
     ended = lane.ended()
     if ended is not None:
         return Failure(kind="crash", cycle=index, detail=f"{detail}; {ended}")
-    if "no answer" in detail or "refused" in detail or "Connection" in detail:
-        return Failure(kind="crash", cycle=index, detail=detail)
+    if DEAD_ENGINE.search(detail):
+        # vLLM's API server outlives its dead engine core by about a second: how it ended is worth the wait.
+        deadline = time.monotonic() + ENDED_WAIT_SECONDS
+        while ended is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ended = lane.ended()
+        return Failure(kind="crash", cycle=index, detail=detail + (f"; {ended}" if ended else ""))
     return Failure(kind="engine-error", cycle=index, detail=detail)
 
 
