@@ -204,10 +204,12 @@ def _one_cycle(lane: CheckedLane, settings: CheckSettings, meters: Meters,
                ) -> tuple[Cycle, Failure | None]:
     primary = endpoints[0][1]
     streams = None
+    seen = 0
     if settings.streams:
         streams = start()
-        streams.wait_until_running(primary, settings.timeout)
-    in_flight = primary.in_flight()
+        seen = streams.wait_until_running(primary, settings.timeout)
+    # What the engine ran just before the sleep; a short stream may be done by the time it is asked again.
+    in_flight = max(seen, primary.in_flight() or 0) if settings.streams else primary.in_flight()
     asked = time.time()
     began = time.monotonic()
     drained = []
@@ -390,14 +392,17 @@ class StreamsInFlight:
         with self._lock:
             self.ended.append(reason)
 
-    def wait_until_running(self, engine: SleepEndpoints, timeout: float) -> None:
-        """Until the engine says the streams run (vllm:num_requests_running), or `timeout` passed."""
+    def wait_until_running(self, engine: SleepEndpoints, timeout: float) -> int:
+        """Until the engine says the streams run (vllm:num_requests_running), or `timeout` passed; the most it
+        said ran."""
         deadline = time.monotonic() + min(timeout, 30)
+        most = 0
         while time.monotonic() < deadline and len(self.ended) < self.count:
-            running = requests_running(engine)
-            if running is not None and running >= self.count:
-                return
+            most = max(most, requests_running(engine) or 0)
+            if most >= self.count:
+                break
             time.sleep(0.05)
+        return most
 
     def join(self, timeout: float) -> tuple[int, int]:
         """(finished well, failed) once every stream ended; a stream cut by the drain or still open counts as
