@@ -492,44 +492,9 @@ def import_jm(result: Result) -> list[Line]:
 
 
 def standby_check(result: Result) -> list[Line]:
-    return [line(text) for text in standby_check_lines(result.data)]
+    from lanectl.commands.standby import report_lines
 
-
-def standby_check_lines(data: Mapping[str, Any]) -> list[str]:
-    """The check's report as people read it (also written as report.txt)."""
-    failure = data["failure"]
-    verdict = "PASSED" if data["passed"] else (
-        f"FAILED: {failure['kind']}" + (f" at cycle {failure['cycle']}" if failure["cycle"] else "") + "\n  "
-        + failure["detail"])
-    lines = [f"standby check of {data['lane']}: {verdict}"]
-    if data["stopped"]:
-        lines.append(f"stopped first: {', '.join(data['stopped'])}")
-    lines.append(f"cold start (gate included): {data['cold_start_seconds']:g} s")
-    rows = [("CYCLE", "SLEEP S", "WAKE S", "STREAMS OK", "RESIDENT GIB", "GPU MIB ASLEEP", "SAME OUTPUT")]
-    for cycle in data["cycles"]:
-        rows.append((str(cycle["index"]), _or_dash(cycle["sleep_seconds"]), _or_dash(cycle["wake_seconds"]),
-                     f"{cycle['streams_ok']}/{cycle['streams_ok'] + cycle['streams_failed']}",
-                     _or_dash(cycle["resident_gib"]), _or_dash(cycle["gpu_used_mib_asleep"]),
-                     {True: "yes", False: "NO", None: "-"}[cycle["same"]]))
-    if data["cycles"]:
-        lines += aligned(rows)
-    memory = data["memory"] or {}
-    for key in ("weights_gib", "resident_gib", "gpu_memory_gib", "max_utilization_beside"):
-        if memory.get(key) is not None:
-            lines.append(f"{key}: {memory[key]:g}")
-    beside = data["beside"]
-    if beside is not None:
-        how = f"started in {beside['seconds']:g} s" if beside["started"] else f"did not start: {beside['detail']}"
-        lines.append(f"beside it asleep, {beside['lane']} (--gpu-memory-utilization {beside['utilization']}): {how}")
-    if data.get("standby_yaml"):
-        lines += ["add to the lane in its recipe:", *data["standby_yaml"].rstrip("\n").splitlines()]
-    lines.append(f"after the check: {data['after']}")
-    lines += [f"wrote {path}" for path in data.get("files") or []]
-    return lines
-
-
-def _or_dash(value: Any) -> str:
-    return "-" if value is None else f"{value:g}"
+    return [line(text) for text in report_lines(result.data)]
 
 
 VIEWS: dict[str, View] = {

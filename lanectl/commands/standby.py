@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from lanectl.lanes.standby_check import (
     run_cycles,
 )
 from lanectl.lanes.switcher import LaneSwitcher
-from lanectl.output import Result, warning
+from lanectl.output import Result, aligned, warning
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.recipe.model import DEV_MODE_ENV, SLEEP_MODE_FLAG, WakeCheck
 from lanectl.recipe.shutdown import drain_seconds
@@ -312,15 +313,51 @@ def standby_yaml(block: dict[str, Any], report: CheckReport, target: Lane, neigh
 
 
 def write_report(folder: Path, data: dict[str, Any]) -> list[str]:
-    from lanectl.cli.views import standby_check_lines
     from lanectl.state.atomic import write_atomically
 
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / "report.json", folder / "report.txt"]
-    texts = [json.dumps(data, indent=2, sort_keys=True) + "\n", "\n".join(standby_check_lines(data)) + "\n"]
+    texts = [json.dumps(data, indent=2, sort_keys=True) + "\n", "\n".join(report_lines(data)) + "\n"]
     if data.get("standby_yaml"):
         written.append(folder / "standby.yaml")
         texts.append(data["standby_yaml"])
     for path, text in zip(written, texts, strict=True):
         write_atomically(path, text.encode(), mode=0o644)
     return [str(path) for path in written]
+
+
+def report_lines(data: Mapping[str, Any]) -> list[str]:
+    """The check's report as people read it (also written as report.txt)."""
+    failure = data["failure"]
+    verdict = "PASSED" if data["passed"] else (
+        f"FAILED: {failure['kind']}" + (f" at cycle {failure['cycle']}" if failure["cycle"] else "") + "\n  "
+        + failure["detail"])
+    lines = [f"standby check of {data['lane']}: {verdict}"]
+    if data["stopped"]:
+        lines.append(f"stopped first: {', '.join(data['stopped'])}")
+    lines.append(f"cold start (gate included): {data['cold_start_seconds']:g} s")
+    rows = [("CYCLE", "SLEEP S", "WAKE S", "STREAMS OK", "RESIDENT GIB", "GPU MIB ASLEEP", "SAME OUTPUT")]
+    for cycle in data["cycles"]:
+        rows.append((str(cycle["index"]), _or_dash(cycle["sleep_seconds"]), _or_dash(cycle["wake_seconds"]),
+                     f"{cycle['streams_ok']}/{cycle['streams_ok'] + cycle['streams_failed']}",
+                     _or_dash(cycle["resident_gib"]), _or_dash(cycle["gpu_used_mib_asleep"]),
+                     {True: "yes", False: "NO", None: "-"}[cycle["same"]]))
+    if data["cycles"]:
+        lines += aligned(rows)
+    memory = data["memory"] or {}
+    for key in ("weights_gib", "resident_gib", "gpu_memory_gib", "max_utilization_beside"):
+        if memory.get(key) is not None:
+            lines.append(f"{key}: {memory[key]:g}")
+    beside = data["beside"]
+    if beside is not None:
+        how = f"started in {beside['seconds']:g} s" if beside["started"] else f"did not start: {beside['detail']}"
+        lines.append(f"beside it asleep, {beside['lane']} (--gpu-memory-utilization {beside['utilization']}): {how}")
+    if data.get("standby_yaml"):
+        lines += ["add to the lane in its recipe:", *data["standby_yaml"].rstrip("\n").splitlines()]
+    lines.append(f"after the check: {data['after']}")
+    lines += [f"wrote {path}" for path in data.get("files") or []]
+    return lines
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
