@@ -58,11 +58,13 @@ def check_lanes(ledger: Path) -> str:
         # A wake of 8 s against a cold start of a second or two.
         _lane("c-slowwake", ledger, {"STUB_WAKE_SECONDS": "8"}),
         _lane("c-nosleep", ledger, {}, sleep_mode=False),
+        # Fails while loading for another reason than memory.
+        _lane("c-broken", ledger, {"STUB_FAULT": "crash_on_start"}, share=0.5),
     ])
 
 
 LANES = ["demo-h1", "c-good", "c-half", "c-big", "c-wakecrash", "c-diesasleep", "c-drift", "c-sleepfail",
-         "c-slowwake"]
+         "c-slowwake", "c-broken"]
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +151,9 @@ def test_a_lane_too_big_to_start_beside_it_is_an_oom_beside(lanes: LaneProject, 
     assert data["beside"]["started"] is False and data["standby_yaml"] is None
     # The numbers say why: 0.98 would have fitted.
     assert data["memory"]["max_utilization_beside"] == 0.98 and data["memory"]["beside_fits_by_numbers"] is False
+
+
+def test_a_lane_beside_it_that_fails_otherwise_is_not_called_out_of_memory(lanes: LaneProject, state: Path):
+    data = check(lanes, state, "c-good", "--cycles", "1", "--beside", "c-broken", code=1)
+    assert data["failure"]["kind"] == "beside-failed" and "exited with code 1" in data["failure"]["detail"]
+    assert data["memory"]["beside_fits_by_numbers"] is True
