@@ -34,7 +34,8 @@ collect_ignore = ["contract"]
 FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py", "test_loadgen_stub.py", "test_health_gate_stub.py"}
 SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_installed_wheel.py"}
 WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_standby_check_docker.py"}
-TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py"}
+TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py",
+                 "test_standby_check_driver.py"}
 GATE_FILES = {"test_endpoint_probe.py", "test_alerts.py", "test_registry_push.py", "test_build_docker.py",
               "test_watchdog_hostile_state.py"}
 # It stops and starts the one dockerd every other test uses.
