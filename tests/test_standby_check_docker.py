@@ -157,3 +157,39 @@ def test_a_lane_beside_it_that_fails_otherwise_is_not_called_out_of_memory(lanes
     data = check(lanes, state, "c-good", "--cycles", "1", "--beside", "c-broken", code=1)
     assert data["failure"]["kind"] == "beside-failed" and "exited with code 1" in data["failure"]["detail"]
     assert data["memory"]["beside_fits_by_numbers"] is True
+
+
+
+def test_an_unbuilt_lane_is_refused_before_anything_changes(lanes: LaneProject, state: Path):
+    lanes.invoke("up", "demo-h1", "--no-gpu", state=state, check=True)
+    result = lanes.invoke("standby", "check", "c-good", "--no-gpu", "--beside", "c-nosleep", "--yes", state=state)
+    assert result.returncode == 2 and "lanectl build c-nosleep" in result.stderr
+    assert running(lanes, "demo-h1") and not running(lanes, "c-good")
+
+
+def test_an_interrupted_check_leaves_no_lane_asleep(lanes: LaneProject, state: Path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from lanectl.project import Project
+    from lanectl.recipe.catalog import load_catalog
+
+    port = load_catalog(Project.locate(lanes.root / "recipes")).lane("c-slowwake").spec.engine.ports[0].published
+    check = subprocess.Popen([sys.executable, "-m", "lanectl", "standby", "check", "c-slowwake", "--no-gpu",
+                              "--cycles", "3"], cwd=lanes.root, env=lanes.env(state), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    asleep = False
+    while not asleep and time.monotonic() < deadline:
+        try:
+            asleep = httpx.get(f"http://127.0.0.1:{port}/is_sleeping", timeout=2).json()["is_sleeping"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            time.sleep(0.1)
+    assert asleep, "the check never put the lane to sleep"
+    check.send_signal(signal.SIGINT)  # inside its 8 s wake
+    check.communicate(timeout=120)
+    assert check.returncode != 0 and not running(lanes, "c-slowwake")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerEngine
-from lanectl.errors import BadInput
+from lanectl.errors import BadInput, OperationFailed
 from lanectl.host.gpu_memory import memory_mib, used_mib
 from lanectl.host.host_memory import available_gib
 from lanectl.lanes.execute import Reporter
@@ -48,10 +48,18 @@ from lanectl.state.paths import StateFiles, state_dir
 def check(catalog: Catalog, lane: str, *, cycles: int, beside: str | None, yes: bool, streams: int,
           out_dir: Path | None, reporter: Reporter, lock_wait: float, no_gpu: bool = False) -> Result:
     from lanectl.commands.switch import switcher
+    from lanectl.lanes.switcher import built_tag
 
     target = catalog.lane(lane)
     neighbour = catalog.lane(beside) if beside else None
     _require_checkable(target, neighbour, cycles, streams)
+    engine = ContainerEngine()
+    for needed in (target, neighbour):
+        if needed is not None:
+            try:
+                built_tag(engine, needed)
+            except OperationFailed as exc:
+                raise BadInput(str(exc)) from None
     with switcher(catalog, f"lanectl standby check {lane}", lock_wait=lock_wait, reporter=reporter,
                   no_gpu=no_gpu) as lanes:
         snapshot = lanes.snapshot(target.name, *([neighbour.name] if neighbour else []))
@@ -63,8 +71,14 @@ def check(catalog: Catalog, lane: str, *, cycles: int, beside: str | None, yes: 
                            + ", and brings back the lane that served. Run it again with --yes in a window "
                              "where they may stop")
         previous = LaneStateStore(StateFiles(state_dir()).lanes).load().active
-        report = _run(lanes, target, neighbour, cycles=cycles, streams=streams, serving=serving,
-                      reporter=reporter, no_gpu=no_gpu)
+        try:
+            report = _run(lanes, target, neighbour, cycles=cycles, streams=streams, serving=serving,
+                          reporter=reporter, no_gpu=no_gpu)
+        except (Exception, KeyboardInterrupt):
+            # A lane left asleep by a check that broke off is known to nobody (no standby record), and `docker
+            # start` of its running container would not wake it: stop what the check started, then re-raise.
+            _stop_started(lanes, target, neighbour)
+            raise
         restored = _restore(lanes, target, previous, reporter)
     folder = out_dir or StateFiles(state_dir()).standby_checks / (
         f"{target.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
@@ -225,8 +239,12 @@ def _beside(lanes: LaneSwitcher, checked: DockerLane, neighbour: Lane, fingerpri
     """The checked lane asleep, `neighbour` started beside it as its recipe says and held to its gate, stopped
     again; then the checked lane woken and its output compared once more."""
     endpoints = [SleepEndpoints(url, settings.timeout) for _, url in checked.urls()]
-    for engine in endpoints:
-        engine.sleep(1, settings.drain_seconds)
+    try:
+        for engine in endpoints:
+            engine.sleep(1, settings.drain_seconds)
+    except StandbyError as exc:
+        return Beside(lane=neighbour.name, utilization=_utilization(neighbour), started=False, seconds=0.0,
+                      detail=f"not started: the lane under check did not fall asleep: {exc}")
     snapshot = lanes.snapshot(neighbour.name)
     inventory = Inventory(lanes.catalog, snapshot, with_gpus=not no_gpu)
     started = time.time()
@@ -263,6 +281,16 @@ def _beside(lanes: LaneSwitcher, checked: DockerLane, neighbour: Lane, fingerpri
 
 def checked_gpu_used(lanes: LaneSwitcher, lane: Lane, no_gpu: bool) -> int | None:
     return None if no_gpu else _meters(lane, no_gpu).gpu_used_mib()
+
+
+def _stop_started(lanes: LaneSwitcher, target: Lane, neighbour: Lane | None) -> None:
+    for lane in (neighbour, target):
+        if lane is None:
+            continue
+        for role in reversed(lane.roles):
+            state = lanes.engine.container(lane.container_name(role))
+            if state is not None and state.running:
+                lanes.engine.stop(state.name, role_engine(lane, role).stop_timeout_seconds)
 
 
 def _restore(lanes: LaneSwitcher, target: Lane, previous: str | None, reporter: Reporter) -> str:
