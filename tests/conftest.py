@@ -31,12 +31,15 @@ collect_ignore = ["contract"]
 #             rounds (calibration, --until-decided)
 #   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
 #   solo      the test that restarts the Docker engine every other test uses: alone, last
-FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py", "test_loadgen_stub.py", "test_health_gate_stub.py"}
+# The stateful fuzzers are pure but CPU-bound: they run beside groups that mostly wait on containers, not in side.
+FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py", "test_loadgen_stub.py", "test_health_gate_stub.py",
+               "test_fleet_fuzz.py"}
 SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_installed_wheel.py", "test_guides.py"}
-WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py"}
-TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py"}
+WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_standby_check_docker.py"}
+TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py",
+                 "test_standby_check_driver.py"}
 GATE_FILES = {"test_endpoint_probe.py", "test_alerts.py", "test_registry_push.py", "test_build_docker.py",
-              "test_watchdog_hostile_state.py"}
+              "test_watchdog_hostile_state.py", "test_switch_fuzz.py"}
 # It stops and starts the one dockerd every other test uses.
 SOLO_FILES = {"test_lanes_engine_restart.py"}
 

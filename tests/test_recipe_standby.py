@@ -104,8 +104,9 @@ def test_the_shipped_recipes_say_where_standby_is_on_and_off():
         ("weights_gib: 16, resident_gib: 2", "weights_gib: 16, resident_gib: 12"),
         [f"recipes/r.yaml:18:67: defaults.standby.resident_gib: asleep, this lane holds 12 GiB of each 80 GiB GPU, "
          f"but lane {other}'s primary asks vLLM for --gpu-memory-utilization 0.92 of it, which leaves 6.4 GiB: vLLM "
-         f"would refuse to start {other} beside it. Lower that to 0.85 or less, or leave standby off"
-         for other in ("a", "b")],
+         f"would refuse to start {other} beside it. Lower that to 0.85 or less, or prove a resident_gib of 6.4 or "
+         f"less (`lanectl standby check {lane} --beside {other}` measures both), or leave standby off"
+         for lane, other in (("b", "a"), ("a", "b"))],
         id="does-not-fit-by-vllm-default-share"),
     pytest.param(
         ("      ports:\n        - {container: 8000, host: 18001, host_ip: 127.0.0.1}\n",
@@ -118,7 +119,8 @@ def test_the_shipped_recipes_say_where_standby_is_on_and_off():
          "serving lane through a proxy on the box)",
          "recipes/r.yaml:18:67: defaults.standby.resident_gib: asleep, this lane holds 2 GiB of each 80 GiB GPU, "
          "but lane b's primary asks vLLM for --gpu-memory-utilization 0.99 of it, which leaves 0.8 GiB: vLLM would "
-         "refuse to start b beside it. Lower that to 0.97 or less, or leave standby off"],
+         "refuse to start b beside it. Lower that to 0.97 or less, or prove a resident_gib of 0.8 or less "
+         "(`lanectl standby check a --beside b` measures both), or leave standby off"],
         id="shared-port-and-a-greedy-neighbour"),
     pytest.param(
         ("    ports:\n      - {container: 8000, host: 18000, host_ip: 127.0.0.1}\n", ""),

@@ -4,7 +4,10 @@
   standard library's own sources, so it merges code the way a real tokenizer does (`":" ":"` -> `"::"`);
 - `llama-8b-shape`: config only, an 8B-shaped Llama (hidden 4096, 32 layers, 32 heads, 8 KV heads),
   served with `--load-format dummy` (random weights of the real size: real memory, real kernels);
-- `llama-tiny`: a 2-layer Llama with random weights saved by `save_pretrained` (a few MB).
+- `llama-tiny`: a 2-layer Llama with random weights saved by `save_pretrained` (a few MB);
+- `llama-1b-random`: a 16-layer Llama (hidden 2048, 1.0 B parameters, 2.0 GB in bf16) with real random weights
+  (initialised on the GPU when there is one): big enough that `--cpu-offload-gb 1` moves a real GiB of MLP weights
+  to host memory, and, unlike `--load-format dummy`, its greedy text varies, so equal text after a wake means something.
 
     python3 gpu/vllm_serve/make_models.py /tmp/models
 """
@@ -70,10 +73,16 @@ def main(root: pathlib.Path) -> None:
     config = llama_config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tiny)
-    for model in (big, tiny):
+    mid = root / "llama-1b-random"
+    torch.manual_seed(0)
+    mid_config = llama_config(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                              num_attention_heads=16, num_key_value_heads=8)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        LlamaForCausalLM(mid_config).to(torch.bfloat16).save_pretrained(mid)
+    for model in (big, tiny, mid):
         for f in tok_dir.iterdir():
             (model / f.name).write_bytes(f.read_bytes())
-    print(json.dumps({"models": [str(big), str(tiny)], "seconds": round(time.monotonic() - started, 1)}))
+    print(json.dumps({"models": [str(big), str(tiny), str(mid)], "seconds": round(time.monotonic() - started, 1)}))
 
 
 if __name__ == "__main__":

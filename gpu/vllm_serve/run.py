@@ -97,6 +97,7 @@ class Engine:
         self.record = record
         self.base_url = f"http://127.0.0.1:{port}"
         self.lines: list[str] = []
+        self.stamped: list[tuple[float, str]] = []  # (UNIX time read, line): what a log "since" reads
         self._read = 0
         record.event("launch", argv=argv, env={k: v for k, v in env.items() if k.startswith(("VLLM", "STUB"))})
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -109,6 +110,7 @@ class Engine:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             self.lines.append(line)
+            self.stamped.append((time.time(), line))
             self.log_file.write(f"{self.record.now():9.3f} {line}\n")
             self.log_file.flush()
             self.record.event("log", line=line)

@@ -83,6 +83,8 @@ watchdog_app = _typer("The health watchdog of the active lane.")
 app.add_typer(watchdog_app, name="watchdog")
 fleet_app = _typer("Lanes on a fleet of boxes, run by Docker Swarm.")
 app.add_typer(fleet_app, name="fleet")
+standby_app = _typer("Standbys: lanes left asleep (vLLM sleep mode) so that a rollback is a wake.")
+app.add_typer(standby_app, name="standby")
 
 
 # Engine text (container logs, engine and webhook errors, health details) reaches these consoles:
@@ -622,6 +624,29 @@ def init(folder: Annotated[Path, typer.Argument(help="The new project's folder (
     from lanectl.commands.init import init_project
 
     show(init_project(folder, port), as_json)
+
+
+@standby_app.command("check")
+def standby_check(
+        lane: Annotated[str, typer.Argument(help="The lane to prove sleep and wake on.", autocompletion=complete_lane)],
+        cycles: Annotated[int, typer.Option("--cycles", metavar="N", help="Sleeps and wakes.")] = 10,
+        beside: Annotated[str | None, typer.Option("--beside", metavar="LANE2", help="Start LANE2 beside LANE asleep, "
+                                                   "at LANE2's --gpu-memory-utilization.",
+                                                   autocompletion=complete_lane)] = None,
+        streams: Annotated[int, typer.Option("--streams", help="Streams in flight at each sleep.")] = 4,
+        yes: Annotated[bool, typer.Option("--yes", help="Stop the lanes that serve now (they come back after).")]
+        = False,
+        out_dir: Annotated[Path | None, typer.Option("--out", help="Write the report here (default: a new folder "
+                                                     "under the state dir's standby-checks/).")] = None,
+        lock_wait: LockWaitOption = "60s", no_gpu: NoGpuOption = False, as_json: JsonOption = False) -> None:
+    """Prove on this box that LANE sleeps and wakes: start it cold, sleep (streams in flight) and wake it N times
+    comparing its greedy output, read the memory it keeps, optionally start LANE2 beside it asleep. Writes a report
+    and, when it passed, the recipe's standby block. Stops what serves (needs --yes then) and brings it back.
+    Exit 0 passed, 1 failed (crash, engine-error, fingerprint-drift, slow-wake, oom-beside, beside-failed)."""
+    from lanectl.commands.standby import check
+
+    show(check(catalog(), lane, cycles=cycles, beside=beside, yes=yes, streams=streams, out_dir=out_dir,
+               reporter=_reporter(), lock_wait=_seconds(lock_wait, "--lock-wait"), no_gpu=no_gpu), as_json)
 
 
 import_app = _typer("Recipes from other formats, as lanectl recipes.")

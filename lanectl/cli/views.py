@@ -499,6 +499,12 @@ def import_jm(result: Result) -> list[Line]:
     return lines + [line(text, err=True) for text in data["unmapped"]]
 
 
+def standby_check(result: Result) -> list[Line]:
+    from lanectl.commands.standby import report_lines
+
+    return [line(text) for text in report_lines(result.data)]
+
+
 VIEWS: dict[str, View] = {
     "validate": validate,
     "lanes": lanes,
@@ -529,4 +535,5 @@ VIEWS: dict[str, View] = {
     "release-note": release_note,
     "init": init,
     "import.jm": import_jm,
+    "standby.check": standby_check,
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import os
 import re
 import typing
@@ -539,8 +540,10 @@ def _standby_fit(doc: YamlDocument, lane: Lane, other: Lane, locate: typing.Call
                                  f"{standby.gpu_memory_gib:g} GiB GPU, but lane {other.name}'s {role} asks vLLM for "
                                  f"--gpu-memory-utilization "
                                  f"{share:g} of it, which leaves {left:.1f} GiB: vLLM would refuse to start "
-                                 f"{other.name} beside it. Lower that to {int(most * 100) / 100:.2f} or less, or leave "
-                                 "standby off")]
+                                 f"{other.name} beside it. Lower that to {int(most * 100) / 100:.2f} or less, or "
+                                 f"prove a resident_gib of {math.floor(round(left * 100, 6)) / 100:g} or less "
+                                 f"(`lanectl standby check "
+                                 f"{lane.name} --beside {other.name}` measures both), or leave standby off")]
     return []
 
 

@@ -82,6 +82,11 @@ class StateFiles:
         return self.root / "standby.json"
 
     @property
+    def standby_checks(self) -> Path:
+        """One folder per `lanectl standby check` run: its report (JSON, text) and the standby block it measured."""
+        return self.root / "standby-checks"
+
+    @property
     def calibration(self) -> Path:
         """The arm noise `gate --calibrate` measured here, per workload and cell, for later gates' intervals."""
         return self.root / "calibration.json"

@@ -18,7 +18,7 @@ USAGE = (
 )
 
 FAULTS = ("crash", "crash_on_start", "hang", "unhealthy", "fatal_log", "slow_start",
-          "wake_fail", "wake_altered", "die_asleep", "sleep_fail", "prefix_cache_held",
+          "wake_fail", "wake_altered", "die_asleep", "die_on_wake", "sleep_fail", "prefix_cache_held",
           "broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 
 
@@ -77,6 +77,15 @@ class Config:
     sleep_seconds: float = 0.5
     wake_seconds: float = 1.0
     sleep_refuses: bool = False
+    # The GPU the stub shares (gpu.py): --gpu-memory-utilization (vLLM 0.31.0's default 0.92), the folder of the
+    # engines on it, its size, what a level-1 sleep keeps on it and copies to host memory.
+    gpu_memory_utilization: float = 0.92
+    gpu_ledger: str | None = None
+    gpu_total_gib: float = 80.0
+    resident_gib: float = 1.0
+    weights_gib: float = 13.15
+    # The first wake a sleep fault (wake_fail, wake_altered, die_on_wake) acts on; 1: every wake.
+    fault_wake: int = 1
     # vLLM's --shutdown-timeout (engine/arg_utils.py: "0 = abort, >0 = wait"): what a stop signal does to the
     # requests in flight. abort_lost: with 0, the engine core is killed before its abort outputs leave.
     shutdown_timeout: int = 0
@@ -92,7 +101,7 @@ class Config:
 
 # Flags whose values the stub uses; everything else is collected as ignored.
 _SINGLE = ("--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--cpu-offload-gb",
-           "--engram-config", "--shutdown-timeout")
+           "--engram-config", "--shutdown-timeout", "--gpu-memory-utilization")
 VLLM_VERSIONS = ("0.31.0", "0.26.0")
 _MULTI = ("--served-model-name", "--cpu-offload-params")
 _BOOLEAN = ("--enable-sleep-mode",)
@@ -213,6 +222,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
             cpu_offload_params=parsed.multi.get("--cpu-offload-params", []),
             ignored_flags=parsed.ignored,
             enable_sleep_mode="--enable-sleep-mode" in parsed.switches,
+            gpu_memory_utilization=float(single.get("--gpu-memory-utilization", "0.92")),
         )
     except ValueError as exc:
         raise ConfigError(f"bad flag value: {exc}") from None
@@ -258,6 +268,13 @@ def load(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     cfg.sleep_seconds = _num(env, "STUB_SLEEP_SECONDS", 0.5)
     cfg.wake_seconds = _num(env, "STUB_WAKE_SECONDS", 1.0)
     cfg.sleep_refuses = _flag(env, "STUB_SLEEP_REFUSES")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise ConfigError(f"--gpu-memory-utilization {cfg.gpu_memory_utilization}: must be in (0, 1]")
+    cfg.gpu_ledger = env.get("STUB_GPU_LEDGER", "").strip() or None
+    cfg.gpu_total_gib = _num(env, "STUB_GPU_TOTAL_GIB", 80.0, minimum=1e-3)
+    cfg.resident_gib = _num(env, "STUB_RESIDENT_GIB", 1.0)
+    cfg.weights_gib = _num(env, "STUB_WEIGHTS_GIB", 13.15)
+    cfg.fault_wake = _int(env, "STUB_FAULT_WAKE", 1, minimum=1)
     cfg.abort_lost = _flag(env, "STUB_ABORT_LOST")
     cfg.dev_mode = _flag(env, "VLLM_SERVER_DEV_MODE")
     fault = env.get("STUB_FAULT", "").strip().lower()

@@ -18,6 +18,9 @@ Sleep-mode faults (handled by sleep.py), each a way a standby has failed upstrea
 - wake_altered:   the wake succeeds and /health says 200, but every token after it differs from before the
                   sleep: the "healthy endpoint, corrupt output" wake (vllm#17103).
 - die_asleep:     the process dies STUB_FAULT_AFTER_S after falling asleep, as a crash does.
+- die_on_wake:    the engine core dies when asked to wake: the wake answers 500, then the process exits 0.
+STUB_FAULT_WAKE=N holds wake_fail, wake_altered and die_on_wake back until the Nth wake (a standby check must
+find a fault of a late cycle, not only of the first).
 
 Output faults (answers.py, decoding.py): the engine stays healthy and fast, but a correctness probe fails.
 - broken_tool_json: tool-call arguments lose their closing brace (a tool parser that cuts the last token).
@@ -40,7 +43,7 @@ api_log = logs.get("api_server")
 
 OUTPUT_FAULTS = ("broken_tool_json", "leak_reasoning", "loop", "miss_needle")
 RUNTIME_FAULTS = ("crash", "hang", "unhealthy", "fatal_log", *OUTPUT_FAULTS, "clear")
-SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep", "sleep_fail")
+SLEEP_FAULTS = ("wake_fail", "wake_altered", "die_asleep", "die_on_wake", "sleep_fail")
 
 FATAL_CUDA_LINE = "CUDA error: an illegal memory access was encountered"
 
@@ -74,8 +77,12 @@ _DEAD_TRACEBACK = (
 
 def crash_on_start(reason: str) -> None:
     """The engine core fails while loading: its error and traceback, then the API server gives up (exit 1)."""
-    log.error("EngineCore failed to start.\n%s", _core_traceback(f"RuntimeError: stub engine: injected start "
-                                                                  f"failure ({reason})"))
+    fail_to_start(f"RuntimeError: stub engine: injected start failure ({reason})")
+
+
+def fail_to_start(error: str) -> None:
+    """The engine core fails while loading with `error` (a vLLM exception line), then the API server gives up."""
+    log.error("EngineCore failed to start.\n%s", _core_traceback(error))
     api_log.error("%s", "RuntimeError: Engine core initialization failed. See root cause above. "
                         "Failed core proc(s): {'EngineCore': 1}")
     os._exit(1)

@@ -102,6 +102,7 @@ _DEFAULT_SITES = {
     "engine": Site(ENGINE_CORE, "gpu_model_runner.py", 2470),
     "executor": Site(ENGINE_CORE, "gpu_worker.py", 131),
     "gpu_worker": Site(ENGINE_CORE, "gpu_worker.py", 131),
+    "cumem": Site(ENGINE_CORE, "cumem.py", 271),
     "api_router": Site(API_SERVER, "api_router.py", 38),
     "flashinfer": Site(ENGINE_CORE, "autotuner.py", 446),
 }

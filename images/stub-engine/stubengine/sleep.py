@@ -22,17 +22,18 @@ import time
 from . import logs
 from .config import Config
 from .engine import PAUSE_MODES, Engine
-from .faults import FaultState
+from .faults import CORE_DEAD_MESSAGE, FaultState
+from .gpu import GpuLedger
 from .metrics import Metrics
 
 log = logs.get("executor")
 log_worker = logs.get("gpu_worker")
+log_allocator = logs.get("cumem")
 log_core = logs.get("core")
 log_api = logs.get("api_router")
 
 # What a sleeping vLLM frees and what it keeps (its CUDA context and graphs; upstream reports 1-16 GiB).
 FREED_GIB = 72.3
-RESIDENT_GIB = 1.0
 
 
 class SleepError(Exception):
@@ -50,8 +51,11 @@ SLEEP_TAGS = ("weights", "kv_cache")
 class Sleeper:
     """The engine's sleep state. Sleep and wake hold one lock, so they never interleave."""
 
-    def __init__(self, cfg: Config, engine: Engine, fault_state: FaultState, metrics: Metrics) -> None:
+    def __init__(self, cfg: Config, engine: Engine, fault_state: FaultState, metrics: Metrics,
+                 ledger: GpuLedger | None = None) -> None:
         self.cfg = cfg
+        self.ledger = ledger or GpuLedger(None, cfg.gpu_total_gib)
+        self.wakes = 0  # wakes that moved memory back
         self.engine = engine
         self.faults = fault_state
         self.metrics = metrics
@@ -104,7 +108,13 @@ class Sleeper:
         time.sleep(self.cfg.sleep_seconds)
         self.sleeping_tags = set(SLEEP_TAGS)
         self.level = level
-        log_worker.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.", FREED_GIB, RESIDENT_GIB)
+        backed_up = self.cfg.weights_gib if level == 1 else 0.0
+        log_allocator.info("CuMemAllocator: sleep freed %.2f GiB memory in total, of which %.2f GiB is backed up in "
+                           "CPU and the rest %.2f GiB is discarded directly.", FREED_GIB, backed_up,
+                           FREED_GIB - backed_up)
+        log_worker.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.", FREED_GIB,
+                        self.cfg.resident_gib)
+        self.ledger.hold(self.cfg.resident_gib)
         log.info("It took %.6f seconds to fall asleep.", time.monotonic() - started)
 
     def wake_up(self, tags: list[str] | None) -> None:
@@ -130,15 +140,22 @@ class Sleeper:
                 return
         started = time.monotonic()
         time.sleep(self.cfg.wake_seconds)
-        if self.cfg.fault == "wake_fail":
+        self.wakes += 1
+        fault = self.cfg.fault if self.wakes >= self.cfg.fault_wake else None
+        if fault == "die_on_wake":
+            self.faults.crash("STUB_FAULT=die_on_wake: the engine core died while waking")
+            raise SleepError(500, CORE_DEAD_MESSAGE)
+        if fault == "wake_fail":
             log.error("Failed to wake up: CUDA error: out of memory (stub engine: STUB_FAULT=wake_fail)")
             raise SleepError(500, "CUDA error: out of memory")
         waking = set(tags) if tags else set(self.sleeping_tags)
-        if "weights" in waking and (self.cfg.fault == "wake_altered" or self.level == 2):
+        if "weights" in waking and (fault == "wake_altered" or self.level == 2):
             self.seed_offset += 1
         log.info("It took %.6f seconds to wake up tags %s.", time.monotonic() - started,
                  tags if tags else _tag_set(self.sleeping_tags))
         self.sleeping_tags -= waking
+        if not self.sleeping_tags:
+            self.ledger.hold(self.cfg.gpu_memory_utilization * self.cfg.gpu_total_gib)
 
 
 def _pause_traceback(mode: str) -> str:

@@ -10,10 +10,11 @@ import os
 import threading
 import time
 
-from . import faults, logs, splitkv
+from . import faults, gpu, logs, splitkv
 from .config import Config
 from .engine import Engine, draft_steps
 from .faults import FaultState
+from .gpu import GpuLedger, request_memory
 from .metrics import Metrics
 from .server import StubHTTPServer
 from .shutdown import Serving
@@ -61,7 +62,7 @@ def announce(cfg: Config, attention: splitkv.DecodeAttention) -> None:
         )
 
 
-def load(cfg: Config) -> None:
+def load(cfg: Config) -> GpuLedger:
     """Sleep through the load phase, logging vLLM 0.31.0's milestones; may inject a start failure or a stall."""
     total = cfg.slow_start_seconds if cfg.fault == "slow_start" else cfg.load_seconds
     t0 = time.monotonic()
@@ -72,6 +73,13 @@ def load(cfg: Config) -> None:
             time.sleep(delay)
         return time.monotonic() - t0
 
+    # vLLM's worker takes its share of the GPU before it loads anything (request_memory in init_device).
+    ledger = GpuLedger(cfg.gpu_ledger, cfg.gpu_total_gib)
+    free_gib = ledger.free_gib()
+    short = request_memory(ledger, cfg.gpu_memory_utilization)
+    if short is not None:
+        faults.fail_to_start(f"ValueError: {short}")
+    ledger.hold(cfg.gpu_memory_utilization * cfg.gpu_total_gib)
     log.info("Starting to load model %s...", cfg.model)
     elapsed = until(0.5)
     if cfg.fault == "crash_on_start":
@@ -85,6 +93,7 @@ def load(cfg: Config) -> None:
                  ENGRAM_ROWS, ENGRAM_DIM, ENGRAM_GIB, "per rank")
     log.info("Model loading took %.4f GiB memory and %.6f seconds", MODEL_GIB, until(0.55))
     until(0.7)
+    gpu.log_startup_memory(ledger, free_gib, cfg.gpu_memory_utilization)
     tokens, max_len = f"{cfg.kv_cache_tokens:,}", f"{cfg.max_model_len:,}"
     concurrency = cfg.kv_cache_tokens / cfg.max_model_len
     if cfg.vllm_version == "0.26.0":
@@ -105,6 +114,7 @@ def load(cfg: Config) -> None:
     # The variant vLLM prints when nothing was compiled (--enforce-eager); a compiled start adds
     # " (compilation: %.2f s)".
     log.info("init engine (profile, create kv cache, warmup model) took %.2f s", until(1.0))
+    return ledger
 
 
 class Up:
@@ -128,7 +138,7 @@ def serve(cfg: Config, up: Up) -> None:
     """Load, bind, serve forever. Runs off the main thread, which waits for signals."""
     attention = splitkv.select(cfg.mega_splitkv, cfg.mega_splitkv_max_tokens)
     announce(cfg, attention)
-    load(cfg)
+    ledger = load(cfg)
     metrics = Metrics(cfg.served_model_name)
     state = FaultState(core_death_seconds=cfg.core_death_seconds)
     engine = Engine(
@@ -148,7 +158,7 @@ def serve(cfg: Config, up: Up) -> None:
         state.apply(cfg.fault, f"STUB_FAULT={cfg.fault}")
     engine.start()
     try:
-        httpd = StubHTTPServer(cfg, engine, metrics, state, Sleeper(cfg, engine, state, metrics))
+        httpd = StubHTTPServer(cfg, engine, metrics, state, Sleeper(cfg, engine, state, metrics, ledger))
     except OSError as exc:
         log.error("Cannot bind the API server to %s:%d: %s", cfg.host, cfg.port, exc)
         os._exit(1)
