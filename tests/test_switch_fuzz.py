@@ -636,3 +636,19 @@ def test_a_container_set_aside_and_started_again_by_hand_is_not_removed_by_the_p
     box.last = box.switcher(Interrupting(11, start_the_old_ones), Interrupt()).up(box._lane("demo-h1"), why="up")
     assert [name for name in box.engine.by_hand if ".was-" in name], box.last
     promises_hold(box)
+
+
+def test_an_undo_whose_lane_does_not_come_back_says_so_stops_it_and_re_arms_the_watchdog():
+    """Found by the machine: a killed rollback is undone by the next command, and the lane it brings back fails
+    its gate. The undo said '… is serving again', left that lane running unhealthy and the watchdog disarmed."""
+    box = machine("demo-h1")
+    box.rollback(how=None)
+    box.operator_on_the_engine(action="kill", data=_Drawn("lanectl-demo-demo-h2-8"))
+    box.rollback(how=("kill", 6, 0))
+    box.operator_on_the_engine(action="stop", data=_Drawn("lanectl-demo-demo-h1"))
+    box.engine_health(lane="demo-h2-8", failing=True)
+    box.down(how=None)
+    state = box.state()
+    assert state.watchdog_armed and state.watchdog_lease is None, state
+    assert box.awake_lanes() == {}
+    promises_hold(box)

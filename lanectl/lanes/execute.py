@@ -260,7 +260,12 @@ class Executor:
             result = "interrupted" if signal_name else "failed"
             self._outcome(run, result, message)
             return SwitchOutcome(result, message, None, tuple(run.done), signum=signum)
-        back = self._way_back(run)
+        if plan.kind == "undo":
+            # An undo's phases are themselves the way back: one that failed is a way back that failed.
+            self._abandon(run)
+            back: str | None = _why(failure)
+        else:
+            back = self._way_back(run)
         serving = plan.previous if back is None and plan.previous else None
         if plan.kind == "restart":
             message, result = f"{failure}; {plan.lane} is stopped", "failed"
@@ -290,14 +295,16 @@ class Executor:
         for phase in run.plan.way_back:
             failed = self._phase(run, self._undoing(run, phase), way_back=True)
             if failed is not None:
-                for step in run.plan.abandon:
-                    try:
-                        self._step(run, step)
-                    except StepFailed as again:
-                        run.warnings.append(str(again))
-                return failed.gate.failed_check + ": " + failed.gate.detail if failed.gate and \
-                    failed.gate.failed_check else str(failed)
+                self._abandon(run)
+                return _why(failed)
         return None
+
+    def _abandon(self, run: _Run) -> None:
+        for step in run.plan.abandon:
+            try:
+                self._step(run, step)
+            except StepFailed as again:
+                run.warnings.append(str(again))
 
     def _undoing(self, run: _Run, phase: Phase) -> Phase:
         """The way back undoes only what this run changed: a target still recorded asleep whose containers this
@@ -633,6 +640,11 @@ class Executor:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
         self._seams.step_done()
+
+
+def _why(failed: StepFailed) -> str:
+    gate = failed.gate
+    return f"{gate.failed_check}: {gate.detail}" if gate and gate.failed_check else str(failed)
 
 
 def announce_notes(plan: Plan, switch: str, journal: Journal, reporter: Reporter) -> None:
