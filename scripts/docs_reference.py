@@ -442,7 +442,7 @@ def recipe_reference(schema: Schema | None = None) -> str:
 
 # The modules whose COMMAND_DOCS hold each command's example and exit codes, beside the command's own code.
 COMMAND_MODULES = ("validate", "lanes", "render", "diff", "schema", "build", "switch", "status", "logs", "history",
-                   "doctor", "gate", "init", "patches", "watchdog", "fleet", "pin", "import_jm")
+                   "doctor", "gate", "init", "patches", "watchdog", "fleet", "pin", "import_jm", "standby")
 GENERAL_EXIT_CODES = {0: "success", 1: "the operation failed", 2: "bad input or usage (nothing was changed)"}
 
 

@@ -389,3 +389,22 @@ def report_lines(data: Mapping[str, Any]) -> list[str]:
 
 def _or_dash(value: Any) -> str:
     return "-" if value is None else f"{value:g}"
+
+
+# The command's page in the docs (docs/reference/commands/, written by scripts/docs_reference.py from the
+# command-line app): an example, and what each exit code means.
+COMMAND_DOCS = {
+    "standby check": {
+        "example": """\
+# in a maintenance window: stops what serves, checks demo-h1's sleep and wake 10 times, then brings it back
+$ lanectl standby check demo-h1 --cycles 10 --beside demo-h2 --yes --no-gpu
+""",
+        "exit": {
+            0: "every cycle slept and woke with the first greedy output, and the lane beside fitted; the report "
+               "holds the `standby:` block to add to the recipe",
+            1: "the check failed (crash, engine error, fingerprint drift, slow wake, out of memory beside); the "
+               "report says which cycle and why",
+            2: "refused before anything changed: a lane serves and no --yes, no sleep mode, not built, on Swarm",
+        },
+    },
+}
