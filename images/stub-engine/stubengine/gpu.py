@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import logs
 
-log = logs.get("gpu_worker")
+log = logs.get("gpu_ledger")
 
 
 class GpuLedger:

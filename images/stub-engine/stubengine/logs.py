@@ -102,6 +102,9 @@ _DEFAULT_SITES = {
     "engine": Site(ENGINE_CORE, "gpu_model_runner.py", 2470),
     "executor": Site(ENGINE_CORE, "gpu_worker.py", 131),
     "gpu_worker": Site(ENGINE_CORE, "gpu_worker.py", 131),
+    # The shared-GPU ledger's start-up memory line. It has vLLM 0.26.0's words (the GPU machine's release), which
+    # no logger call of the pin (0.31.0) prints as such: it is named as the stub's own, not as gpu_worker.py.
+    "gpu_ledger": Site(ENGINE_CORE, "stub_gpu_ledger.py", 83),
     "cumem": Site(ENGINE_CORE, "cumem.py", 271),
     "api_router": Site(API_SERVER, "api_router.py", 38),
     "flashinfer": Site(ENGINE_CORE, "autotuner.py", 446),
