@@ -9,8 +9,11 @@ root=$PWD
 python=${PYTHON:-$root/.venv/bin/python}
 survived=0
 
+only=${1:-}  # a word of the mutants' names: only those run (e.g. `drain`), the baseline then not
+
 mutant() {  # NAME FILE OLD NEW: the tree with OLD replaced by NEW in FILE
   local name=$1 file=$2 old=$3 new=$4 copy
+  if [ -n "$only" ] && [[ "$name" != *"$only"* ]]; then return; fi
   copy=$(mktemp -d /tmp/lanectl-mutant.XXXXXX)
   tar -c --exclude=./.git --exclude=./.venv --exclude='./.contract-venv*' --exclude=./site --exclude=./.hypothesis --exclude=__pycache__ . \
     | tar -x -C "$copy"

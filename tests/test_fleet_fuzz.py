@@ -47,7 +47,7 @@ from lanectl.recipe.catalog import Catalog, load_catalog
 from lanectl.state.journal import Journal, current_user_at_host
 from tests.conftest import REPO
 from tests.test_fleet_plan import RECIPE
-from tests.test_fleet_rollout import PUSHED, SECRET_VALUES, SECRETS, FakeSwarm, Killed, Reporter
+from tests.test_fleet_rollout import PUSHED, SECRET_VALUES, SECRETS, WITHOUT_RTX, FakeSwarm, Killed, Reporter
 
 # Named for this module: the box's fuzzer registers its own "ci" and "long" in the same process.
 settings.register_profile("fleet-ci", derandomize=True, deadline=None, max_examples=150, stateful_step_count=20,
@@ -65,16 +65,7 @@ EDITS = {
     "as-written": FUZZ_RECIPE,
     "rtx-port-moved": FUZZ_RECIPE.replace("ports: [{container: 8001, host: 18001}]",
                                           "ports: [{container: 8001, host: 18003}]"),
-    "rtx-removed": FUZZ_RECIPE.replace("""  companions:
-    rtx:
-      engine:
-        args: [/model, --port, "8001"]
-        ports: [{container: 8001, host: 18001}]
-""", "").replace("""    companions:
-      rtx:
-        engine:
-          ports: [{container: 8001, host: 19001}]
-""", ""),
+    "rtx-removed": WITHOUT_RTX.replace("lanes:\n  f1: {}\n", "lanes:\n  f1: {}\n  hang: {}\n"),
 }
 # Where lanectl dies or is signalled: "kill" right after the n-th call Swarm took; "INT"/"INT,INT" after step k.
 # A run has at most six steps and six calls Swarm takes (two nodes of two services and a gate).
