@@ -474,7 +474,7 @@ class Executor:
         return stopped
 
     def _remove(self, step: Step) -> str:
-        """Invariant 5 (`lanes/invariants.py`): a container is removed only while it is stopped. The plan chose it
+        """Invariant 4 (`lanes/invariants.py`): a container is removed only while it is stopped. The plan chose it
         from a listing where it was; one that runs now (started by hand, or by another state folder) is kept."""
         state = self.engine.container(step.container)
         if state is None:

@@ -23,6 +23,7 @@ from lanectl.dockerapi.containers import ContainerSpec
 from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health.engine_exit import exit_code_text
+from lanectl.lanes.invariants import gpus_overlap
 from lanectl.lanes.inventory import ASIDE_MARK, Inventory, LaneContainer, host_ports
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
@@ -154,12 +155,7 @@ class Plan:
 # -- conflicts and standbys ----------------------------------------------------------------------------------
 
 def lanes_conflict(a: Lane, b: Lane) -> bool:
-    if host_ports(a) & host_ports(b):
-        return True
-    if a.spec.uses_gpus() and b.spec.uses_gpus():
-        ids_a, ids_b = a.spec.gpu_ids(), b.spec.gpu_ids()
-        return ids_a is None or ids_b is None or bool(ids_a & ids_b)
-    return False
+    return bool(host_ports(a) & host_ports(b)) or gpus_overlap(a, b)
 
 
 def standby_refusal(leaving: Lane, target: Lane, snapshot: Snapshot, *, rollback: bool) -> str | None:
