@@ -20,7 +20,9 @@ pack() {
   done
   ls -l "$OUT"
 }
-case "${1:-}" in
+step=${1:-}
+shift || true  # the rest are standby_check.py's arguments
+case "$step" in
   part1)
     mkdir -p "$stash" && cp "$P"/part-aa "$stash"/ && ls -l "$stash"
     {
