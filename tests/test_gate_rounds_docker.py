@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lanectl.host.gpu_inventory import gpu_names
 from tests.gate_lanes import active, gate, gate_project
 from tests.lane_fixtures import LaneProject, remove_containers
 from tests.test_plot_extra import without_matplotlib
@@ -61,8 +62,10 @@ def test_calibrate_measures_arm_noise_that_a_later_gate_pools_and_an_equal_candi
     code, report = gate(lanes, state, "t-same", "--promote", "--out", str(tmp_path / "results"), env=no_plot)
     assert code == 1 and report["verdict"] in ("inconclusive", "fail"), report
     assert report["noise_prior"]["lane"] == "demo-h1" and report["noise_prior"]["arms"] == 3
-    # The calibration kept the control's config (its container's spec digest), and the gate's control ran it.
+    # The calibration kept the control's config (its container's spec digest) and this host's GPUs as nvidia-smi
+    # names them (none on a host without it), and the gate ran on both.
     assert len(kept["lane_digest"]) == 64 and report["noise_prior"]["lane_digest"] == kept["lane_digest"]
+    assert kept["gpus"] == gpu_names() == report["noise_prior"]["gpus"] == calibration["gpus"]
     assert "refused" not in report["noise_prior"]
     assert {k: c["interval"]["prior"]["df"] for k, c in report["cells"].items()} == {"prose@1": 1, "code@1": 1}
     # The prior's 1 and the pair's 1; or the pair's alone where the pair contradicted the prior (5 % of cells).

@@ -591,11 +591,12 @@ def _without_cells(calibration: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def run_calibration(switcher: LaneSwitcher, lane: Lane, workload: Workload, concurrency: list[int], *, arms: int,
-                    bar: float, max_false_promotion: float, kernel_log: Any | None,
+                    bar: float, max_false_promotion: float, kernel_log: Any | None, gpus: Sequence[str] | None,
                     progress: Callable[[str], None] = lambda text: None) -> GateReport:
     """`gate LANE --calibrate`: `arms` arms of one lane, back to back on one start of it (no switch between
     them, so a restart's own effect on the rate is not in what they measure; a bracket's own arms are).
-    No probes and no teacher forcing: a calibration measures noise, and promotes nothing."""
+    No probes and no teacher forcing: a calibration measures noise, and promotes nothing. The calibration
+    records the lane's config and the host's `gpus` (None: not known): a gate uses it only on both."""
     progress(f"calibration: switching to {lane.name}")
     outcome = switcher.up(lane)
     if outcome.result not in ("ok", "noop"):
@@ -608,6 +609,7 @@ def run_calibration(switcher: LaneSwitcher, lane: Lane, workload: Workload, conc
     report = judge_calibration(measured, bar, max_false_promotion)
     if report.calibration is not None:  # the config the noise was measured on: a gate holds its control to it
         report.calibration["lane_digest"] = serving_digest(switcher.engine, lane)
+        report.calibration["gpus"] = None if gpus is None else list(gpus)
     _journal_gate(switcher, report, lane.name, report.order)
     return report
 

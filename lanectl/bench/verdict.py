@@ -356,8 +356,8 @@ def recompute_calibration(report: Mapping[str, Any]) -> dict[str, Any]:
     judged = judge_arm_noise(report["arms"], report["bar"], calibration["max_false_promotion"],
                              confidence=calibration.get("confidence", CONFIDENCE),
                              model=calibration.get("model", POINT_PRIOR_MODEL))
-    # The lane's config the calibration ran on is a fact of the run, not a figure: kept as recorded.
-    config = {"lane_digest": calibration["lane_digest"]} if "lane_digest" in calibration else {}
+    # The lane's config and the GPUs the calibration ran on are facts of the run, not figures: kept as recorded.
+    config = {key: calibration[key] for key in ("lane_digest", "gpus") if key in calibration}
     return {**report, "calibration": {**judged.calibration, **config}, "verdict": judged.verdict.value,
             "reasons": judged.reasons}
 

@@ -119,6 +119,7 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
     from lanectl.bench.calibration_file import CalibrationStore, priors_for
     from lanectl.commands.switch import switcher
     from lanectl.errors import BadInput
+    from lanectl.host.gpu_inventory import gpu_names
     from lanectl.lanes.switcher import built_tag
     from lanectl.state.out_paths import check_output_folder
     from lanectl.state.paths import StateFiles, state_dir
@@ -153,7 +154,9 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
                          [(lane.name, max_model_len(lane.spec.engine.args)) for lane in (control_lane,
                                                                                          *candidate_lanes)])
     store = CalibrationStore(StateFiles(state_dir()).calibration)
-    priors, noise_prior, prior_line = priors_for(store.load(), workload, control)
+    # Read once: the calibration records these GPUs, and a gate uses a calibration only on the ones it recorded.
+    gpus = gpu_names()
+    priors, noise_prior, prior_line = priors_for(store.load(), workload, control, gpus=gpus)
     command = f"lanectl gate {' '.join(names)} " + ("--calibrate" if calibrate else f"--control {control}")
     with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
         # Every image before the first switch: a refusal mid-bracket would leave a candidate serving.
@@ -163,7 +166,7 @@ def gate(catalog: Catalog, candidate: str | list[str], control: str | None, work
             single = run_calibration(lanes, control_lane, workload, concurrency,
                                      arms=arms or DEFAULT_CALIBRATION_ARMS, bar=bar,
                                      max_false_promotion=max_false_promotion, kernel_log=_kernel_log(),
-                                     progress=progress)
+                                     gpus=gpus, progress=progress)
             data, verdict = single.as_dict(), single.verdict
             messages: tuple[Message, ...] = (info(_keep_noise(store, control_lane.name, workload, data)),)
         else:
