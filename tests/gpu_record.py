@@ -204,3 +204,41 @@ def drain_facts(events: list[dict[str, Any]], figures: dict[str, Any], timeout: 
             asleep[1], dict) else asleep[1]
         found[f"sleep mode={sleep_mode}: woke"] = isinstance(cycle.get("wake"), (int, float))
     return found
+
+
+# -- the standby check against a real vLLM (issue 55): gpu/record/standby-1b/ ---------------------------------------
+
+STANDBY_RECORD = RECORD / "standby-1b"
+# run.py's engine logs put each line after its offset in seconds from launch: "   52.921 (EngineCore pid=911) INFO …".
+LOG_OFFSET = re.compile(r"^ *[0-9]+\.[0-9]{3} ")
+FELL_ASLEEP = re.compile(r"It took ([0-9.]+) seconds to fall asleep\.")
+WOKE = re.compile(r"It took ([0-9.]+) seconds to wake up")
+
+
+def standby_report(run: str) -> dict[str, Any]:
+    """report.json of the record's `uva` run (UVA offload, two starts beside it) or its `control` (no offload)."""
+    report: dict[str, Any] = json.loads((STANDBY_RECORD / run / "report.json").read_text())
+    return report
+
+
+def engine_lines(run: str, log: str = "engine.log") -> list[str]:
+    """One of a run's engine logs, each line as the engine printed it."""
+    return [LOG_OFFSET.sub("", line, count=1) for line in (STANDBY_RECORD / run / log).read_text().splitlines()]
+
+
+def standby_stub_env(run: str) -> dict[str, str]:
+    """The stub told to sleep and wake as the record's engine did: the GPU's size as vLLM saw it, the GPU memory it
+    kept asleep, the host memory a sleep took, and vLLM's own seconds to fall asleep and to wake (the median of its
+    lines; the seconds a sleep with streams in flight takes on top are the streams' own)."""
+    from statistics import median
+
+    memory = standby_report(run)["check"]["memory"]
+    log = "\n".join(engine_lines(run))
+    # The stub takes no host memory: it logs as backed up what the check took a sleep to take, the larger of vLLM's
+    # "backed up in CPU" and MemAvailable's fall (1.09 GiB against 0.97 logged with UVA).
+    weights = max(memory["backed_up_gib_logged"], memory["host_taken_gib"])
+    return {"STUB_GPU_TOTAL_GIB": f"{memory['gpu_memory_gib']:g}",
+            "STUB_RESIDENT_GIB": f"{memory['resident_gib_logged']:g}",
+            "STUB_WEIGHTS_GIB": f"{weights:g}",
+            "STUB_SLEEP_SECONDS": f"{median(float(s) for s in FELL_ASLEEP.findall(log)):.3f}",
+            "STUB_WAKE_SECONDS": f"{median(float(s) for s in WOKE.findall(log)):.3f}"}

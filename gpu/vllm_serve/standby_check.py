@@ -36,12 +36,12 @@ from lanectl.health.probe import EndpointProbe  # noqa: E402
 from lanectl.host.host_memory import available_gib  # noqa: E402
 from lanectl.lanes.standby import SleepEndpoints, StandbyError  # noqa: E402
 from lanectl.lanes.standby_check import (  # noqa: E402
-    OUT_OF_MEMORY,
     Beside,
     CheckReport,
     CheckSettings,
     Meters,
     beside_failure,
+    beside_start,
     engine_failure,
     memory_figures,
     run_cycles,
@@ -121,15 +121,14 @@ def beside(rec: run.Record, args: argparse.Namespace, lane: ProcessLane, utiliza
     try:
         started, seconds, detail = gate(b_engine, 5)
         used = run.gpu_memory_mib()
-        oom = [line for line in b_engine.lines if OUT_OF_MEMORY.search(line)]
+        lines = list(b_engine.lines)
     finally:
         b_engine.stop()
     endpoints.wake_up()
     text = endpoints.greedy_text(run.MODEL_NAME, PROMPT, args.max_tokens)
-    return Beside(lane=f"beside at {utilization}", utilization=utilization, started=started,
-                  seconds=round(seconds, 1), detail=(oom[0] if oom and not started else detail)[:400],
-                  out_of_memory=bool(oom) and not started, gpu_used_mib=used, text_after=text,
-                  same_after=text == fingerprint)
+    return beside_start(f"beside at {utilization}", utilization, started=started, seconds=round(seconds, 1),
+                        gate_detail=detail, log_lines=lines, gpu_used_mib=used, text_after=text,
+                        fingerprint=fingerprint)
 
 
 def main() -> int:

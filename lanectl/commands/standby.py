@@ -25,13 +25,13 @@ from lanectl.lanes.execute import Reporter
 from lanectl.lanes.inventory import Inventory
 from lanectl.lanes.standby import SleepEndpoints, StandbyError, role_base_url, role_engine
 from lanectl.lanes.standby_check import (
-    OUT_OF_MEMORY,
     Beside,
     CheckReport,
     CheckSettings,
     Failure,
     Meters,
     beside_failure,
+    beside_start,
     engine_failure,
     memory_figures,
     run_cycles,
@@ -265,7 +265,6 @@ def _beside(lanes: LaneSwitcher, checked: DockerLane, neighbour: Lane, fingerpri
     used = checked_gpu_used(lanes, neighbour, no_gpu)
     for role in reversed(neighbour.roles):
         lanes.engine.stop(neighbour.container_name(role), role_engine(neighbour, role).stop_timeout_seconds)
-    oom = [line for line in log.splitlines() if OUT_OF_MEMORY.search(line)]
     text = None
     try:
         for engine in endpoints:
@@ -273,10 +272,9 @@ def _beside(lanes: LaneSwitcher, checked: DockerLane, neighbour: Lane, fingerpri
         text = endpoints[0].greedy_text(settings.model, settings.prompt, settings.max_tokens)
     except StandbyError:
         pass
-    detail = result.detail if result.passed or not oom else oom[0].strip()
-    return Beside(lane=neighbour.name, utilization=_utilization(neighbour), started=result.passed,
-                  seconds=seconds, detail=detail[:400], out_of_memory=bool(oom) and not result.passed,
-                  gpu_used_mib=used, text_after=text, same_after=None if text is None else text == fingerprint)
+    return beside_start(neighbour.name, _utilization(neighbour), started=result.passed, seconds=seconds,
+                        gate_detail=result.detail, log_lines=log.splitlines(), gpu_used_mib=used, text_after=text,
+                        fingerprint=fingerprint)
 
 
 def checked_gpu_used(lanes: LaneSwitcher, lane: Lane, no_gpu: bool) -> int | None:

@@ -28,7 +28,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from typing import Any, Protocol
 
@@ -295,6 +295,17 @@ def engine_failure(lane: CheckedLane, index: int | None, detail: str) -> Failure
             ended = lane.ended()
         return Failure(kind="crash", cycle=index, detail=detail + (f"; {ended}" if ended else ""))
     return Failure(kind="engine-error", cycle=index, detail=detail)
+
+
+def beside_start(lane: str, utilization: float | None, *, started: bool, seconds: float, gate_detail: str,
+                 log_lines: Iterable[str], gpu_used_mib: int | None = None, text_after: str | None = None,
+                 fingerprint: str = "") -> Beside:
+    """What a start beside the sleeping lane came to, from its gate's verdict and its engine's log: a start that
+    failed is out of memory when a line of its log says so (`OUT_OF_MEMORY`), and that line is then its detail."""
+    short = None if started else next((line.strip() for line in log_lines if OUT_OF_MEMORY.search(line)), None)
+    return Beside(lane=lane, utilization=utilization, started=started, seconds=seconds,
+                  detail=(short or gate_detail)[:400], out_of_memory=short is not None, gpu_used_mib=gpu_used_mib,
+                  text_after=text_after, same_after=None if text_after is None else text_after == fingerprint)
 
 
 def beside_failure(beside: Beside) -> Failure | None:
