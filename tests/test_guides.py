@@ -45,6 +45,8 @@ PRINTED = {
     "first-lane.md": ["ok: 3 lanes in 2 recipes (dsv41, stub-a, stub-b)", "ok: stub-a is serving"],
     "switching-in-production.md": ["ok: stub-b is serving", "up exited 1",
                                    "rolled-back: stub-broken failed its health gate"],
+    "fleet-on-swarm.md": ["ok: 4 lanes in 2 recipes (fleet-a, fleet-b, stub-a, stub-b)",
+                          '"Name": "my-fleet-primary-NODE"', '"Kind": "NVIDIA-GPU"', "up exited 2"],
     "watchdog.md": ["check exited 1", "none: healthy", "restarted 1x by the watchdog",
                     "lanectl_watchdog_restarts_total{lane=\"stub-a\"} 1",
                     "LANECTL_LOCK_DIR="],
