@@ -409,6 +409,9 @@ def recipe_reference(schema: Schema | None = None) -> str:
         "does not set (maps merge key by key, lists and scalars replace), and `lanectl validate` checks the merged "
         "lane.",
         "",
+        "A field of type integer, number or true or false takes a YAML number or boolean, written without quotes: "
+        "`\"30\"` and `\"no\"` are text, and refused. An integer is also a number.",
+        "",
     ]
     for model, path in sections(schema):
         node = schema if model == ROOT else schema["$defs"][model]

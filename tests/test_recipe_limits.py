@@ -16,9 +16,9 @@ FLAG_HINT = ("would bake a secret into the image and the container's config; dro
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    pytest.param((HEALTH_END, HEALTH_END + "  watchdog: {restart: {backoff_max_seconds: 1e308}}\n"),
+    pytest.param((HEALTH_END, HEALTH_END + "  watchdog: {restart: {backoff_max_seconds: 1.0e+308}}\n"),
                  "recipes/r.yaml:16:45: defaults.watchdog.restart.backoff_max_seconds: Input should be less than or "
-                 "equal to 86400, got '1e308'", id="backoff-1e308"),
+                 "equal to 86400, got 1e+308", id="backoff-1e308"),
     pytest.param((HEALTH_END, HEALTH_END + "  watchdog: {restart: {max_restarts: " + "9" * 400 + "}}\n"),
                  "recipes/r.yaml:16:38: defaults.watchdog.restart.max_restarts: Input should be less than or equal "
                  "to 100, got an integer of 400 digits", id="400-digit-integer"),
@@ -32,9 +32,9 @@ FLAG_HINT = ("would bake a secret into the image and the container's config; dro
     pytest.param((HEALTH_END, HEALTH_END + "    generation_probe: {timeout_seconds: 0}\n"),
                  "recipes/r.yaml:16:41: defaults.health.generation_probe.timeout_seconds: Input should be greater "
                  "than 0, got 0", id="probe-timeout-zero"),
-    pytest.param((HEALTH_END, HEALTH_END + "  watchdog: {gpu_memory_release_timeout_seconds: 1e12}\n"),
+    pytest.param((HEALTH_END, HEALTH_END + "  watchdog: {gpu_memory_release_timeout_seconds: 1.0e+12}\n"),
                  "recipes/r.yaml:16:50: defaults.watchdog.gpu_memory_release_timeout_seconds: Input should be less "
-                 "than or equal to 3600, got '1e12'", id="release-timeout-huge"),
+                 "than or equal to 3600, got 1000000000000.0", id="release-timeout-huge"),
     pytest.param((LANE_B, "  b:\n    engine:\n      gpus: {count: 100000}\n"),
                  "recipes/r.yaml:20:21: lanes.b.engine.gpus.count: Input should be less than or equal to 1024, got "
                  "100000 or Input should be 'all', got 100000", id="gpu-count-huge"),

@@ -60,30 +60,36 @@ class Bounds:
         return {**handler(source), **self.limits}  # type: ignore[typeddict-item]
 
 
-# The annotations of fields that take a YAML boolean or integer as it is, never text that reads like one. Not floats:
-# PyYAML reads `1e3` (no dot) as text, which a float field must still take as the number it means.
-STRICT_SCALARS = frozenset({"bool", "int", "bool | None", "int | None"})
+# pydantic's core schema types that, unless strict, read text: "30" as 30, "139.8" as 139.8, "no" as false.
+PLAIN_SCALARS = frozenset({"int", "float", "bool"})
 
 
 class Strict:
-    """The base of every record: unknown keys are refused, and `.inf` and `.nan`, valid YAML floats, are
-    no budget, window or timeout."""
+    """The base of every record: unknown keys are refused; `.inf` and `.nan`, valid YAML floats, are no budget,
+    window or timeout; and a number or boolean is a YAML number or boolean, never text that reads like one."""
 
     __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # `init: "no"` is text, and pydantic would read it as false; `stop_timeout_seconds: "30"` as 30. A boolean
-        # or integer field takes a YAML boolean or integer only, as the field reference says.
-        super().__init_subclass__(**kwargs)
-        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
-            if annotation not in STRICT_SCALARS:
-                continue
-            current = cls.__dict__.get(name, dataclasses.MISSING)
-            if isinstance(current, dataclasses.Field):
-                setattr(cls, name, dataclasses.field(default=current.default, default_factory=current.default_factory,
-                                                     metadata={**current.metadata, "strict": True}))
-            else:
-                setattr(cls, name, dataclasses.field(default=current, metadata={"strict": True}))
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return plain_scalars(handler(source))
+
+
+def plain_scalars(schema: Any) -> Any:
+    """`schema` with every integer, number and boolean in it strict, wherever it sits (a union, a list's items, a
+    map's values): the field reference says integer, number and boolean, and so does an editor reading the
+    JSON Schema, where `init: "no"` and `stop_timeout_seconds: "30"` are text. Strict still takes an integer
+    where a number is asked for."""
+    if isinstance(schema, dict):
+        if schema.get("type") in PLAIN_SCALARS:
+            schema["strict"] = True
+        for key, value in schema.items():
+            if key not in ("default", "metadata"):  # data and pydantic's notes, not schemas
+                plain_scalars(value)
+    elif isinstance(schema, list | tuple):
+        for item in schema:
+            plain_scalars(item)
+    return schema
 
 
 def validated(cls: type[Record], data: Any) -> Record:
@@ -137,8 +143,7 @@ GIT_COMMIT = r"^[0-9a-f]{40}$"
 SIZE = r"^[0-9]{1,13}[bkmgBKMG]?$"
 # A vLLM release as PyPI names it: 0.31.0, 0.32.0.post1, 0.33.0rc1.
 VLLM_RELEASE = r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:(?:rc|\.post|\.dev)[0-9]{1,4})?$"
-# Strict: YAML's `true` is no port, though Python would take it for 1, and "8000" in quotes is text.
-PORT = Annotated[int, Bounds(ge=1, le=65535, strict=True)]
+PORT = Annotated[int, Bounds(ge=1, le=65535)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Secrets must reach the container from lanectl's environment at start, never through the image or labels.
 CONTROL_CHARACTER = r"[\x00-\x1f\x7f]"
@@ -823,7 +828,7 @@ class Placement(Strict):
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         from pydantic_core import core_schema
 
-        return core_schema.no_info_before_validator_function(_swarm_switch_given, handler(source))
+        return core_schema.no_info_before_validator_function(_swarm_switch_given, plain_scalars(handler(source)))
 
     def __post_init__(self) -> None:
         if self.canary is not None and self.nodes and self.canary not in self.nodes:

@@ -6,6 +6,8 @@ the exact spot in the file; this is the one translation from pydantic's error li
 
 from __future__ import annotations
 
+import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -20,6 +22,13 @@ from lanectl.recipe.yaml_source import PathKey, YamlDocument
 # pydantic names a key the model does not know `extra_forbidden`, and a key a dataclass record does not know
 # `unexpected_keyword_argument`: both are an unknown key in the file.
 UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
+# What pydantic names a value that is no integer, number or boolean, where the field takes one (they are strict).
+SCALAR_KINDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean"}
+# The words pydantic's lax mode read as a boolean: someone who wrote one of them in quotes meant that boolean.
+BOOLEAN_WORDS = {**dict.fromkeys(("true", "yes", "on", "y", "t", "1"), "true"),
+                 **dict.fromkeys(("false", "no", "off", "n", "f", "0"), "false")}
+INTEGER_TEXT = r"[-+]?[0-9]{1,19}"  # a longer one is out of every range, and so named
+NUMBER_TEXT = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<exponent>[eE][-+]?[0-9]+)?"
 
 
 def problems_from_validation(exc: ValidationError, doc: YamlDocument, model: type[Any],
@@ -32,6 +41,7 @@ def problems_from_validation(exc: ValidationError, doc: YamlDocument, model: typ
     (each member of a union failing) become one problem whose messages are joined by "or".
     """
     by_path: dict[tuple[PathKey, bool], list[str]] = {}
+    plain: dict[tuple[PathKey, bool], str] = {}
     for error in exc.errors(include_url=False):
         data_loc = _data_path(doc, locate, tuple(error["loc"]), error["type"])
         # Errors about a mapping key itself (unknown key, bad variable name) point at the key.
@@ -40,9 +50,13 @@ def problems_from_validation(exc: ValidationError, doc: YamlDocument, model: typ
         by_path.setdefault((data_loc, is_key), [])
         if message not in by_path[(data_loc, is_key)]:
             by_path[(data_loc, is_key)].append(message)
+        if (written := _written_plain(error)) is not None:
+            plain[(data_loc, is_key)] = written
     problems = []
     for (loc, is_key), messages in by_path.items():
         path = locate(loc)
+        # `count: "1"` fails both the integer and the 'all' a union offers; what was meant is the integer.
+        messages = [plain[(loc, is_key)]] if (loc, is_key) in plain else messages
         problems.append(doc.problem(path, " or ".join(messages) if len(messages) > 1 else messages[0], key=is_key))
     return problems
 
@@ -75,6 +89,54 @@ def _message(error: Any, model: type[Any], loc: PathKey) -> str:
     if "input" in error and not isinstance(error["input"], dict | list):
         message += f", got {_shown(error['input'])}"
     return message
+
+
+def _written_plain(error: Any) -> str | None:
+    """For text that reads as the integer, number or boolean its field takes ("30", "139.8", "no"), for 0 or 1 as a
+    boolean and 2.0 as an integer: what it is and what to write instead. None for any other error."""
+    kind = SCALAR_KINDS.get(error["type"])
+    value = error.get("input")
+    if kind is None:
+        return None
+    if error["type"] == "bool_type" and type(value) is int and value in (0, 1):
+        return f"{value} is a number, not a boolean; write {'true' if value else 'false'}"
+    if error["type"] == "int_type" and type(value) is float and value.is_integer():
+        return f"{value!r} is a decimal number, not an integer; write {int(value)}"
+    spelled = _spelled_plain(error["type"], value.strip()) if isinstance(value, str) else None
+    if spelled is None:
+        return None
+    note = _exponent_note(value.strip(), spelled)
+    return f"{_shown(value)} is text, not {kind}; write {spelled}, without quotes{note}"
+
+
+def _spelled_plain(kind: str, text: str) -> str | None:
+    """`text` as YAML writes the integer, number or boolean it reads as; None when it reads as none."""
+    if kind == "bool_type":
+        return BOOLEAN_WORDS.get(text.lower())
+    if kind == "int_type":
+        return str(int(text)) if re.fullmatch(INTEGER_TEXT, text) else None
+    if not re.fullmatch(NUMBER_TEXT, text) or not math.isfinite(number := float(text)):
+        return None
+    if number.is_integer() and abs(number) < 1e16:
+        return str(int(number))
+    spelled = repr(number)
+    # YAML 1.1 (PyYAML) reads an exponent as a number only after a dot: 1.0e+16, not 1e+16.
+    return spelled.replace("e", ".0e") if "e" in spelled and "." not in spelled else spelled
+
+
+def _exponent_note(text: str, spelled: str) -> str:
+    """Why a plain `1e3` is text: YAML 1.1 reads an exponent only after a dot and with its sign."""
+    match = re.fullmatch(NUMBER_TEXT, text)
+    if match is None or not match["exponent"]:
+        return ""
+    mantissa, exponent = text[:match.start("exponent")], match["exponent"][1:]
+    if "." in mantissa and exponent[0] in "+-":
+        return ""
+    mantissa += "" if "." in mantissa else ".0"
+    exponent = exponent if exponent[0] in "+-" else f"+{exponent}"
+    if f"{mantissa}e{exponent}" == spelled:
+        return ""
+    return f" (YAML reads an exponent as a number only after a dot and with its sign: {mantissa}e{exponent})"
 
 
 def _shown(value: Any) -> str:
