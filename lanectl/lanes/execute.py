@@ -112,6 +112,7 @@ class _Run:
     wake_started: dict[str, float] = field(default_factory=dict)
     never_slept: set[str] = field(default_factory=set)  # lanes a wake found awake with no standby recorded
     changed: set[str] = field(default_factory=set)  # containers this run created, started or woke
+    unjournaled: str | None = None  # why the journal could not record a step (a full disk), once it could not
 
 
 class Executor:
@@ -180,6 +181,11 @@ class Executor:
         for step in phase.steps:
             if not phase.optional and not way_back and self.interrupt.pending():
                 return StepFailed(f"interrupted by {self.interrupt.pending()}")
+            if not phase.optional and not way_back and run.unjournaled and run.plan.kind != "undo":
+                # A switch goes no further than its journal: a kill past the last step it recorded would leave the
+                # next command a trail that stops short of what runs. A way back (an undo is one) goes on without it.
+                run.warnings.remove(run.unjournaled)
+                return StepFailed(run.unjournaled)
             try:
                 self._step(run, step)
             except StepFailed as failed:
@@ -204,7 +210,10 @@ class Executor:
         if lane in run.slept:
             run.slept.remove(lane)
         self.reporter.note(message)
-        self.journal.append("note", switch=run.switch, lane=step.lane, message=message)
+        try:
+            self.journal.append("note", switch=run.switch, lane=step.lane, message=message)
+        except OperationFailed as exc:
+            self._unjournaled(run, exc)
         for fallback in phase.fallback:
             try:
                 self._step(run, fallback, cause=failed.cause)
@@ -636,10 +645,19 @@ class Executor:
         facts, self._facts = self._facts, {}
         try:
             self.journal.record_step(run.switch, step.key, detail, **facts)
+        except OperationFailed as exc:
+            self._unjournaled(run, exc)
         finally:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
         self._seams.step_done()
+
+    def _unjournaled(self, run: _Run, exc: OperationFailed) -> None:
+        """The journal could not be written (a full disk): the step ran whatever it kept. The run goes on to its
+        way back (`_phase`), and its last message says so; the lanes are as that message says."""
+        if run.unjournaled is None:
+            run.unjournaled = str(exc)
+            run.warnings.append(str(exc))
 
 
 def _why(failed: StepFailed) -> str:
