@@ -702,3 +702,14 @@ def test_an_undo_whose_lane_does_not_come_back_says_so_stops_it_and_re_arms_the_
     assert box.awake_lanes() == {}
     promises_hold(box)
 
+
+def test_up_of_the_active_lane_whose_companion_was_removed_stops_and_removes_the_orphan():
+    """Found on the real engine: `up demo-h1` after demo-h1's companion left its recipe said "already active and
+    healthy; nothing to do", and the orphan ran on."""
+    box = machine("demo-h1")
+    box.edit_companion_presence(lane="demo-h1", present=False)
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and box.last.result == "ok", box.last
+    assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, box.last
+    assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1"}}
+    promises_hold(box)
