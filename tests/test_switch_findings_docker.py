@@ -271,3 +271,14 @@ def test_a_companion_removed_from_the_recipe_is_listed_by_status_and_stopped_and
     assert f"stop {rtx}" in done.stderr and f"remove {rtx}" in done.stderr, done.stderr
     assert not docker.from_env().containers.list(all=True, filters={"name": f"^{rtx}$"}), f"{rtx} is removed"
     assert status(lanes, state)["orphan_containers"] == []
+
+
+# -- a signal once nothing is left to undo -----------------------------------------------------------------------
+
+def test_a_sigint_after_the_last_step_lets_the_command_finish_and_say_what_it_did(lanes, state):
+    """A Ctrl-C that came a few milliseconds after the last step, once the switch's own signal handling had ended
+    (the lock released, the result not printed yet), exited 130 with no message; the lane served."""
+    up = lanes.cli("up", "demo-h1", "--no-gpu", state=state, extra_env={"LANECTL_TEST_SIGNAL_AFTER_STEP": "end:INT"})
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert up.stdout == "ok: demo-h1 is serving (SIGINT came when nothing was left to undo: the switch finished)\n"
+    assert awake_and_healthy(lanes, "demo-h1")

@@ -35,7 +35,8 @@ from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
 from lanectl.state.standby import Fingerprint, StandbyRecord, StandbyState, StandbyStore
 
 # Test seams, never set outside tests: after the Nth step is journaled the process kills itself with SIGKILL
-# (an operator's kill -9), or sends itself the named signals ("3:INT" or "3:INT,5:TERM").
+# (an operator's kill -9), or sends itself the named signals ("3:INT" or "3:INT,5:TERM"; "end:INT" once the run
+# has ended, its own signal handling with it).
 CRASH_AFTER_STEP_ENV = "LANECTL_TEST_CRASH_AFTER_STEP"
 SIGNAL_AFTER_STEP_ENV = "LANECTL_TEST_SIGNAL_AFTER_STEP"
 # How long a sleep step looks in the engine's log for what it still holds asleep (`_logged_resident_gib`).
@@ -157,9 +158,11 @@ class Executor:
         announce_notes(plan, switch, self.journal, self.reporter)
         try:
             with self.interrupt.catching():
-                return self._run(run)
+                outcome = self._run(run)
         except SwitchAborted as exc:
             return self._aborted(run, exc.signum)
+        self._seams.run_done()
+        return outcome
 
     def _run(self, run: _Run) -> SwitchOutcome:
         plan = run.plan
@@ -684,6 +687,13 @@ class StepSeams:
         for signum in self.signals.get(self.done, ()):
             os.kill(os.getpid(), signum)
 
+    def run_done(self) -> None:
+        for signum in self.signals.get(RUN_DONE, ()):
+            os.kill(os.getpid(), signum)
+
+
+RUN_DONE = -1  # the seams' key for "end": after the run, outside its signal handling
+
 
 def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
     seams: dict[int, list[int]] = {}
@@ -692,7 +702,7 @@ def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
         seams.setdefault(int(crash), []).append(signal.SIGKILL)
     for item in filter(None, environ.get(SIGNAL_AFTER_STEP_ENV, "").split(",")):
         count, _, name = item.partition(":")
-        seams.setdefault(int(count), []).append(signal.Signals[f"SIG{name}"])
+        seams.setdefault(RUN_DONE if count == "end" else int(count), []).append(signal.Signals[f"SIG{name}"])
     return seams
 
 
