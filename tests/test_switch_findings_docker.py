@@ -282,3 +282,17 @@ def test_a_sigint_after_the_last_step_lets_the_command_finish_and_say_what_it_di
     assert up.returncode == 0, up.stdout + up.stderr
     assert up.stdout == "ok: demo-h1 is serving (SIGINT came when nothing was left to undo: the switch finished)\n"
     assert awake_and_healthy(lanes, "demo-h1")
+
+
+# -- drift -------------------------------------------------------------------------------------------------------
+
+def test_a_primary_whose_env_changed_is_said_to_differ_by_those_keys_never_their_values(lanes, state):
+    """A primary's env is baked into its image: the drift said only "image X → Y"."""
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    lanes.edit_lane("demo-h1", '    engine:\n      env: {STUB_DECODE_TOKENS_PER_S: "90", LT_FLAG: "lt-value"}\n')
+    cli(lanes, state, "build", "demo-h1")
+    drift = row(status(lanes, state), "demo-h1")["containers"][0]["drift"]
+    assert len(drift) == 1 and re.fullmatch(r"image \w{12} → \w{12} \(env \+LT_FLAG STUB_DECODE_TOKENS_PER_S "
+                                            r"\(value\)\)", drift[0]), drift
+    plan = cli(lanes, state, "up", "demo-h1", "--no-gpu", "--dry-run").stdout
+    assert "(env +LT_FLAG STUB_DECODE_TOKENS_PER_S (value))" in plan and "lt-value" not in plan, plan
