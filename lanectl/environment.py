@@ -73,7 +73,7 @@ VARIABLES = (
     Variable("LANECTL_TEST_CRASH_AFTER_STEP", TESTS, "The test suite's seam: end a switch abruptly after step N.",
              "not set", "lanectl.lanes.execute"),
     Variable("LANECTL_TEST_SIGNAL_AFTER_STEP", TESTS, "The test suite's seam: send signals to a switch after given "
-             "steps (`N:SIGNAL,…`).", "not set", "lanectl.lanes.execute"),
+             "steps (`N:SIGNAL,…`; `end:SIGNAL` once the switch has ended).", "not set", "lanectl.lanes.execute"),
     Variable("LANECTL_TEST_SWARM_MONITOR_SECONDS", TESTS, "The test suite's seam: a shorter Swarm update monitor.",
              "not set", "lanectl.fleet.rollout"),
 )

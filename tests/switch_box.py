@@ -229,6 +229,10 @@ class MemoryEngine:
         self._call(f"image:{ref}")
         return self.images.get(ref)
 
+    def image_env(self, ref: str) -> dict[str, str] | None:
+        self._call(f"image-env:{ref}")
+        return None  # the images here are IDs alone
+
     def running(self) -> set[str]:
         return {name for name, held in self.held.items() if held.state == "running"}
 

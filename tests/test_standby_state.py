@@ -156,3 +156,38 @@ def test_gpu_memory_is_read_as_nvidia_smi_answers_it():
     assert parse_memory(h200) == {"0": (143771, 143156), "GPU-3a527203-54df-61c1-0387-ab370efdd1bd": (143771, 143156)}
     assert parse_memory(h200 + "1, GPU-x, [N/A], 3\n") is None
     assert parse_memory("") is None
+
+
+def test_a_temp_file_a_killed_write_left_is_removed_by_the_next_write_and_nothing_else_is(tmp_path):
+    """A write killed between its temp file and the rename (kill -9, a power cut) left `.standby.json.*.tmp` in
+    the state folder for ever. The next write of standby.json removes such leftovers of its own: old enough that
+    no writer can still be at work on them, regular files, the exact name the atomic write makes."""
+    import os
+    import time
+
+    standbys = store(tmp_path)
+    standbys.update(lambda s: s.with_fingerprint("a", PRINT))
+    folder = standbys.path.parent
+    hour_ago = time.time() - 3600
+    left = folder / ".standby.json.k3x_9qzt.tmp"
+    left.write_text("{")
+    os.utime(left, (hour_ago, hour_ago))
+    kept = {
+        folder / ".standby.json.ab12cd34.tmp": "in progress",  # a writer may be at work on it: just made
+        folder / ".state.json.ab12cd34.tmp": "another file's",
+        folder / ".standby.json.tmp": "not the name a write makes",
+        folder / "standby.json.ab12cd34.tmp": "not the name a write makes",
+    }
+    for path, text in kept.items():
+        path.write_text(text)
+        if "in progress" not in text:
+            os.utime(path, (hour_ago, hour_ago))
+    linked = folder / ".standby.json.zz99zz99.tmp"
+    linked.symlink_to(tmp_path / "elsewhere")
+    os.utime(linked, (hour_ago, hour_ago), follow_symlinks=False)
+
+    standbys.update(lambda s: s.with_fingerprint("b", PRINT))
+    assert not left.exists(), "the leftover is gone"
+    assert all(path.read_text() == text for path, text in kept.items())
+    assert linked.is_symlink(), "a link is not a leftover of a write"
+    assert set(standbys.load().fingerprints) == {"a", "b"}

@@ -296,6 +296,23 @@ def test_a_second_signal_stops_at_once_and_leaves_the_switch_for_the_next_comman
     assert run.journal.unfinished_intent() is not None, "the next command finishes or undoes it"
 
 
+def test_a_real_signal_after_a_held_switch_ended_is_noted_and_a_second_ends_the_command(catalog, tmp_path):
+    """The window between the end of a switch's own signal handling and its printed result: Python's handler raised
+    KeyboardInterrupt there, and the command exited 130 saying nothing of the switch that had finished."""
+    import os
+
+    run = Run(catalog, h1_serving(catalog).active("demo-h1", "demo-h1"), tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    with run.interrupt.held():
+        outcome = Executor(catalog, run.engine, run.journal, run.states, run.standbys, run.engines, run.reporter,
+                           interrupt=run.interrupt, environ={"LANECTL_TEST_SIGNAL_AFTER_STEP": "end:INT"}).run(
+            plan_up(catalog, run.box.snapshot(), catalog.lane("demo-h2")), why="test")
+        assert (outcome.result, run.interrupt.pending()) == ("ok", "SIGINT"), outcome
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before, "the command's own handler is back"
+
+
 def test_a_state_file_that_cannot_be_written_after_a_passed_gate_leaves_the_new_lane_serving(catalog, tmp_path):
     box = h1_serving(catalog).active("demo-h1", "demo-h1")
     box.standby = dataclasses.replace(box.standby, fingerprints={})

@@ -588,6 +588,55 @@ def test_a_full_state_folder_fails_the_rollback_first_step_and_leaves_the_standb
     promises_hold(box)
 
 
+class FullJournal(Journal):
+    """journal.jsonl on that full disk: the first `fits` appends land in the file's last, partly used block; every
+    later one fails as the kernel fails it."""
+
+    def __init__(self, path: Path, fits: int):
+        super().__init__(path)
+        self.fits = fits
+
+    def _append_line(self, line: bytes) -> None:
+        if self.fits <= 0:
+            raise OSError(28, "No space left on device", str(self.path))
+        self.fits -= 1
+        super()._append_line(line)
+
+
+def on_a_full_disk(box: BoxMachine, fits: int, *, state_fits: bool = False) -> FuzzSwitcher:
+    states = LaneStateStore(box.folder / "state.json") if state_fits else FullStateFolder(box.folder / "state.json")
+    return FuzzSwitcher(box.catalog, box.engine, FullJournal(box.folder / "journal.jsonl", fits),  # type: ignore[arg-type]
+                        states, reporter=QuietReporter(), no_gpu=True, environ={}, calls=box.engines,
+                        interrupt=Interrupt(), host_memory=lambda: 64.0, gpu_memory=lambda: None)
+
+
+def test_a_journal_that_fills_up_during_the_way_back_does_not_cut_it_short():
+    """Found on the real engine (a state folder on a full tmpfs): the intent and the first step records fit in the
+    journal's last block, the next did not, and the way back ended there: 'could not write the journal' alone,
+    demo-h2 neither gated nor said to serve. The way back goes on without its journal and says what serves."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)  # demo-h1 waits asleep
+    outcome = on_a_full_disk(box, fits=2).rollback(None)  # the intent and the failed disarm
+    assert outcome.result == "rolled-back" and outcome.lane == "demo-h2", outcome
+    assert "demo-h2 is serving again" in outcome.message and "could not write the journal" in outcome.message, \
+        outcome.message
+    assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"]
+    assert set(box.awake_lanes()) == {"demo-h2"}
+    promises_hold(box)
+
+
+def test_a_step_the_journal_cannot_record_sends_the_switch_back():
+    """A switch goes no further than its journal: a kill past the last step it recorded would leave the next command
+    a trail that stops short of what runs. It takes its way back, which goes on without the journal."""
+    box = machine("demo-h1")
+    outcome = on_a_full_disk(box, fits=2, state_fits=True).up(box._lane("demo-h2"), why="up")  # intent, disarm
+    assert outcome.result == "rolled-back" and outcome.lane == "demo-h1", outcome
+    assert outcome.message.startswith("could not write the journal"), outcome.message
+    assert "demo-h1 is serving again" in outcome.message, outcome.message
+    assert set(box.awake_lanes()) == {"demo-h1"}
+    promises_hold(box)
+
+
 def test_a_recreate_for_a_new_port_that_fails_its_gate_puts_the_old_container_back_and_gates_it_on_its_port():
     """A new host port for demo-h2's companion plus a gate the new containers fail: the old containers are put
     back and serve on their old port; the way back's gate probes that port, so demo-h2 is serving again and stays
@@ -651,4 +700,16 @@ def test_an_undo_whose_lane_does_not_come_back_says_so_stops_it_and_re_arms_the_
     state = box.state()
     assert state.watchdog_armed and state.watchdog_lease is None, state
     assert box.awake_lanes() == {}
+    promises_hold(box)
+
+
+def test_up_of_the_active_lane_whose_companion_was_removed_stops_and_removes_the_orphan():
+    """Found on the real engine: `up demo-h1` after demo-h1's companion left its recipe said "already active and
+    healthy; nothing to do", and the orphan ran on."""
+    box = machine("demo-h1")
+    box.edit_companion_presence(lane="demo-h1", present=False)
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and box.last.result == "ok", box.last
+    assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, box.last
+    assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1"}}
     promises_hold(box)

@@ -151,6 +151,18 @@ def test_a_rebuild_under_the_same_tag_reaches_the_containers_by_image_id(catalog
     assert "image h2-REF-build → h2-REF-build" in create.why
 
 
+def test_a_primary_whose_baked_env_changed_names_the_variables_and_never_their_values(catalog):
+    box = Box(catalog).run("h2-REF").active("h2-REF", "h2-REF")
+    box.build("h2-REF", build_id="-env")
+    snapshot = replace(box.snapshot(), image_env={
+        "sha256:h2-REF-build": {"PATH": "/usr/bin", "VLLM_DSV41_MEGA_SPLITKV": "4", "OLD": "x"},
+        "sha256:h2-REF-build-env": {"PATH": "/usr/bin", "VLLM_DSV41_MEGA_SPLITKV": "8", "NEW": "token-like"}})
+    plan = plan_up(catalog, snapshot, catalog.lane("h2-REF"))
+    create = next(s for s in plan.steps if s.key == f"create:{H2}")
+    assert "image h2-REF-build → h2-REF-build (env +NEW -OLD VLLM_DSV41_MEGA_SPLITKV (value))" in create.why
+    assert "token-like" not in create.why and "8" not in create.why.partition("(env ")[2]
+
+
 def test_a_lane_first_brought_up_with_no_gpu_gets_its_gpus_back_with_a_plain_up(catalog):
     box = Box(catalog)
     box.with_gpus = False

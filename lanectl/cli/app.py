@@ -335,10 +335,12 @@ def up(lane: Annotated[str, typer.Argument(help="Lane to serve, e.g. h2-REF.", a
        nodes: NodesOption = None, canary: CanaryOption = None, as_json: JsonOption = False) -> None:
     """Switch the box (or with --fleet, the Swarm nodes) to LANE, health-gated, or go back."""
     from lanectl.commands import switch
+    from lanectl.lanes.interrupt import Interrupt
 
-    show(switch.up(catalog(), lane, dry_run=dry_run, no_rollback=no_rollback, no_gpu=no_gpu, fleet=fleet,
-                   nodes=_node_list(nodes), canary=_canary(canary), lock_wait=_seconds(lock_wait, "--lock-wait"),
-                   reporter=_reporter()), as_json)
+    with Interrupt().held() as interrupt:
+        show(switch.up(catalog(), lane, dry_run=dry_run, no_rollback=no_rollback, no_gpu=no_gpu, fleet=fleet,
+                       nodes=_node_list(nodes), canary=_canary(canary), lock_wait=_seconds(lock_wait, "--lock-wait"),
+                       reporter=_reporter(), interrupt=interrupt), as_json)
 
 
 @app.command()
@@ -350,10 +352,12 @@ def rollback(to: Annotated[str | None, typer.Option("--to", help="Lane to go bac
              as_json: JsonOption = False) -> None:
     """Go back to the last known-good lane, through the same health-gated path as up (--fleet: Swarm's rollback)."""
     from lanectl.commands import switch
+    from lanectl.lanes.interrupt import Interrupt
 
-    show(switch.rollback(catalog(), to, dry_run=dry_run, no_gpu=no_gpu, fleet=fleet, nodes=_node_list(nodes),
-                         canary=_canary(canary), lock_wait=_seconds(lock_wait, "--lock-wait"),
-                         reporter=_reporter()), as_json)
+    with Interrupt().held() as interrupt:
+        show(switch.rollback(catalog(), to, dry_run=dry_run, no_gpu=no_gpu, fleet=fleet, nodes=_node_list(nodes),
+                             canary=_canary(canary), lock_wait=_seconds(lock_wait, "--lock-wait"),
+                             reporter=_reporter(), interrupt=interrupt), as_json)
 
 
 @app.command()
@@ -363,9 +367,11 @@ def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default:
     """Stop a lane (companions first, then the primary); its containers are kept for a later start.
     Without LANE: the active lane and every lane waiting asleep as a standby."""
     from lanectl.commands import switch
+    from lanectl.lanes.interrupt import Interrupt
 
-    show(switch.down(catalog(), lane, dry_run=dry_run, lock_wait=_seconds(lock_wait, "--lock-wait"),
-                     reporter=_reporter()), as_json)
+    with Interrupt().held() as interrupt:
+        show(switch.down(catalog(), lane, dry_run=dry_run, lock_wait=_seconds(lock_wait, "--lock-wait"),
+                         reporter=_reporter(), interrupt=interrupt), as_json)
 
 
 @app.command()

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import BadInput
 from lanectl.lanes.execute import Reporter, SwitchOutcome
+from lanectl.lanes.interrupt import Interrupt
 from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_rollback, plan_up
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.lanes.switcher import LaneSwitcher
@@ -26,8 +27,9 @@ from lanectl.state.paths import StateFiles, create_state_dir, state_dir
 
 def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
        no_rollback: bool = False, no_gpu: bool = False, fleet: bool = False, nodes: Sequence[str] = (),
-       canary: str | None = None) -> Result:
-    """Switch this box (or with `fleet`, the Swarm nodes) to `lane`, health-gated, or go back."""
+       canary: str | None = None, interrupt: Interrupt | None = None) -> Result:
+    """Switch this box (or with `fleet`, the Swarm nodes) to `lane`, health-gated, or go back. `interrupt`: the
+    command's own, when it holds signals to its end (`Interrupt.held`)."""
     target = catalog.lane(lane)
     _require_fleet_for_nodes(nodes, canary, fleet)
     _require_placement(target, fleet)
@@ -43,12 +45,12 @@ def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry
             catalog, snapshot, target, rollback_on_failure=not no_rollback, with_gpus=not no_gpu), target.name,
             reporter=reporter, no_gpu=no_gpu)
     return run(lambda lanes: lanes.up(target, rollback_on_failure=not no_rollback), catalog, f"lanectl up {lane}",
-               lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+               lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu, interrupt=interrupt)
 
 
 def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
              no_gpu: bool = False, fleet: bool = False, nodes: Sequence[str] = (),
-             canary: str | None = None) -> Result:
+             canary: str | None = None, interrupt: Interrupt | None = None) -> Result:
     """Back to `to`, or the last known-good lane, through the same gated path as `up` (--fleet: Swarm's)."""
     target = catalog.lane(to) if to else None
     _require_fleet_for_nodes(nodes, canary, fleet)
@@ -63,10 +65,11 @@ def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait:
         return dry_run_plan(catalog, lambda snapshot: plan_rollback(catalog, snapshot, target, with_gpus=not no_gpu),
                             *([target.name] if target else []), reporter=reporter, no_gpu=no_gpu)
     return run(lambda lanes: lanes.rollback(target), catalog, "lanectl rollback" + (f" --to {to}" if to else ""),
-               lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu)
+               lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu, interrupt=interrupt)
 
 
-def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float, dry_run: bool = False) -> Result:
+def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
+         interrupt: Interrupt | None = None) -> Result:
     """Stop `lane`, or the active one and every lane waiting asleep as a standby (companions first); their
     containers are kept for a later start."""
     files = StateFiles(state_dir())
@@ -76,7 +79,8 @@ def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: f
         return dry_run_plan(catalog, lambda snapshot: plan_down(catalog, snapshot, target, with_standbys=lane is None),
                             *([target.name] if target else []), reporter=reporter, no_gpu=False)
     return run(lambda lanes: lanes.down(target, with_standbys=lane is None), catalog,
-               f"lanectl down {lane or name or '(standbys)'}", lock_wait=lock_wait, reporter=reporter)
+               f"lanectl down {lane or name or '(standbys)'}", lock_wait=lock_wait, reporter=reporter,
+               interrupt=interrupt)
 
 
 def _require_fleet_for_nodes(nodes: Sequence[str], canary: str | None, fleet: bool) -> None:
@@ -106,20 +110,21 @@ def dry_run_plan(catalog: Catalog, planner: Callable[[Snapshot], Plan], *lanes: 
     return Result("plan", data)
 
 
-def _switcher(catalog: Catalog, *, reporter: Reporter, no_gpu: bool) -> LaneSwitcher:
+def _switcher(catalog: Catalog, *, reporter: Reporter, no_gpu: bool,
+              interrupt: Interrupt | None = None) -> LaneSwitcher:
     files = StateFiles(state_dir())
     return LaneSwitcher(catalog, ContainerEngine(), Journal(files.journal), LaneStateStore(files.lanes),
-                        reporter=reporter, no_gpu=no_gpu)
+                        reporter=reporter, no_gpu=no_gpu, interrupt=interrupt)
 
 
 @contextmanager
 def switcher(catalog: Catalog, command: str, *, lock_wait: float, reporter: Reporter,
-             no_gpu: bool = False) -> Iterator[LaneSwitcher]:
+             no_gpu: bool = False, interrupt: Interrupt | None = None) -> Iterator[LaneSwitcher]:
     """One mutation at a time per Docker engine: its lock is held for the whole command and released on any
     exit."""
     directory = state_dir()
     create_state_dir(directory)
-    lanes = _switcher(catalog, reporter=reporter, no_gpu=no_gpu)
+    lanes = _switcher(catalog, reporter=reporter, no_gpu=no_gpu, interrupt=interrupt)
     lock = engine_lock(command)
     with lock.held(lock_wait):
         if lock.took_over_from:
@@ -131,10 +136,17 @@ def switcher(catalog: Catalog, command: str, *, lock_wait: float, reporter: Repo
 
 
 def run(action: Callable[[LaneSwitcher], SwitchOutcome], catalog: Catalog, command: str, *, lock_wait: float,
-        reporter: Reporter, no_gpu: bool = False) -> Result:
-    with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu) as lanes:
+        reporter: Reporter, no_gpu: bool = False, interrupt: Interrupt | None = None) -> Result:
+    with switcher(catalog, command, lock_wait=lock_wait, reporter=reporter, no_gpu=no_gpu,
+                  interrupt=interrupt) as lanes:
         outcome = action(lanes)
-    return Result("switch", {"result": outcome.result, "message": outcome.message, "lane": outcome.lane,
+    message = outcome.message
+    late = lanes.interrupt.pending()
+    if late and outcome.signum is None:
+        # It came past the last step a way back could undo (bookkeeping after the gate, or after the switch
+        # ended): the switch finished, and the signal is said, not silently dropped.
+        message += f" ({late} came when nothing was left to undo: the switch finished)"
+    return Result("switch", {"result": outcome.result, "message": message, "lane": outcome.lane,
                              "steps": list(outcome.steps), "diagnostics": outcome.diagnostics},
                   exit_code=outcome.exit_code)
 

@@ -112,6 +112,14 @@ class DockerEngine:
         image = self._image(ref)
         return None if image is None else str(image["Id"])
 
+    def image_env(self, ref: str) -> dict[str, str] | None:
+        """The environment a local image sets (its `ENV` lines and its base's), or None when it is not here."""
+        image = self._image(ref)
+        if image is None:
+            return None
+        pairs = (str(item).partition("=") for item in (image.get("Config") or {}).get("Env") or ())
+        return {name: value for name, _, value in pairs}
+
     def build(self, context_tar: bytes, tag: str, *, no_cache: bool,
               on_progress: Callable[[BuildLog], None] = lambda log: None) -> BuildLog:
         """Build from a tar context; never pulls (hosts here reach no registry, and bases are pinned). The image's

@@ -101,6 +101,14 @@ def spec_changes(was: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[
     return changes
 
 
+def env_names_changed(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """The variables two environments differ in, by name only (`+ADDED -REMOVED CHANGED (value)`): an image's
+    env, shown beside its change, never shows a value."""
+    parts = [f"+{k}" for k in sorted(set(new) - set(old))] + [f"-{k}" for k in sorted(set(old) - set(new))]
+    parts += [f"{k} (value)" for k in sorted(set(old) & set(new)) if old[k] != new[k]]
+    return " ".join(parts)
+
+
 def _change(name: str, old: Any, new: Any) -> str:
     if name == "image_id":
         return f"image {_short(old)} → {_short(new)}"

@@ -35,7 +35,8 @@ from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
 from lanectl.state.standby import Fingerprint, StandbyRecord, StandbyState, StandbyStore
 
 # Test seams, never set outside tests: after the Nth step is journaled the process kills itself with SIGKILL
-# (an operator's kill -9), or sends itself the named signals ("3:INT" or "3:INT,5:TERM").
+# (an operator's kill -9), or sends itself the named signals ("3:INT" or "3:INT,5:TERM"; "end:INT" once the run
+# has ended, its own signal handling with it).
 CRASH_AFTER_STEP_ENV = "LANECTL_TEST_CRASH_AFTER_STEP"
 SIGNAL_AFTER_STEP_ENV = "LANECTL_TEST_SIGNAL_AFTER_STEP"
 # How long a sleep step looks in the engine's log for what it still holds asleep (`_logged_resident_gib`).
@@ -112,6 +113,7 @@ class _Run:
     wake_started: dict[str, float] = field(default_factory=dict)
     never_slept: set[str] = field(default_factory=set)  # lanes a wake found awake with no standby recorded
     changed: set[str] = field(default_factory=set)  # containers this run created, started or woke
+    unjournaled: str | None = None  # why the journal could not record a step (a full disk), once it could not
 
 
 class Executor:
@@ -156,9 +158,11 @@ class Executor:
         announce_notes(plan, switch, self.journal, self.reporter)
         try:
             with self.interrupt.catching():
-                return self._run(run)
+                outcome = self._run(run)
         except SwitchAborted as exc:
             return self._aborted(run, exc.signum)
+        self._seams.run_done()
+        return outcome
 
     def _run(self, run: _Run) -> SwitchOutcome:
         plan = run.plan
@@ -180,6 +184,11 @@ class Executor:
         for step in phase.steps:
             if not phase.optional and not way_back and self.interrupt.pending():
                 return StepFailed(f"interrupted by {self.interrupt.pending()}")
+            if not phase.optional and not way_back and run.unjournaled and run.plan.kind != "undo":
+                # A switch goes no further than its journal: a kill past the last step it recorded would leave the
+                # next command a trail that stops short of what runs. A way back (an undo is one) goes on without it.
+                run.warnings.remove(run.unjournaled)
+                return StepFailed(run.unjournaled)
             try:
                 self._step(run, step)
             except StepFailed as failed:
@@ -204,7 +213,10 @@ class Executor:
         if lane in run.slept:
             run.slept.remove(lane)
         self.reporter.note(message)
-        self.journal.append("note", switch=run.switch, lane=step.lane, message=message)
+        try:
+            self.journal.append("note", switch=run.switch, lane=step.lane, message=message)
+        except OperationFailed as exc:
+            self._unjournaled(run, exc)
         for fallback in phase.fallback:
             try:
                 self._step(run, fallback, cause=failed.cause)
@@ -636,10 +648,19 @@ class Executor:
         facts, self._facts = self._facts, {}
         try:
             self.journal.record_step(run.switch, step.key, detail, **facts)
+        except OperationFailed as exc:
+            self._unjournaled(run, exc)
         finally:
             run.done.append(step.key)
             self.reporter.step(f"{step.describe()} ({detail})", ok=ok)
         self._seams.step_done()
+
+    def _unjournaled(self, run: _Run, exc: OperationFailed) -> None:
+        """The journal could not be written (a full disk): the step ran whatever it kept. The run goes on to its
+        way back (`_phase`), and its last message says so; the lanes are as that message says."""
+        if run.unjournaled is None:
+            run.unjournaled = str(exc)
+            run.warnings.append(str(exc))
 
 
 def _why(failed: StepFailed) -> str:
@@ -666,6 +687,13 @@ class StepSeams:
         for signum in self.signals.get(self.done, ()):
             os.kill(os.getpid(), signum)
 
+    def run_done(self) -> None:
+        for signum in self.signals.get(RUN_DONE, ()):
+            os.kill(os.getpid(), signum)
+
+
+RUN_DONE = -1  # the seams' key for "end": after the run, outside its signal handling
+
 
 def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
     seams: dict[int, list[int]] = {}
@@ -674,7 +702,7 @@ def _seams(environ: Mapping[str, str]) -> dict[int, list[int]]:
         seams.setdefault(int(crash), []).append(signal.SIGKILL)
     for item in filter(None, environ.get(SIGNAL_AFTER_STEP_ENV, "").split(",")):
         count, _, name = item.partition(":")
-        seams.setdefault(int(count), []).append(signal.Signals[f"SIG{name}"])
+        seams.setdefault(RUN_DONE if count == "end" else int(count), []).append(signal.Signals[f"SIG{name}"])
     return seams
 
 

@@ -21,7 +21,14 @@ from typing import Any
 
 from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
 from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
-from lanectl.image.containers import plan_containers, spec_changes, spec_digest, spec_fields, stamped
+from lanectl.image.containers import (
+    env_names_changed,
+    plan_containers,
+    spec_changes,
+    spec_digest,
+    spec_fields,
+    stamped,
+)
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import PortMapping
@@ -227,7 +234,16 @@ class Inventory:
         now = desired.fields
         if self.snapshot.secret_key_new:
             now = {**now, "secret_env": {name: "" for name in now.get("secret_env") or {}}}
-        return spec_changes(container.fields, now)
+        return [self._with_image_env(change, container.fields, now) for change in spec_changes(container.fields, now)]
+
+    def _with_image_env(self, change: str, was: dict[str, Any] | None, now: dict[str, Any]) -> str:
+        """A primary's env is baked into its image: its image change names the variables its env changed in."""
+        envs = self.snapshot.image_env
+        old, new = envs.get(str((was or {}).get("image_id"))), envs.get(str(now.get("image_id")))
+        if not change.startswith("image ") or old is None or new is None:
+            return change
+        names = env_names_changed(old, new)
+        return f"{change} (env {names})" if names else change
 
 
 def as_published(lane: Lane, listed: Iterable[ListedContainer]) -> Lane:

@@ -438,14 +438,18 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
     state = snapshot.state
     asleep, lost = standbys(inventory)
     kind: Kind = "rollback" if rollback else "up"
+    orphans = orphan_steps(inventory)
     if (state.active == target.name and target.name not in asleep and inventory.running(target)
             and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
-        return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
+        if not orphans:
+            return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
+        # The lane serves as its recipe says but for a role the recipe dropped: only that container goes. Its
+        # failure is reported, never a reason to touch the lane that serves.
+        return Plan(kind, target.name, phases=(Phase(orphans, optional=True),), with_gpus=with_gpus)
     notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
     if snapshot.secret_key_new:
         notes.append("secret-digest.key was missing and a new key was made: the running containers' secrets cannot "
                      "be compared with lanectl's environment this time, so no container is recreated for them")
-    orphans = orphan_steps(inventory)
     phases = [Phase((_disarm(target),)),
               *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost),
               *([Phase(orphans)] if orphans else [])]

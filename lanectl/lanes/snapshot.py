@@ -1,9 +1,10 @@
 """What a command knows before it plans: one snapshot of the engine, the state files and the lanes' builds.
 
 `take_snapshot` reads everything a switch is planned from, once: one listing of the engine's containers (no
-inspect), one listing of the lane images, `state.json`, `standby.json`, the journal's unfinished switch, each
-lane's image plan (rendered once), the keyed digests of the secrets in lanectl's environment, the host's free
-memory, and whether the active lane answers `/health` with every engine of it awake. The planner
+inspect), one listing of the lane images (and the env of both images of a primary whose build changed), `state.json`,
+`standby.json`, the journal's unfinished switch, each lane's image plan (rendered once), the keyed digests of the
+secrets in lanectl's environment, the host's free memory, and whether the active lane answers `/health` with every
+engine of it awake. The planner
 (`lanes/plan.py`) is a pure function of it; nothing re-reads a file or asks the engine again while planning.
 """
 
@@ -32,6 +33,8 @@ class EngineListing(Protocol):
 
     def image_id(self, ref: str) -> str | None: ...
 
+    def image_env(self, ref: str) -> dict[str, str] | None: ...
+
 
 @frozen
 class Snapshot:
@@ -53,6 +56,9 @@ class Snapshot:
     # makes no key, plans the same).
     secret_key_new: bool = False
     secrets_unset: frozenset[str] = frozenset()  # secrets the lanes in scope name that lanectl's environment lacks
+    # image ID -> the env it bakes in, for a primary whose image is not its lane's build and for that build: a
+    # primary's env is in its image, so this is how its drift names the variables that changed.
+    image_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def built(self, lane: str) -> str | None:
         """The image ID of the lane's current build, None when it is not built."""
@@ -93,6 +99,8 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                 found = engine.image_id(companion.image)
                 if found is not None:
                     images[companion.image] = found
+    rebuilt = _rebuilt_primaries(lanes, plans, images, containers)
+    image_env = {image: env for image in rebuilt if (env := engine.image_env(image)) is not None}
     secrets = {name for lane in lanes for _, role in lane.spec.engines() for name in role.secret_env}
     key_new = create_secret_key and any(name in environ for name in secrets) and not os.path.lexists(
         files.secret_key)
@@ -112,7 +120,20 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
                     host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping,
                     state_dir=os.path.realpath(files.root), secret_key_new=key_new,
-                    secrets_unset=frozenset(name for name in secrets if name not in environ))
+                    secrets_unset=frozenset(name for name in secrets if name not in environ), image_env=image_env)
+
+
+def _rebuilt_primaries(lanes: Iterable[Lane], plans: Mapping[str, ImagePlan], images: Mapping[str, str],
+                       containers: Iterable[ListedContainer]) -> set[str]:
+    """The images of the lanes' primaries that are not their lane's build now, and those builds."""
+    running_image = {c.name: c.image_id for c in containers}
+    found: set[str] = set()
+    for lane in lanes:
+        built = images.get(plans[lane.name].tag) if lane.name in plans else None
+        current = running_image.get(lane.container_name())
+        if built and current and current != built:
+            found |= {built, current}
+    return found
 
 
 def _intent_lanes(intent: Mapping[str, Any] | None) -> list[str]:
