@@ -3,6 +3,7 @@
 FROM lanectl/base-python:bookworm
 ENV PYTHONPATH="/opt/stub" PYTHONUNBUFFERED="1"
 COPY image/stubengine/ /opt/stub/stubengine/
+RUN ["python3", "-m", "compileall", "-q", "/opt/stub/stubengine"]
 ENV STUB_DECODE_TOKENS_PER_S="100"
 ENV STUB_LOAD_SECONDS="2"
 ENV VLLM_SERVER_DEV_MODE="1"

@@ -11,6 +11,7 @@ RUN ["/bin/sh", "-euc", "mkdir -p \"$LANECTL_KERNEL_OUT\"\ngcc -O2 -shared -fPIC
 FROM lanectl/base-python:bookworm
 ENV PYTHONPATH="/opt/stub" PYTHONUNBUFFERED="1"
 COPY image/stubengine/ /opt/stub/stubengine/
+RUN ["python3", "-m", "compileall", "-q", "/opt/stub/stubengine"]
 COPY lanectl-build/kernel_smoke.py /lanectl/kernel_smoke.py
 COPY --from=kernel-stub-splitkv /lanectl/kernel-out/ /opt/stub/stubengine/
 RUN ["python3", "/lanectl/kernel_smoke.py", "{\"argument\": \"mega_num_splits\", \"beside\": \"attention\", \"dir\": \"/opt/stub/stubengine\", \"module\": \"_stub_splitkv_C\", \"op\": \"stubengine._stub_splitkv_C.decode\"}"]
