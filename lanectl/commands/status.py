@@ -18,6 +18,8 @@ from lanectl.state.pushes import PushStore
 from lanectl.state.standby import StandbyRecord
 from lanectl.watchdog.state import WatchdogStateStore
 
+# A lane may publish no port (validation allows it off Swarm): there is then nothing to probe, which is no failure.
+NOT_PROBED = "not probed: its primary publishes no port"
 
 def lane_status(catalog: Catalog) -> Result:
     """Everything an operator asks at 3 a.m.: what runs, is it healthy, which build, is a way back there, what
@@ -54,7 +56,9 @@ def lane_status(catalog: Catalog) -> Result:
         no_gpu = _started_without_gpus(inventory, own)
         judged = without_gpus if no_gpu else inventory
         health = None
-        if primary is not None and primary.listed.running:
+        if primary is not None and primary.listed.running and not lane.spec.engine.ports:
+            health = NOT_PROBED
+        elif primary is not None and primary.listed.running:
             probe = EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok()
             health = "ok" if probe.ok else probe.detail
             if probe.ok and standbys.standby(lane.name) is None:
