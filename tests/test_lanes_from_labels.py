@@ -16,7 +16,7 @@ import pytest
 
 from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import BadInput
-from lanectl.lanes.plan import plan_down, plan_reconcile
+from lanectl.lanes.plan import plan_down, plan_reconcile, plan_up
 from lanectl.lanes.switcher import LaneSwitcher
 from lanectl.project import Project
 from lanectl.recipe.catalog import Catalog, load_catalog
@@ -241,6 +241,19 @@ def test_containers_of_another_state_folder_are_never_read_as_this_ones(catalog)
     snapshot = replace(box.snapshot(), state_dir="/var/lib/lanectl")
     assert keys(plan_down(without(catalog, "demo-h2"), snapshot, "demo-h2", with_standbys=False)) == [
         f"stop:{H2}-rtx-ours", f"stop:{H2}-ours", f"remove:{H2}-rtx-ours", f"remove:{H2}-ours"]
+
+
+def test_a_lane_whose_image_does_not_render_is_refused_by_up_and_keeps_no_other_lane_from_switching(catalog):
+    box = Box(catalog).run("demo-h1").build("demo-h2").active("demo-h1", "demo-h1").fingerprinted("demo-h1")
+    why = "images/stub-engine/Dockerfile.j2:1: the image template does not render: …; fix the template"
+    snapshot = box.snapshot()
+    snapshot = replace(snapshot, unrendered={"demo-h1": why},
+                       image_plans={k: v for k, v in snapshot.image_plans.items() if k != "demo-h1"})
+    with pytest.raises(BadInput, match="Dockerfile.j2:1: the image template does not render"):
+        plan_up(catalog, snapshot, catalog.lane("demo-h1"))
+    plan = plan_up(catalog, snapshot, catalog.lane("demo-h2"))
+    assert f"start:{H2}" in keys(plan) and plan.previous == "demo-h1"
+    assert "gate:demo-h1" in [key for phase in plan.way_back for key in keys(phase.steps)], "the way back is there"
 
 
 def test_a_killed_down_of_a_lane_read_from_labels_is_finished_from_its_labels(catalog):
