@@ -233,6 +233,11 @@ class MemoryEngine:
         self._call(f"image-env:{ref}")
         return None  # the images here are IDs alone
 
+    def image_labels(self, ref: str) -> dict[str, str] | None:
+        """An image's labels, by tag or ID: none kept here beyond the image being there."""
+        self._call(f"image-labels:{ref}")
+        return {} if ref in self.images or ref in self.images.values() else None
+
     def running(self) -> set[str]:
         return {name for name, held in self.held.items() if held.state == "running"}
 

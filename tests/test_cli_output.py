@@ -98,14 +98,16 @@ STATUS = {
                           "steps": ["stop:h1", "create:h2", "start:h2"], "done_steps": ["stop:h1"]},
     "journal_problems": ["journal.jsonl line 1 from the end: unreadable record (not JSON, 12 bytes); ignored"],
     "lanes": [
-        {"lane": "h1-REF", "recipe": "dsv41", "active": False, "known_good": True, "image": "lanectl/dsv41:h1-REF-aaa",
-         "built": True, "health": None, "provenance": {}, "pushed": None,
+        {"lane": "h1-REF", "recipe": "dsv41", "from_labels": False, "recipe_problem": None, "active": False,
+         "known_good": True, "image": "lanectl/dsv41:h1-REF-aaa", "built": True, "health": None, "provenance": {},
+         "pushed": None,
          "containers": [
              {"name": "dsv41-h1-REF", "role": "primary", "status": "exited", "exit_code": 137,
               "image": "lanectl/dsv41:h1-REF-aaa", "current_build": True, "uptime_seconds": None, "restarts": 0},
          ]},
-        {"lane": "h2-REF", "recipe": "dsv41", "active": True, "known_good": True, "image": "lanectl/dsv41:h2-REF-bbb",
-         "built": True, "health": "ok", "provenance": {"inputs": "bbb"},
+        {"lane": "h2-REF", "recipe": "dsv41", "from_labels": False, "recipe_problem": None, "active": True,
+         "known_good": True, "image": "lanectl/dsv41:h2-REF-bbb", "built": True, "health": "ok",
+         "provenance": {"inputs": "bbb"},
          "pushed": {"reference": "127.0.0.1:5000/lanectl/dsv41@sha256:" + "d" * 64},
          "containers": [
              {"name": "dsv41-h2-REF", "role": "primary", "status": "running", "exit_code": None,
@@ -113,10 +115,12 @@ STATUS = {
              {"name": "dsv41-h2-REF-rtx", "role": "rtx", "status": "running", "exit_code": None,
               "image": "lanectl/dsv41:h2-REF-bbb", "current_build": True, "uptime_seconds": 3590, "restarts": 0},
          ]},
-        {"lane": "h3", "recipe": "dsv41", "active": False, "known_good": False, "image": "lanectl/dsv41:h3-ccc",
-         "built": False, "health": None, "provenance": {}, "pushed": None, "containers": []},
+        {"lane": "h3", "recipe": "dsv41", "from_labels": False, "recipe_problem": None, "active": False,
+         "known_good": False, "image": "lanectl/dsv41:h3-ccc", "built": False, "health": None, "provenance": {},
+         "pushed": None, "containers": []},
     ],
     "unknown_containers": ["old-lane-1"],
+    "recipe_problems": [],
 }
 
 
@@ -149,7 +153,8 @@ def test_status_text_of_a_quiet_host():
 
 
 def test_status_names_an_active_lane_whose_engine_exited_0_as_dead():
-    lane = {"lane": "h2-REF", "recipe": "dsv41", "active": True, "known_good": True, "image": "lanectl/dsv41:h2-REF-b",
+    lane = {"lane": "h2-REF", "recipe": "dsv41", "from_labels": False, "recipe_problem": None, "active": True,
+            "known_good": True, "image": "lanectl/dsv41:h2-REF-b",
             "built": True, "health": None, "provenance": {}, "pushed": None, "standby": None,
             "dead": "primary exited with code 0 (vLLM exits 0 when its engine core dies)",
             "containers": [{"name": "dsv41-h2-REF", "role": "primary", "status": "exited", "exit_code": 0,

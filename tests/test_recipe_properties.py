@@ -7,6 +7,9 @@ shell fragment; a number becomes one at the edges (0, -1, 2^63, 1e308, inf). Wha
 
 - `lanectl validate` exits 0 or 2, never with a traceback (the in-process runner fails the test on one);
 - what it accepts renders: `render` of each lane and `lanes` exit 0;
+- and `status` and `down --dry-run` work with it: with a lane's containers as `up` creates them on an engine in
+  memory (tests/switch_box.py, in place of the Docker adapter), read through the recipe or from their labels
+  alone once the recipe is gone (each in a third of the examples);
 - nothing raw from the recipe reaches the terminal: no C0/C1 control but newline and tab, no bidi mark, no
   line separator, no lone surrogate in anything printed.
 
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +32,15 @@ import yaml
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
+from lanectl.lanes.inventory import Inventory
 from lanectl.output import has_controls
+from lanectl.project import Project
+from lanectl.recipe.catalog import Catalog, load_catalog
+from lanectl.state.lanes import LaneState, LaneStateStore
+from lanectl.state.paths import StateFiles, create_state_dir
 from tests.cli_in_process import run_cli
 from tests.conftest import REPO
+from tests.switch_box import Box, Held, MemoryEngine
 from tests.test_cli import environment
 from tests.test_recipe_validation import GOOD
 
@@ -137,16 +148,47 @@ def shows_nothing_raw(text: str) -> bool:
     return not has_controls(text)
 
 
+class Engines:
+    """The engine in memory the commands get in place of the Docker adapter: one per example."""
+
+    def __init__(self) -> None:
+        self.current = MemoryEngine()
+
+    def made_for(self, catalog: Catalog, name: str) -> MemoryEngine:
+        """The lane's build, and its containers, stopped, as `up` creates them from it."""
+        lane = catalog.lanes[name]
+        alone = replace(catalog, lanes={name: lane})
+        box = Box(alone).build(name)
+        inventory = Inventory(alone, box.snapshot())
+        self.current = MemoryEngine(box.images)
+        for role in lane.roles:
+            desired = inventory.desired(lane, role)
+            assert desired is not None, f"{name} is built"
+            self.current.held[desired.spec.name] = Held(desired.spec, "exited")
+        return self.current
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[Engines]:
+    made = Engines()
+    with pytest.MonkeyPatch.context() as patch:
+        for module in ("lanectl.commands.status", "lanectl.commands.switch"):
+            patch.setattr(f"{module}.ContainerEngine", lambda: made.current)
+        yield made
+
+
 # No shrinking: a failing recipe is shown as drawn (shrinking one took Hypothesis over five minutes).
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
           phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                                  HealthCheck.function_scoped_fixture, HealthCheck.large_base_example])
 @given(text=recipes())
-def test_validate_is_total_and_what_it_accepts_renders(project_dir: Path, text: str) -> None:
-    (project_dir / "recipes" / "r.yaml").write_text(text, encoding="utf-8")
+def test_validate_is_total_and_what_it_accepts_renders(project_dir: Path, engines: Engines, text: str) -> None:
+    recipe = project_dir / "recipes" / "r.yaml"
+    recipe.write_text(text, encoding="utf-8")
+    state = project_dir.parent / "state"
     env = environment({"LANECTL_CACHE_DIR": str(project_dir.parent / "cache"),
-                       "LANECTL_STATE_DIR": str(project_dir.parent / "state"), "NO_COLOR": "1"})
+                       "LANECTL_STATE_DIR": str(state), "NO_COLOR": "1"})
 
     def lanectl(*args: str) -> Any:
         result = run_cli(*args, cwd=project_dir, env=env)
@@ -160,7 +202,29 @@ def test_validate_is_total_and_what_it_accepts_renders(project_dir: Path, text: 
     if validated.returncode != 0:
         assert validated.stderr.strip(), "refused without a word"
         return
-    for lane in json.loads(validated.stdout)["data"]["lanes"]:
+    lanes = json.loads(validated.stdout)["data"]["lanes"]
+    for lane in lanes:
         rendered = lanectl("render", lane)
         assert rendered.returncode == 0, f"validate accepted lane {lane!r}, render refused it:\n{rendered.stderr}"
     assert lanectl("lanes").returncode == 0
+    # status and down --dry-run of the first lane, through its recipe or from its containers' labels alone, in a
+    # third of the examples each (chosen by the recipe's length: both in every example would cost CI 10 s).
+    # Stopped containers for status (a running one is probed over the network, as is the active lane's in down's
+    # look), running ones for down to plan their stops.
+    way = len(text) % 3
+    if way == 2:
+        return
+    engine = engines.made_for(load_catalog(Project.locate(project_dir / "recipes"), [recipe]), lanes[0])
+    if way == 1:
+        recipe.unlink()
+    create_state_dir(state)
+    states = LaneStateStore(StateFiles(state).lanes)
+    states.save(LaneState(active=lanes[0], known_good=(lanes[0],)))
+    shown = lanectl("status")
+    assert shown.returncode == 0, shown.stderr
+    states.save(LaneState())
+    for held in engine.held.values():
+        held.state = "running"
+    planned = lanectl("down", "--dry-run", "--", lanes[0])
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.strip(), "a lane that runs, and a plan that stops nothing"

@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from tests.lane_fixtures import (
+    TEST_STOP_TIMEOUT_SECONDS,
     LaneProject,
     free_port,
     make_lane_project,
@@ -241,6 +242,30 @@ def test_a_lane_serves_only_once_its_companion_does_and_a_companion_that_dies_st
     assert "Rolled back: demo-h1 is serving again" in failed.stdout, failed.stdout
     assert lanes.container("demo-h2", "rtx") not in running(lanes)
     assert row(status(lanes, state), "demo-h1")["health"] == "ok"
+
+
+# -- recipes that no longer load ---------------------------------------------------------------------------------
+
+# The other ways a recipe breaks (a template, a file that no longer validates) are in tests/test_lanes_from_labels.py,
+# on the engine in memory; here the real engine's listing, labels, stop timeouts and removal.
+def test_a_lane_whose_recipe_file_is_deleted_after_up_is_seen_and_stopped_from_its_labels(lanes, state):
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    (lanes.root / "recipes" / "lanes.yaml").unlink()  # the fixture writes it back
+    lane = row(status(lanes, state), "demo-h1")
+    assert lane["from_labels"] and lane["active"] and lane["recipe"] == lanes.recipe_id
+    assert lane["health"] == "ok", "vLLM's /health on the port its primary was created with"
+    assert [(c["role"], c["status"]) for c in lane["containers"]] == [("primary", "running"), ("rtx", "running")]
+    planned = cli(lanes, state, "down", "--dry-run").stdout
+    assert f"would stop {lanes.container('demo-h1', 'rtx')} (rtx of demo-h1), allowing {TEST_STOP_TIMEOUT_SECONDS} s" \
+           in planned, planned
+    down = json.loads(cli(lanes, state, "down", "--json").stdout)["data"]
+    assert down["result"] == "ok" and down["steps"] == [
+        f"stop:{lanes.container('demo-h1', 'rtx')}", f"stop:{lanes.container('demo-h1')}",
+        f"remove:{lanes.container('demo-h1', 'rtx')}", f"remove:{lanes.container('demo-h1')}", "deactivate:demo-h1"]
+    client = docker.from_env()
+    assert client.containers.list(all=True, filters={"label": f"io.lanectl.recipe={lanes.recipe_id}"}) == []
+    data = status(lanes, state)
+    assert data["lanes"] == [] and data["active"] is None
 
 
 # -- containers lanectl did not make ----------------------------------------------------------------------------

@@ -135,7 +135,7 @@ KINDS = {
         "demo-h2", "demo-h1", "demo-h2"), rollback),
     "recreate": Kind(lambda c: Box(c).run("demo-h2").active("demo-h2", "demo-h2").build("demo-h2", build_id="-2"),
                      up_to("demo-h2")),
-    "down with a standby": Kind(standby_h1, lambda c, s: plan_down(c, s, c.lane("demo-h2"), with_standbys=True)),
+    "down with a standby": Kind(standby_h1, lambda c, s: plan_down(c, s, "demo-h2", with_standbys=True)),
     "restart": Kind(lambda c: Box(c).run("demo-h2", "exited").active("demo-h2", "demo-h2"),
                     lambda c, s: plan_restart(c, s, c.lane("demo-h2"), with_gpus=True)),
     # The watchdog never restarts a lane recorded asleep; a killed switch can leave the active lane so.

@@ -249,7 +249,7 @@ class BoxMachine(RuleBasedStateMachine):
     @rule(how=INTERRUPTIONS)
     def down(self, how: How) -> None:
         active = self.state().active
-        self.switch(lambda s: s.down(self._lane(active) if active in self.catalog.lanes else None,
+        self.switch(lambda s: s.down(active if active in self.catalog.lanes else None,
                                      with_standbys=True), how)
 
     @rule(lane=st.sampled_from(LANES))

@@ -274,7 +274,7 @@ def test_the_watchdog_never_restarts_a_lane_onto_gpus_another_lane_runs_on(catal
 
 def test_down_stops_the_lane_companion_first_and_marks_it_inactive(catalog):
     box = Box(catalog).run("h2-REF").active("h2-REF", "h2-REF")
-    assert keys(plan_down(catalog, box.snapshot(), catalog.lane("h2-REF"), with_standbys=True)) == [
+    assert keys(plan_down(catalog, box.snapshot(), "h2-REF", with_standbys=True)) == [
         f"stop:{H2}-rtx", f"stop:{H2}", "deactivate:h2-REF"]
 
 

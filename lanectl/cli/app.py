@@ -185,6 +185,14 @@ def catalog() -> "Catalog":
     return load_catalog(_project(state.recipes), [])
 
 
+def readable() -> tuple["Catalog", tuple[str, ...]]:
+    """The lanes of the recipes that load, and the problems of those that do not: `status` and `down` see and stop
+    what runs whatever state the recipes are in (a lane no recipe that loads has is read from its labels)."""
+    from lanectl.recipe.catalog import load_readable
+
+    return load_readable(_project(state.recipes))
+
+
 def _seconds(text: str, option: str) -> float:
     from lanectl.cli.durations import parse_duration
 
@@ -365,21 +373,24 @@ def down(lane: Annotated[str | None, typer.Argument(help="Lane to stop (default:
                                                           autocompletion=complete_lane)] = None,
          dry_run: DryRunOption = False, lock_wait: LockWaitOption = "60s", as_json: JsonOption = False) -> None:
     """Stop a lane (companions first, then the primary); its containers are kept for a later start.
-    Without LANE: the active lane and every lane waiting asleep as a standby."""
+    Without LANE: the active lane and every lane waiting asleep as a standby. A lane no recipe that loads has
+    (deleted, renamed, or its file broken) is stopped and removed as its containers' labels name it."""
     from lanectl.commands import switch
     from lanectl.lanes.interrupt import Interrupt
 
+    recipes, problems = readable()
     with Interrupt().held() as interrupt:
-        show(switch.down(catalog(), lane, dry_run=dry_run, lock_wait=_seconds(lock_wait, "--lock-wait"),
-                         reporter=_reporter(), interrupt=interrupt), as_json)
+        show(switch.down(recipes, lane, dry_run=dry_run, lock_wait=_seconds(lock_wait, "--lock-wait"),
+                         reporter=_reporter(), recipe_problems=problems, interrupt=interrupt), as_json)
 
 
 @app.command()
 def status(as_json: JsonOption = False) -> None:
-    """Lanes, containers, health, builds, the active and known-good lanes, the watchdog, unfinished switches."""
+    """Lanes, containers, health, builds, the active and known-good lanes, the watchdog, unfinished switches.
+    Lanes no recipe that loads has are shown from their containers' labels."""
     from lanectl.commands.status import lane_status
 
-    show(lane_status(catalog()), as_json)
+    show(lane_status(*readable()), as_json)
 
 
 @fleet_app.command("status")

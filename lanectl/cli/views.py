@@ -145,7 +145,9 @@ def status(result: Result) -> list[Line]:
             active.append((f"standby {standby['seconds']} s{resident}{gone}{queued} ", "bold cyan"))
         restarted = f"  restarted {lane['watchdog_restarts']}x by the watchdog" if lane.get("watchdog_restarts") else ""
         lines.append(line((lane["lane"], "bold"), "  ", *active, "known-good " if lane["known_good"] else "",
-                          f"{lane['image']}{'' if lane['built'] else ' (not built)'}{health}{restarted}"))
+                          f"{_status_image(lane)}{health}{restarted}"))
+        if lane["recipe_problem"] and not lane["from_labels"]:
+            lines.append(line("    recipe   ", (lane["recipe_problem"], "yellow")))
         if lane.get("dead"):
             lines.append(line(("    dead     ", "bold red"), (lane["dead"], "red")))
         if lane["pushed"]:
@@ -156,7 +158,7 @@ def status(result: Result) -> list[Line]:
             detail = f"up {c['uptime_seconds']} s" if c["uptime_seconds"] is not None else c["status"]
             if c["exit_code"] not in (None, 0):
                 detail += f" (exit {c['exit_code']})"
-            stale: list[Span] = [] if c["current_build"] else [(f"  older build {c['image']}", "yellow")]
+            stale: list[Span] = [(f"  older build {c['image']}", "yellow")] if c["current_build"] is False else []
             lines.append(line(f"    {c['role']:<8} {c['name']:<40} {detail:<14} restarts {c['restarts']}", *stale))
             if c.get("drift"):
                 lines.append(line(("      differs from the recipe: ", "yellow"), ", ".join(c["drift"]),
@@ -183,6 +185,14 @@ def status(result: Result) -> list[Line]:
     lines += [line(f"container {name} has lanectl labels but its lane is not in the recipes", err=True)
               for name in data["unknown_containers"]]
     return lines
+
+
+def _status_image(lane: Mapping[str, Any]) -> str:
+    if lane["from_labels"]:
+        return f"{lane['image'] or '-'} (from its containers' labels: no recipe that loads has it)"
+    if lane["image"] is None:
+        return "(its image does not render)"
+    return f"{lane['image']}{'' if lane['built'] else ' (not built)'}"
 
 
 def fleet_status(result: Result) -> list[Line]:

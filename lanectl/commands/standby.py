@@ -173,7 +173,7 @@ def _run(lanes: LaneSwitcher, target: Lane, neighbour: Lane | None, *, cycles: i
          serving: list[str], reporter: Reporter, no_gpu: bool) -> CheckReport:
     meters = _meters(target, no_gpu)
     for name in serving:
-        outcome = lanes.down(lanes.catalog.lane(name), with_standbys=False)
+        outcome = lanes.down(name, with_standbys=False)
         if outcome.exit_code:
             return _failed(target, Failure(kind="crash", cycle=None, detail=f"could not stop {name}: "
                                                                              f"{outcome.message}"))
@@ -293,7 +293,7 @@ def _stop_started(lanes: LaneSwitcher, target: Lane, neighbour: Lane | None) -> 
 
 def _restore(lanes: LaneSwitcher, target: Lane, previous: str | None, reporter: Reporter) -> str:
     """Stop the lane under check; bring back the lane that served before, through `up`."""
-    lanes.down(target, with_standbys=False)
+    lanes.down(target.name, with_standbys=False)
     if previous is None or previous == target.name or previous not in lanes.catalog.lanes:
         return "nothing served before the check: the box serves nothing now"
     outcome = lanes.up(lanes.catalog.lane(previous), why="standby check: back to the lane that served")

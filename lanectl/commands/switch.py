@@ -7,22 +7,26 @@ may have changed meanwhile) and runs exactly that plan.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 from lanectl.dockerapi.containers import ContainerEngine
 from lanectl.errors import BadInput
 from lanectl.lanes.execute import Reporter, SwitchOutcome
 from lanectl.lanes.interrupt import Interrupt
+from lanectl.lanes.inventory import labelled_lanes
 from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_rollback, plan_up
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.lanes.switcher import LaneSwitcher
-from lanectl.output import Result
-from lanectl.recipe.catalog import Catalog, Lane
+from lanectl.output import Result, warning
+from lanectl.recipe.catalog import Catalog, Lane, unread_summary
 from lanectl.state.journal import Journal
 from lanectl.state.lanes import LaneStateStore
 from lanectl.state.lock import engine_lock
 from lanectl.state.paths import StateFiles, create_state_dir, state_dir
+from lanectl.state.standby import StandbyStore
 
 
 def up(catalog: Catalog, lane: str, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
@@ -69,18 +73,36 @@ def rollback(catalog: Catalog, to: str | None, *, reporter: Reporter, lock_wait:
 
 
 def down(catalog: Catalog, lane: str | None, *, reporter: Reporter, lock_wait: float, dry_run: bool = False,
-         interrupt: Interrupt | None = None) -> Result:
+         recipe_problems: Sequence[str] = (), interrupt: Interrupt | None = None) -> Result:
     """Stop `lane`, or the active one and every lane waiting asleep as a standby (companions first); their
-    containers are kept for a later start."""
+    containers are kept for a later start. `catalog` holds the lanes of the recipes that load (`recipe_problems`
+    say why the others do not): a lane none of them has is stopped and removed as its containers' labels name
+    it."""
     files = StateFiles(state_dir())
     name = lane or LaneStateStore(files.lanes).load().active
-    target = catalog.lane(name) if name else None
     if dry_run:
-        return dry_run_plan(catalog, lambda snapshot: plan_down(catalog, snapshot, target, with_standbys=lane is None),
-                            *([target.name] if target else []), reporter=reporter, no_gpu=False)
-    return run(lambda lanes: lanes.down(target, with_standbys=lane is None), catalog,
-               f"lanectl down {lane or name or '(standbys)'}", lock_wait=lock_wait, reporter=reporter,
-               interrupt=interrupt)
+        result = dry_run_plan(catalog, lambda snapshot: plan_down(catalog, snapshot, name, with_standbys=lane is None),
+                              *([name] if name else []), reporter=reporter, no_gpu=False)
+    else:
+        if lane is not None:
+            _require_known(catalog, lane, files)
+        result = run(lambda lanes: lanes.down(name, with_standbys=lane is None), catalog,
+                     f"lanectl down {lane or name or '(standbys)'}", lock_wait=lock_wait, reporter=reporter,
+                     interrupt=interrupt)
+    if not recipe_problems:
+        return result
+    return replace(result, messages=(*result.messages, warning(unread_summary(recipe_problems))))
+
+
+def _require_known(catalog: Catalog, name: str, files: StateFiles) -> None:
+    """A name that neither the recipes that load, the engine's labels nor the state files know is refused before
+    the lock is taken or an unfinished switch finished (exit 2), with the lane names it may have meant."""
+    if name in catalog.lanes:
+        return
+    if name == LaneStateStore(files.lanes).load().active or StandbyStore(files.standby).load().standby(name):
+        return
+    if name not in labelled_lanes(catalog, ContainerEngine().list_containers(), os.path.realpath(files.root)):
+        catalog.lane(name)
 
 
 def _require_fleet_for_nodes(nodes: Sequence[str], canary: str | None, fleet: bool) -> None:
@@ -198,11 +220,13 @@ $ lanectl rollback --to h1-REF   # to a lane of your choice, through the same he
         "example": """\
 $ lanectl down            # the active lane and every standby; the containers are kept
 $ lanectl down demo-h2    # one lane
+$ lanectl down old-lane   # a lane no recipe that loads has: stopped and removed as its containers' labels name it
 """,
         "exit": {
             0: "stopped (or already stopped)",
             1: "a container could not be stopped, or the host lock stayed busy",
-            2: "an unknown lane or an invalid recipe",
+            2: ("a lane that neither the recipes that load, the engine's labels nor the state files know, or the "
+                "containers of another state folder; nothing was changed"),
         },
     },
 }

@@ -54,13 +54,7 @@ class EndpointProbe:
         vLLM answers 503 once the engine is dead, but can answer 200 while it is stuck (vllm#39863),
         so this alone never proves the lane serves.
         """
-        path = self.health.health_path
-        started = time.monotonic()
-        try:
-            response = self.engine.request("GET", path, timeout=self._timeout)
-        except EngineUnanswered as exc:
-            return _failed(path, exc, self._timeout, started)
-        return ProbeResult(response.status == 200, _answered(path, response), time.monotonic() - started)
+        return _health(self.engine, self.health.health_path, self._timeout)
 
     def models_lists_served_model(self) -> ProbeResult:
         """`/v1/models` lists the recipe's served model name (vLLM answers it without the engine)."""
@@ -117,6 +111,20 @@ class EndpointProbe:
         # A timed-out generation with /health at 200 is the stuck engine of vllm#39863; say so.
         health = self.health_ok()
         return "health 200: engine stuck?" if health.ok else health.detail
+
+
+def health_at(base_url: str, path: str, timeout: float) -> ProbeResult:
+    """`EndpointProbe.health_ok` with no recipe to read the endpoint from: a lane shown from its labels."""
+    return _health(EngineHttp(base_url), path, timeout)
+
+
+def _health(engine: EngineHttp, path: str, timeout: float) -> ProbeResult:
+    started = time.monotonic()
+    try:
+        response = engine.request("GET", path, timeout=timeout)
+    except EngineUnanswered as exc:
+        return _failed(path, exc, timeout, started)
+    return ProbeResult(response.status == 200, _answered(path, response), time.monotonic() - started)
 
 
 def _answered(path: str, response: EngineAnswer) -> str:

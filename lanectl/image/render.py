@@ -306,6 +306,21 @@ def plan_images(lanes: Iterable[Lane]) -> dict[str, ImagePlan]:
     return {lane.name: _plan_image(lane, None, folders) for lane in lanes}
 
 
+def plan_images_apart(lanes: Iterable[Lane]) -> tuple[dict[str, ImagePlan], dict[str, str]]:
+    """Each lane's plan as `plan_images` makes it, and for each lane whose image does not render (a template
+    broken since `validate` passed, a template folder deleted) why not: one lane that does not render keeps
+    no other from being planned, and what runs from it can still be seen and stopped."""
+    folders: dict[tuple[Path, str, frozenset[str]], list[ContextFile]] = {}
+    plans: dict[str, ImagePlan] = {}
+    unrendered: dict[str, str] = {}
+    for lane in lanes:
+        try:
+            plans[lane.name] = _plan_image(lane, None, folders)
+        except BadInput as exc:
+            unrendered[lane.name] = str(exc)
+    return plans, unrendered
+
+
 def _plan_image(lane: Lane, fetched: Mapping[str, Path] | None,
                 folders: dict[tuple[Path, str, frozenset[str]], list[ContextFile]]) -> ImagePlan:
     def folder_files(folder: Path, prefix: str, *, skip: set[str]) -> list[ContextFile]:

@@ -354,11 +354,13 @@ class Executor:
             if not phase.steps:
                 continue
             lane = phase.steps[0].lane
-            removed = [s.container for s in phase.steps if s.action == "remove"]
-            if removed:
-                messages.append(f"{', '.join(removed)} removed: made for a role the recipe no longer has")
-                continue
+            removed = [s for s in phase.steps if s.action == "remove"]
             stopped = [s for s in phase.steps if s.action == "stop"]
+            if removed:
+                # A role its recipe no longer has, or a lane no recipe that loads has: the removal's why says which.
+                messages.append(f"{', '.join(s.container for s in removed)} {'stopped and ' if stopped else ''}"
+                                f"removed: {removed[0].why}")
+                continue
             standby = any(s.action == "forget-standby" for s in phase.steps)
             what = f"{lane} (standby)" if standby else lane
             messages.append(f"{what} stopped" if stopped else f"{lane} was not running")

@@ -9,6 +9,10 @@ refused before it changes anything.
 
 Containers lanectl created before it stamped them (a role label, the right name, no creation label) are lane
 containers whose spec is unknown: a switch recreates them.
+
+Containers lanectl created for a lane that no recipe which loads has (its recipe file deleted or broken, the lane
+renamed) are *labelled lanes*: what their labels say is all there is to go on, and it is enough to show them
+(`status`) and to stop and remove them (`down`), each with the stop timeout it was created with.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from functools import cached_property
 from typing import Any
 
 from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
-from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL
+from lanectl.dockerapi.labels import CREATED_AS_LABEL, LABEL_PREFIX, SPEC_FIELDS_LABEL, SPEC_LABEL, STATE_DIR_LABEL
 from lanectl.image.containers import (
     env_names_changed,
     plan_containers,
@@ -244,6 +248,70 @@ class Inventory:
             return change
         names = env_names_changed(old, new)
         return f"{change} (env {names})" if names else change
+
+
+@frozen
+class LabelledLane:
+    """A lane that no recipe which loads has, as the labels of the containers lanectl created for it show it."""
+
+    name: str
+    recipe: str  # the recipe id its containers were made from
+    containers: tuple[ListedContainer, ...]  # those of this state folder: the primary first, then by role
+    # Other state folders with containers of a lane of this name (another project's, or this one's run from
+    # there): never touched from here.
+    elsewhere: tuple[str, ...] = ()
+
+    @property
+    def primary(self) -> ListedContainer | None:
+        return next((c for c in self.containers if role_of(c) == ROLE_PRIMARY and c.name == created_as(c)), None)
+
+
+def labelled_lanes(catalog: Catalog, containers: Iterable[ListedContainer], state_dir: str) -> dict[str, LabelledLane]:
+    """Every lane no lane of `catalog` names that lanectl made containers for, by name, with those of the state
+    folder `state_dir`: a container counts when its creation label holds its own name (or the name it was set aside
+    as), so a renamed or hand-made one never does."""
+    found: dict[str, list[ListedContainer]] = {}
+    for listed in containers:
+        name = listed.labels.get(LANE_LABEL)
+        made_as = created_as(listed)
+        if not name or name in catalog.lanes or made_as is None:
+            continue
+        if listed.name == made_as or listed.name.startswith(made_as + ASIDE_MARK):
+            found.setdefault(name, []).append(listed)
+    lanes = {}
+    for name, made in sorted(found.items()):
+        ours = sorted((c for c in made if _of_state_folder(c, state_dir)),
+                      key=lambda c: (role_of(c) != ROLE_PRIMARY, role_of(c), c.name))
+        elsewhere = sorted({c.labels[STATE_DIR_LABEL] for c in made if not _of_state_folder(c, state_dir)})
+        lanes[name] = LabelledLane(name, (ours or made)[0].labels.get(RECIPE_LABEL, ""), tuple(ours),
+                                   tuple(elsewhere))
+    return lanes
+
+
+def _of_state_folder(listed: ListedContainer, state_dir: str) -> bool:
+    """Made from the state folder `state_dir`, or before lanectl stamped containers with theirs."""
+    owner = listed.labels.get(STATE_DIR_LABEL)
+    return not owner or not state_dir or owner == state_dir
+
+
+def created_as(listed: ListedContainer) -> str | None:
+    return listed.labels.get(CREATED_AS_LABEL)
+
+
+def role_of(listed: ListedContainer) -> str:
+    return listed.labels.get(ROLE_LABEL, ROLE_PRIMARY)
+
+
+def recorded_stop_timeout(labels: dict[str, str]) -> int | None:
+    """The stop timeout a container was created with, as its spec-fields label records it (its drain was
+    rendered from it); None when it records none."""
+    recorded = (_fields(labels) or {}).get("stop_timeout_seconds")
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
+
+
+def recorded_ports(labels: dict[str, str]) -> list[PortMapping] | None:
+    """The ports a container was created with, as its spec-fields label records them; None when unreadable."""
+    return _ports((_fields(labels) or {}).get("ports"))
 
 
 def as_published(lane: Lane, listed: Iterable[ListedContainer]) -> Lane:

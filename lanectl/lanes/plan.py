@@ -19,12 +19,21 @@ from collections.abc import Sequence
 from dataclasses import field
 from typing import Any, Literal
 
-from lanectl.dockerapi.containers import ContainerSpec
+from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
 from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import BadInput, OperationFailed
 from lanectl.health.engine_exit import exit_code_text
 from lanectl.lanes.invariants import gpus_overlap
-from lanectl.lanes.inventory import ASIDE_MARK, Inventory, LaneContainer, host_ports
+from lanectl.lanes.inventory import (
+    ASIDE_MARK,
+    Inventory,
+    LabelledLane,
+    LaneContainer,
+    host_ports,
+    labelled_lanes,
+    recorded_stop_timeout,
+    role_of,
+)
 from lanectl.lanes.snapshot import Snapshot
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 from lanectl.recipe.model import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
@@ -33,6 +42,8 @@ from lanectl.state.lanes import LaneState
 
 # A switch disarms the watchdog for the target's startup budget plus this margin; the plan re-arms it.
 LEASE_MARGIN_SECONDS = 300
+# What a stop allows a container that records no stop timeout of its own: Docker's default.
+DOCKER_STOP_TIMEOUT = 10
 
 Action = Literal["disarm", "arm", "stop", "remove", "set-aside", "put-back", "create", "start", "gate", "activate",
                  "deactivate", "sleep", "check-memory", "wake", "wake-check", "forget-standby", "gpu-memory",
@@ -289,9 +300,8 @@ def orphan_steps(inventory: Inventory) -> tuple[Step, ...]:
     for container in inventory.orphans.values():
         why = f"its role {container.role} is no longer in {container.lane.name}'s recipe"
         if container.listed.live:
-            recorded = (container.fields or {}).get("stop_timeout_seconds")
-            seconds = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 10
-            steps.append(Step("stop", container.lane.name, container.name, container.role, seconds, why))
+            steps.append(Step("stop", container.lane.name, container.name, container.role,
+                              _own_stop_timeout(container.listed), why))
         steps.append(Step("remove", container.lane.name, container.name, container.role, why=why))
     return tuple(steps)
 
@@ -340,6 +350,10 @@ def _left_aside(inventory: Inventory, lane: Lane) -> list[Step]:
 
 def _create(inventory: Inventory, lane: Lane, role: str, why: str) -> Step:
     desired = inventory.desired(lane, role)
+    unrendered = inventory.snapshot.unrendered.get(lane.name)
+    if desired is None and unrendered is not None:
+        raise OperationFailed(f"{lane.name}: its {role} container must be created, and its image does not render: "
+                              f"{unrendered}")
     if desired is None:
         raise OperationFailed(f"{lane.name}: its {role} container must be created, and its image is not here; "
                               f"run `lanectl build {lane.name}` first")
@@ -368,11 +382,17 @@ def _stop_timeout(inventory: Inventory, lane: Lane, role: str) -> int:
     `lanes/invariants.py`); the recipe's only for a container that records none. The executor asks the engine
     again before the stop: this is what `--dry-run` shows."""
     container = inventory.container(lane, role)
-    recorded = (container.fields or {}).get("stop_timeout_seconds") if container is not None else None
-    if isinstance(recorded, int) and not isinstance(recorded, bool):
+    recorded = recorded_stop_timeout(container.listed.labels) if container is not None else None
+    if recorded is not None:
         return recorded
     engine = lane.spec.engine if role == ROLE_PRIMARY else lane.spec.companions[role].engine
     return engine.stop_timeout_seconds
+
+
+def _own_stop_timeout(listed: ListedContainer) -> int:
+    """A container's own stop timeout, for a container no recipe that loads has a role for."""
+    recorded = recorded_stop_timeout(listed.labels)
+    return DOCKER_STOP_TIMEOUT if recorded is None else recorded
 
 
 def _disarm(lane: Lane) -> Step:
@@ -402,9 +422,13 @@ def refuse_other_state_folder(inventory: Inventory) -> None:
     others = sorted({owner for c in [*inventory.own.values(), *inventory.aside.values()]
                      if (owner := c.listed.labels.get(STATE_DIR_LABEL)) and owner != snapshot.state_dir})
     if others:
-        raise BadInput(f"this engine's lanes belong to the state folder {others[0]}, not {snapshot.state_dir}: "
-                       f"one engine has one state. Run lanectl with LANECTL_STATE_DIR={others[0]} (as the user "
-                       "who owns it), or `lanectl down` from there first; nothing was changed")
+        raise _other_state_folder(others[0], snapshot.state_dir)
+
+
+def _other_state_folder(other: str, here: str) -> BadInput:
+    return BadInput(f"this engine's lanes belong to the state folder {other}, not {here}: one engine has one "
+                    f"state. Run lanectl with LANECTL_STATE_DIR={other} (as the user who owns it), or `lanectl down` "
+                    "from there first; nothing was changed")
 
 
 def _refuse_unset_secrets(snapshot: Snapshot, steps: Sequence[Step]) -> None:
@@ -419,6 +443,8 @@ def _refuse_unset_secrets(snapshot: Snapshot, steps: Sequence[Step]) -> None:
 
 
 def require_built(snapshot: Snapshot, lane: Lane) -> None:
+    if lane.name in snapshot.unrendered:
+        raise BadInput(snapshot.unrendered[lane.name])
     if snapshot.built(lane.name) is None:
         tag = snapshot.image_plans[lane.name].tag if lane.name in snapshot.image_plans else lane.name
         raise OperationFailed(f"{lane.name}: image {tag} is not built; run `lanectl build {lane.name}` first")
@@ -537,30 +563,59 @@ def rollback_target(catalog: Catalog, state: LaneState) -> Lane:
     return catalog.lanes[name]
 
 
-def plan_down(catalog: Catalog, snapshot: Snapshot, lane: Lane | None, *, with_standbys: bool) -> Plan:
-    """Stop `lane`, and with `with_standbys` every lane waiting asleep too (`lanectl down` of the box); their
-    containers are kept for a later start."""
+def plan_down(catalog: Catalog, snapshot: Snapshot, lane_name: str | None, *, with_standbys: bool) -> Plan:
+    """Stop the lane named `lane_name`, and with `with_standbys` every lane waiting asleep too (`lanectl down` of the
+    box); their containers are kept for a later start. A lane no recipe that loads has is stopped and removed
+    from its containers' labels (`labelled_down_steps`)."""
     inventory = Inventory(catalog, snapshot)
     refuse_other_state_folder(inventory)
-    targets = [lane] if lane is not None else []
+    labelled = labelled_lanes(catalog, snapshot.containers, snapshot.state_dir)
+    targets = [lane_name] if lane_name is not None else []
     if with_standbys:
-        targets += [catalog.lanes[r.lane] for r in snapshot.standby.standbys
-                    if r.lane in catalog.lanes and r.lane not in {t.name for t in targets}]
+        targets += [r.lane for r in snapshot.standby.standbys if r.lane not in targets]
     orphans = orphan_steps(inventory)
     if not targets and not orphans:
         raise BadInput("no active lane and no standby; name the lane to stop")
-    phases = []
-    for target in targets:
-        recorded = snapshot.standby.standby(target.name) is not None
-        steps = [*stop_steps(inventory, target, "down" if recorded else "")]
+    phases, notes = [], []
+    for name in targets:
+        recorded = snapshot.standby.standby(name) is not None
+        if name in catalog.lanes:
+            steps = [*stop_steps(inventory, catalog.lanes[name], "down" if recorded else "")]
+        elif name in labelled and labelled[name].containers:
+            steps = [*labelled_down_steps(labelled[name])]
+            notes.append(labelled_note(name))
+        elif recorded or snapshot.state.active == name:
+            steps = []  # its recipe and its containers are gone: only what the state files say of it is left
+        elif name in labelled:
+            raise _other_state_folder(labelled[name].elsewhere[0], snapshot.state_dir)
+        else:
+            catalog.lane(name)  # no such lane anywhere: refused, with the names it may have meant
+            steps = []
         if recorded:
-            steps.append(Step("forget-standby", target.name, why="down"))
-        if snapshot.state.active == target.name:
-            steps.append(Step("deactivate", target.name, why="down"))
+            steps.append(Step("forget-standby", name, why="down"))
+        if snapshot.state.active == name:
+            steps.append(Step("deactivate", name, why="down"))
         phases.append(Phase(tuple(steps)))
     if orphans:
         phases.append(Phase(orphans))
-    return Plan("down", targets[0].name if targets else None, phases=tuple(phases))
+    return Plan("down", targets[0] if targets else None, phases=tuple(phases), notes=tuple(notes))
+
+
+def labelled_down_steps(lane: LabelledLane) -> tuple[Step, ...]:
+    """Stop (companions first, each with the stop timeout it was created with) and remove the containers of a lane
+    that no recipe which loads has: without a recipe lanectl cannot start them again, and a lane left stopped here
+    would be one that no later `up` or prune accounts for. Those of another state folder are never touched."""
+    why = f"no recipe that loads has {lane.name}"
+    stops = [Step("stop", lane.name, c.name, role_of(c), _own_stop_timeout(c), why)
+             for c in reversed(lane.containers) if c.live]
+    removals = [Step("remove", lane.name, c.name, role_of(c), why=why) for c in reversed(lane.containers)]
+    return (*stops, *removals)
+
+
+def labelled_note(lane: str) -> str:
+    return (f"{lane} is in no recipe that loads (deleted, renamed, or its recipe file does not load): its containers "
+            "are stopped, each with the stop timeout it was created with, and removed, as their labels name them; "
+            f"once a recipe has {lane} again, `lanectl up {lane}` creates them anew")
 
 
 def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus: bool) -> Plan:
@@ -599,10 +654,14 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
     previous = catalog.lanes.get(from_name) if isinstance(from_name, str) else None
     if intent.get("action") == "down":
         steps: list[Step] = []
+        labelled = (labelled_lanes(catalog, snapshot.containers, snapshot.state_dir).get(from_name)
+                    if isinstance(from_name, str) else None)
         if previous is not None:
             steps += stop_steps(inventory, previous)
-            if snapshot.state.active == previous.name:
-                steps.append(Step("deactivate", previous.name, why="down"))
+        elif labelled is not None:
+            steps += labelled_down_steps(labelled)
+        if isinstance(from_name, str) and snapshot.state.active == from_name:
+            steps.append(Step("deactivate", from_name, why="down"))
         return Plan("finish-down", from_name if isinstance(from_name, str) else None, phases=(Phase(tuple(steps)),))
     target = catalog.lanes.get(to_name) if isinstance(to_name, str) else None
     # A killed restart (from and to the same lane) is undone by restarting the lane: stop it, start it, gate it.

@@ -1,11 +1,12 @@
 """What a command knows before it plans: one snapshot of the engine, the state files and the lanes' builds.
 
 `take_snapshot` reads everything a switch is planned from, once: one listing of the engine's containers (no
-inspect), one listing of the lane images (and the env of both images of a primary whose build changed), `state.json`,
-`standby.json`, the journal's unfinished switch, each lane's image plan (rendered once), the keyed digests of the
-secrets in lanectl's environment, the host's free memory, and whether the active lane answers `/health` with every
-engine of it awake. The planner
-(`lanes/plan.py`) is a pure function of it; nothing re-reads a file or asks the engine again while planning.
+inspect), one listing of the lane images (and the env of both images of a primary whose build changed),
+`state.json`, `standby.json`, the journal's unfinished switch, each lane's image plan (rendered once; a lane whose
+image no longer renders is named with why, and has none), the keyed digests of the secrets in lanectl's
+environment, the host's free memory, and whether the active lane answers `/health` with every engine of it awake.
+The planner (`lanes/plan.py`) is a pure function of it; nothing re-reads a file or asks the engine again while
+planning.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import field
 from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import ListedContainer
-from lanectl.image.render import ImagePlan, plan_images
+from lanectl.image.render import ImagePlan, plan_images_apart
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.records import frozen
 from lanectl.state.journal import Journal
@@ -46,6 +47,9 @@ class Snapshot:
     unfinished: Mapping[str, Any] | None  # the journal's intent without an outcome, with its done_steps
     images: Mapping[str, str]  # image reference -> ID, for the lane builds (and companion images) present
     image_plans: Mapping[str, ImagePlan]  # lane -> its build, for the lanes the command may touch
+    # lane -> why its image does not render (a template broken since validation): it has no image plan, so no
+    # container of it can be created, but what runs of it can be seen and stopped.
+    unrendered: Mapping[str, str] = field(default_factory=dict)
     secret_digests: Mapping[str, str] = field(default_factory=dict)  # secret name -> keyed digest (set ones)
     host_memory_gib: float | None = None  # MemAvailable: where a sleeping lane's weights go
     active_healthy: bool | None = None  # the active lane's /health with every engine awake, when its primary runs
@@ -91,7 +95,7 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
     unfinished = Journal(files.journal).unfinished_intent()
     containers = tuple(engine.list_containers())
     lanes = lanes_in_scope(catalog, state, standby, containers, also=[*also, *_intent_lanes(unfinished)])
-    plans = plan_images(lanes)
+    plans, unrendered = plan_images_apart(lanes)
     images = dict(engine.lane_images())
     for lane in lanes:
         for companion in lane.spec.companions.values():
@@ -116,7 +120,7 @@ def take_snapshot(catalog: Catalog, engine: EngineListing, files: StateFiles, *,
                                  and asleep(lane, role) is True)
             active_healthy = health(lane) and not sleeping
     return Snapshot(containers=containers, state=state, standby=standby, unfinished=unfinished, images=images,
-                    image_plans=plans,
+                    image_plans=plans, unrendered=unrendered,
                     secret_digests=secret_digests(files.secret_key, secrets, environ, create=create_secret_key),
                     host_memory_gib=host_memory(), active_healthy=active_healthy, asleep=sleeping,
                     state_dir=os.path.realpath(files.root), secret_key_new=key_new,

@@ -92,10 +92,12 @@ class LaneSwitcher:
         plan = plan_restart(self.catalog, snapshot, lane, with_gpus=not self.no_gpu)
         return self.execute(plan, snapshot, why="watchdog restart", before_start=before_start)
 
-    def down(self, lane: Lane | None, *, with_standbys: bool = False) -> SwitchOutcome:
-        """Stop `lane`, and with `with_standbys` every lane waiting asleep too (`lanectl down` of the box)."""
-        snapshot = self._reconciled(*([lane.name] if lane else []))
-        return self.execute(plan_down(self.catalog, snapshot, lane, with_standbys=with_standbys), snapshot, why="down")
+    def down(self, lane_name: str | None, *, with_standbys: bool = False) -> SwitchOutcome:
+        """Stop the lane named `lane_name` (no recipe that loads may have it), and with `with_standbys` every lane
+        waiting asleep too (`lanectl down` of the box)."""
+        snapshot = self._reconciled(*([lane_name] if lane_name else []))
+        return self.execute(plan_down(self.catalog, snapshot, lane_name, with_standbys=with_standbys), snapshot,
+                            why="down")
 
     def reconcile(self) -> SwitchOutcome | None:
         """Finish or undo the switch a killed run left unfinished, against what the engine shows."""

@@ -13,7 +13,8 @@ import math
 import os
 import re
 import typing
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import field
 from functools import cached_property
 from pathlib import Path
@@ -198,6 +199,39 @@ def load_catalog(project: Project, paths: Iterable[Path] = ()) -> Catalog:
     if cache is not None:
         cache.store(project.recipes_dir, files, inputs, catalog)
     return catalog
+
+
+def load_readable(project: Project) -> tuple[Catalog, tuple[str, ...]]:
+    """The lanes of the recipes that load, and every problem of those that do not (each `file:line: what`): what
+    `status` and `down` work from, so that a broken recipe never hides what runs or keeps it from being stopped.
+
+    With every recipe valid this is `load_catalog`. Otherwise each recipe file is loaded on its own, and a lane
+    that two of them have (or whose container name another lane's takes) is left out: which one runs is then
+    for the engine's labels to say."""
+    try:
+        return load_catalog(project), ()
+    except RecipeInvalid as exc:
+        problems = tuple(str(problem) for problem in exc.problems)
+    except BadInput as exc:  # no recipes folder: nothing loads
+        return Catalog(project=project), (str(exc),)
+    found: dict[str, list[Lane]] = {}
+    for file in recipe_files(project):
+        try:
+            loaded = load_catalog(project, [file])
+        except BadInput:
+            continue  # its problems are among those of the whole folder
+        for lane in loaded.lanes.values():
+            found.setdefault(lane.name, []).append(lane)
+    lanes = {name: same[0] for name, same in found.items() if len(same) == 1}
+    names = Counter(lane.container_name(role) for lane in lanes.values() for role in lane.roles)
+    clear = {name: lane for name, lane in lanes.items() if all(names[lane.container_name(r)] == 1 for r in lane.roles)}
+    return Catalog(project=project, lanes=clear), problems
+
+
+def unread_summary(problems: Sequence[str]) -> str:
+    """Recipes that do not load, in one line: the first problem (its file and line) and how many there are."""
+    more = f" ({len(problems)} problems; `lanectl validate` lists them)" if len(problems) > 1 else ""
+    return f"recipes do not all load: {problems[0]}{more}"
 
 
 def _validate(project: Project, files: list[Path], inputs: set[Path]) -> Catalog:

@@ -441,7 +441,7 @@ class Watchdog:
                 try:
                     outcome = switcher.rollback(None)
                 except LanectlError as exc:
-                    switcher.down(lane)
+                    switcher.down(lane.name)
                     outcome_message = f"no way back ({exc}); {lane.name} stopped"
                     record = replace(record, rollbacks_total=record.rollbacks_total + 1)
                     self._alert("critical", lane, "crash loop and no lane to roll back to", outcome_message,
@@ -451,7 +451,7 @@ class Watchdog:
                                  memory=replace(record.memory, lane=None))
                 severity = "critical"
             else:
-                outcome = switcher.down(lane)
+                outcome = switcher.down(lane.name)
                 severity = "critical"
         finally:
             lock.release()
