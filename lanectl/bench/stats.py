@@ -116,8 +116,9 @@ PRIOR_BOUND = 0.90
 # that an uncalibrated interval is never narrower than t on the bracket's own df says at 1 % between arms
 # (A/B/A: +-15 %), where the H200 record's calibrated cells reach at most 2.6 % at their pessimistic end x 1.57.
 UNCALIBRATED_ARM_SD = 0.01
-# A calibration taken on a quiet day makes a noisy day's bracket overconfident (issue 53: two H200 sessions'
-# arm-to-arm noise at 1 stream differed threefold, where a prior on 7 df at its 90 % bound allows about 1.6x).
+# A calibration taken on a quiet day makes a noisy day's bracket overconfident (issue 53: two sessions' arm-to-arm
+# noise at 1 stream differed threefold, 0.09 % against 0.30 %, where a prior on 7 df at its 90 % bound allows
+# about 1.6x).
 # So every bracket tests its own arms' spread against the prior, an F test of the own variance over the prior's
 # (own df, prior df) at this upper-tail level: by construction it fires in 5 % of a cell's brackets when the
 # prior is right (tests/test_gate_prior_conflict.py measures 5.0 % by simulation with the calibration's own
