@@ -132,6 +132,7 @@ def test_a_recreate_of_the_serving_lane_that_fails_its_gate_leaves_it_serving_an
     after = lane_ids(lanes, "demo-h2")
     assert (after["primary"][0], after["rtx"][0]) == (before["primary"][0], before["rtx"][0]), \
         "the very containers that served before"
+    assert after["primary"] == before["primary"], "the primary, which the change never touched, kept running"
     assert is_sleeping(lanes, "demo-h1"), "the other lane's standby is still asleep"
     data = status(lanes, state)
     assert data["active"] == "demo-h2" and row(data, "demo-h2")["health"] == "ok"

@@ -566,6 +566,29 @@ def test_a_recreate_of_the_serving_lane_that_fails_its_gate_leaves_it_serving_an
     promises_hold(box)
 
 
+def test_a_companion_recreate_that_fails_its_gate_leaves_the_serving_primary_running_untouched():
+    """Only demo-h2's companion changes (a new host port) and its recreate fails the gate: the way back replaces
+    the companion and gates the lane again, and the primary, which the change never touched, is neither stopped
+    nor started (it was: on a real engine that is a cold start, minutes without service, for nothing)."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h2", how=None, fails=False)
+    old_rtx = box.engine.held["lanectl-demo-demo-h2-rtx"]
+    primary = box.engine.held["lanectl-demo-demo-h2"]
+    box.edit_companion_port(lane="demo-h2", port=18101)
+    engines = box.engines  # the recreated companion fails its gate; the old one, put back, passes it
+    engines.on_gate = lambda lane: (engines.failing_gates.discard if box.engine.held.get(lane.container_name("rtx"))
+                                    is old_rtx else engines.failing_gates.add)(lane.name)
+    calls_before = len(box.engine.calls)
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and box.last.lane == "demo-h2", box.last
+    calls = box.engine.calls[calls_before:]
+    assert "create:lanectl-demo-demo-h2-rtx" in calls, "the companion was recreated, then put back"
+    assert not {"stop:lanectl-demo-demo-h2", "start:lanectl-demo-demo-h2"} & set(calls), calls
+    assert box.engine.held["lanectl-demo-demo-h2"] is primary and box.engine.held["lanectl-demo-demo-h2-rtx"] is old_rtx
+    assert box.state().active == "demo-h2"
+    promises_hold(box)
+
+
 class FullStateFolder(LaneStateStore):
     """state.json on a disk that has filled up: every write fails as the kernel fails it."""
 

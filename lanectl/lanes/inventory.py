@@ -18,7 +18,7 @@ renamed) are *labelled lanes*: what their labels say is all there is to go on, a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -193,13 +193,15 @@ class Inventory:
                 del back.aside[name]
         return back
 
-    def with_stopped(self, lane: Lane) -> Inventory:
-        """The inventory as it is once `lane` was stopped: what bringing it back must start."""
+    def with_stopped(self, lane: Lane, roles: Collection[str] | None = None) -> Inventory:
+        """The inventory as it is once `lane` (or only its `roles`) was stopped: what bringing it back must
+        start."""
         from copy import copy
         from dataclasses import replace
 
         stopped = copy(self)
-        stopped.own = {name: replace(c, listed=replace(c.listed, state="exited")) if c.lane.name == lane.name else c
+        stopped.own = {name: replace(c, listed=replace(c.listed, state="exited"))
+                       if c.lane.name == lane.name and (roles is None or c.role in roles) else c
                        for name, c in self.own.items()}
         return stopped
 

@@ -727,26 +727,42 @@ def _way_back(inventory: Inventory, target: Lane, previous: Lane | None, *, slep
     """Stop the target (and put back any container the switch set aside), then bring the previous lane back
     (woken if the switch left it asleep), gate it and mark it active; without a previous lane (or with
     --no-rollback) the target stays stopped for debugging."""
-    stop_target = Phase((*stop_steps(inventory, target, every=True), *_put_back(list(asides))))
+    replaced = _companions_replaced(inventory, target, previous, asides)
+    stop_target = Phase((*[step for step in stop_steps(inventory, target, every=True)
+                           if replaced is None or step.role in replaced], *_put_back(list(asides))))
     if previous is None or not rollback_on_failure:
         touched = previous or target
         return (stop_target, Phase((Step("deactivate", touched.name, why="nothing serves"),
                                     Step("arm", touched.name)))), ()
-    phases, abandon = _restore(inventory.with_put_back(target), previous, slept=slept)
+    phases, abandon = _restore(inventory.with_put_back(target), previous, slept=slept, roles=replaced)
     return (stop_target, *phases), abandon
 
 
-def _restore(inventory: Inventory, lane: Lane | None, *,
-             slept: Lane | None = None) -> tuple[tuple[Phase, ...], tuple[Step, ...]]:
+def _companions_replaced(inventory: Inventory, target: Lane, previous: Lane | None,
+                         asides: Sequence[Step]) -> frozenset[str] | None:
+    """The companions a recreate of the serving lane replaced, when it replaced only companions of a primary that
+    ran: their way back leaves that primary running (on a real engine a restart is a cold start, minutes without
+    service, for a change the primary never saw). None: the way back stops and restarts the whole lane."""
+    if previous is None or previous.name != target.name or not asides:
+        return None
+    replaced = frozenset(step.role for step in asides)
+    primary = inventory.container(target, ROLE_PRIMARY)
+    if ROLE_PRIMARY in replaced or primary is None or not primary.listed.running:
+        return None
+    return replaced
+
+
+def _restore(inventory: Inventory, lane: Lane | None, *, slept: Lane | None = None,
+             roles: frozenset[str] | None = None) -> tuple[tuple[Phase, ...], tuple[Step, ...]]:
     """Bring `lane` back as it was: woken if it was left asleep, else its kept containers started (created
-    when gone), gated and marked active."""
+    when gone; only `roles` when the way back stopped only those), gated and marked active."""
     if lane is None:
         return (Phase((Step("arm", "watchdog"),)),), ()
     if slept is not None and slept.name == lane.name:
         bring = _wake_phase(inventory, lane)
     else:
         bring = Phase((*stop_asleep_steps(inventory, lane),
-                       *bring_up_steps(inventory.with_stopped(lane), lane, recreate=False), _gate(lane)))
+                       *bring_up_steps(inventory.with_stopped(lane, roles), lane, recreate=False), _gate(lane)))
     # A lane that did not come back is stopped, not left half-started: nothing awake goes unwatched (the watchdog
     # guards the active lane only) or sits beside whatever kept it from coming back.
     abandon = (*stop_steps(inventory.with_stopped(lane), lane, "it did not come back", every=True),
