@@ -122,6 +122,9 @@ if ! installed; then
        "$("$PY" -c 'import torch; print(torch.__version__)') in $(( $(date +%s) - started )) s ($(du -sh "$VENV" | cut -f1))"
 fi
 
+# The modules installed with --no-compile are compiled on first use and kept: not with PYTHONDONTWRITEBYTECODE=1,
+# which would compile them again in every process of the suite.
+unset PYTHONDONTWRITEBYTECODE
 # lanectl and the stub from this checkout; VLLM_* from the caller's shell must not change what vLLM's code does.
 unset $(env | grep -o '^VLLM_[A-Za-z0-9_]*' || true)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1

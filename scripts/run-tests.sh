@@ -19,6 +19,14 @@ run_group() {  # NAME MARKER-EXPRESSION ARGS...: run it, then leave "STATUS SECO
   echo "$? $(( $(date +%s) - started ))" >"$logs/$name.rc"
 }
 
+# Bytecode is written and read: a machine that sets PYTHONDONTWRITEBYTECODE=1 (as these do) otherwise has every
+# pytest process rewrite the asserts of every test module it collects (about 10 CPU-seconds each, seven processes)
+# and every lanectl or stub process the tests start compile what it imports, anew. __pycache__ is ignored by git and
+# left out of image builds. One collection first writes it, so that the groups starting at once find it written.
+unset PYTHONDONTWRITEBYTECODE
+"$pytest" -q -p no:cacheprovider --collect-only >/dev/null 2>&1
+.venv/bin/python -m compileall -q lanectl images/stub-engine/stubengine >/dev/null
+
 echo "== tests: ${groups[*]} at once, then solo (logs in $logs)"
 for name in "${groups[@]}"; do
   run_group "$name" "$name" "$@" &
