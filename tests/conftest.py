@@ -25,19 +25,19 @@ collect_ignore = ["contract"]
 #   switches  switches on lanes: up, rollback, down, recreates, foreign containers, interrupts, the installed
 #             wheel, and the guides run as written
 #   watchdog  the watchdog and standbys on lanes
-#   fleet     the two-node Swarm (its module is the suite's second longest), a real cron, the load generator and
-#             the health gate against stub processes
-#   traffic   drains of lanes with requests in flight, the stub replaying the real vLLM's records, the gate's
-#             rounds (calibration, --until-decided), and the switch's findings shown on the real engine
+#   fleet     the two-node Swarm (its module is the suite's second longest), a real cron, the load generator,
+#             the health gate against stub processes, and the switch's findings shown on the real engine
+#   traffic   drains of lanes with requests in flight, the stub replaying the real vLLM's records, and the gate's
+#             rounds (calibration, --until-decided)
 #   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
 #   solo      the test that restarts the Docker engine every other test uses: alone, last
 # The stateful fuzzers are pure but CPU-bound: they run beside groups that mostly wait on containers, not in side.
 FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py", "test_loadgen_stub.py", "test_health_gate_stub.py",
-               "test_fleet_fuzz.py"}
+               "test_fleet_fuzz.py", "test_switch_findings_docker.py"}
 SWITCH_FILES = {"test_lanes_docker.py", "test_switch_docker.py", "test_installed_wheel.py", "test_guides.py"}
 WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_standby_check_docker.py"}
 TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py",
-                 "test_standby_check_driver.py", "test_switch_findings_docker.py"}
+                 "test_standby_check_driver.py"}
 GATE_FILES = {"test_endpoint_probe.py", "test_alerts.py", "test_registry_push.py", "test_build_docker.py",
               "test_watchdog_hostile_state.py", "test_switch_fuzz.py"}
 # It stops and starts the one dockerd every other test uses.
