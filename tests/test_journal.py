@@ -255,3 +255,18 @@ def test_timestamps_are_utc_with_milliseconds():
     assert utc_timestamp(datetime(2026, 11, 30, 13, 3, 11, 999_999, tzinfo=UTC)) == "2026-11-30T13:03:11.999Z"
     with pytest.raises(ValueError, match="timezone-aware"):
         utc_timestamp(datetime(2026, 11, 30))
+
+
+def test_last_switch_open_reads_back_to_the_last_switch_record_only(journal: Journal) -> None:
+    assert journal.last_switch_open() is False  # no journal yet
+    journal.append("intent", switch="s1", action="up", why="up a", steps=["start a"], **{"from": None, "to": "a"})
+    assert journal.last_switch_open() is True
+    journal.append("step", switch="s1", step="start a")
+    journal.append("watchdog", event="pass", lane="a")  # records of no switch do not count
+    assert journal.last_switch_open() is True, "killed past its last step: its steps but no outcome"
+    journal.append("outcome", switch="s1", result="ok")
+    journal.append("watchdog", event="pass", lane="a")
+    assert journal.last_switch_open() is False
+    with journal.path.open("ab") as out:
+        out.write(b'{"kind": "intent", "switch": \n')  # a torn line is skipped, not taken for a switch
+    assert journal.last_switch_open() is False

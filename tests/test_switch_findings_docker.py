@@ -297,3 +297,22 @@ def test_a_primary_whose_env_changed_is_said_to_differ_by_those_keys_never_their
                                             r"\(value\)\)", drift[0]), drift
     plan = cli(lanes, state, "up", "demo-h1", "--no-gpu", "--dry-run").stdout
     assert "(env +LT_FLAG STUB_DECODE_TOKENS_PER_S (value))" in plan and "lt-value" not in plan, plan
+
+
+# -- a switch killed past its last step ---------------------------------------------------------------------------
+
+def test_a_switch_killed_past_its_last_step_is_finished_by_the_next_watchdog_pass(lanes, state):
+    """`up` SIGKILLed after its last step was journaled, before its outcome: its lease is already cleared, so the
+    watchdog used to judge the lane and leave the switch unfinished in the journal for ever (`status` showing it
+    mid-switch). One pass now finishes it, and says so."""
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    planned = json.loads(cli(lanes, state, "up", "demo-h2", "--no-gpu", "--dry-run", "--json").stdout)["data"]
+    killed = lanes.cli("up", "demo-h2", "--no-gpu", state=state,  # its own process: the seam kills it
+                       extra_env={"LANECTL_TEST_CRASH_AFTER_STEP": str(len(planned["keys"]))})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert status(lanes, state)["unfinished_switch"] is not None
+    check = cli(lanes, state, "watchdog", "check", code=None)
+    assert "reconciled" in check.stdout + check.stderr, check.stdout + check.stderr
+    data = status(lanes, state)
+    assert data["unfinished_switch"] is None and data["active"] == "demo-h2", data
+    assert row(data, "demo-h2")["health"] == "ok" and awake_and_healthy(lanes, "demo-h2")

@@ -276,10 +276,12 @@ class BoxMachine(RuleBasedStateMachine):
 
     @rule(how=INTERRUPTIONS)
     def watchdog_check(self, how: How) -> None:
-        """A cron pass: finish or undo a switch that died with its lease; restart a dead active lane."""
+        """A cron pass: finish or undo a switch that died with its lease, or past its last step (its lease cleared,
+        its outcome never written); restart a dead active lane."""
         state = self.state()
         lease = state.watchdog_lease
-        if lease is not None and lease.reason.startswith(SWITCH_LEASE_PREFIX):
+        if (lease is not None and lease.reason.startswith(SWITCH_LEASE_PREFIX)) \
+                or Journal(self.folder / "journal.jsonl").last_switch_open():
             self.switch(lambda s: s.reconcile(), how)
             return
         active = state.active
@@ -448,6 +450,22 @@ def test_a_killed_rollback_and_one_watchdog_pass_never_leave_two_lanes_awake():
     assert box.last is not None and box.last.result == "finished", box.last
     assert set(box.awake_lanes()) == {"demo-h1"}
     promises_hold(box)
+
+
+def test_a_switch_killed_past_its_last_step_is_finished_by_one_watchdog_pass():
+    """`up` killed after its last step, before its outcome: the lease is cleared already, so the watchdog used to
+    leave the switch unfinished in the journal for ever. Every kill point of the switch, one pass each."""
+    past_the_end = 0
+    for after in range(1, 40):
+        box = machine("demo-h1")
+        box.up(lane="demo-h2", how=("kill", after, 0), fails=False)
+        if box.unfinished() is None:
+            break  # the switch ended before step `after`
+        past_the_end += box.state().watchdog_lease is None  # its lease cleared: past its last step
+        box.watchdog_check(how=None)
+        assert box.unfinished() is None, f"killed after step {after}: still unfinished after a watchdog pass"
+        promises_hold(box)
+    assert past_the_end >= 1 and after > 3, (past_the_end, after)
 
 
 def test_a_recipe_that_shortens_the_stop_timeout_still_stops_the_running_container_with_its_own():

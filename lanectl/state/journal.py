@@ -218,6 +218,27 @@ class Journal:
         """`result` is e.g. "ok", "failed", "rolled-back", "undone", "finished"."""
         return self.append("outcome", switch=switch, result=result, message=message)
 
+    def last_switch_open(self) -> bool:
+        """Whether the journal's last switch record (an intent, a step or an outcome) is not an outcome: a switch
+        was killed before it wrote one. Reads backwards only as far as that record, so a caller may ask on every
+        pass; `unfinished_intent` then reads the switch whole."""
+        check_state_file(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise OperationFailed(f"could not read the journal {self.path}: {exc.strerror or exc}") from exc
+        try:
+            _require_regular(fd, self.path)
+            for line, size in _lines_backwards(fd, self.tail_block_bytes):
+                record = _parse_record(line) if line.strip() and size <= MAX_RECORD_BYTES else None
+                if isinstance(record, dict) and isinstance(record.get("switch"), str):
+                    return record.get("kind") != "outcome"
+        finally:
+            os.close(fd)
+        return False
+
     def unfinished_intent(self) -> dict[str, Any] | None:
         """The most recent intent that has no outcome, with `done_steps`: its recorded steps, in order."""
         intents: dict[str, dict[str, Any]] = {}

@@ -373,11 +373,16 @@ class Watchdog:
         """A switch disarms the watchdog for its lease. When the switch that set the lease is dead (its engine
         lock is free), the box must not stay unguarded for the rest of the lease: the switch is finished or
         undone now, under the lock, before anything is decided (a killed switch must never be followed by a
-        restart of the lane it was leaving: two lanes on one GPU)."""
-        lease = state.watchdog_lease
-        if lease is None or not lease.reason.startswith(SWITCH_LEASE_PREFIX) or self.engine is None:
+        restart of the lane it was leaving: two lanes on one GPU). A switch killed past its last step has
+        cleared its lease already and left its intent without an outcome: it is finished the same way (the
+        journal's last switch record says so, read from the end)."""
+        if self.engine is None:
             return None
-        if state.lease_expired(self.now()) and Journal(self.files.journal).unfinished_intent() is None:
+        lease = state.watchdog_lease
+        if lease is None or not lease.reason.startswith(SWITCH_LEASE_PREFIX):
+            if not Journal(self.files.journal).last_switch_open():
+                return None
+        elif state.lease_expired(self.now()) and Journal(self.files.journal).unfinished_intent() is None:
             return None
         from lanectl.state.lock import LockBusy, engine_lock
 
