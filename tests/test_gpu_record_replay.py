@@ -210,12 +210,14 @@ def test_the_stub_stops_and_sleeps_with_requests_in_flight_as_the_real_vllm_did(
     only = "startup,sleep_modes,drain_stop" if any(k.startswith("sleep") for k in real) else "startup,drain_stop"
     # The stub decodes 100 tok/s a stream: 800 tokens leave ~7 s of work at the signal, inside a 30 s drain and past a
     # 5 s one, as the record's requests were for the real engine. At 0 the abort races the kill: replay the record's.
+    # 500 tokens a stream for the sleeps leave ~4 s of work when the sleep is asked (1 s after the streams are in
+    # flight): with 200 a stream finished before a `mode=abort` sleep that a loaded machine answered late.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "VLLM_", "LANECTL_SRC"))}
     if any(ending.startswith("stalled") for ending, _ in real[f"drain {timeout}: the streams in flight ended"]):
         env["STUB_ABORT_LOST"] = "1"
     out = tmp_path / f"drain-{timeout}"
     argv = [sys.executable, str(RUN), "--engine", "stub", "--exit-guard", "--stub-version", "0.26.0", "--out", str(out),
-            "--only", only, "--drain-tokens", "800", "--sleep-tokens", "200", "--budget-minutes", "1",
+            "--only", only, "--drain-tokens", "800", "--sleep-tokens", "500", "--budget-minutes", "1",
             "--port", str(_free_port()), "--vllm-arg=--shutdown-timeout", f"--vllm-arg={timeout}"]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert (out / "figures.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
