@@ -10,6 +10,7 @@ Records hold what the caller passes, verbatim. Callers must never pass environme
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -17,7 +18,7 @@ import pwd
 import socket
 import stat
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar
@@ -170,16 +171,8 @@ class Journal:
         problems: list[str] = []
         if count <= 0:
             return JournalContents(records=[], problems=[])
-        check_state_file(self.path)
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return JournalContents(records=[], problems=[])
-        except OSError as exc:
-            raise OperationFailed(f"could not read the journal {self.path}: {exc.strerror or exc}") from exc
-        try:
-            _require_regular(fd, self.path)
-            for from_end, (line, size) in enumerate(_lines_backwards(fd, self.tail_block_bytes), start=1):
+        with contextlib.closing(self._lines_from_end()) as lines:
+            for from_end, (line, size) in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 record = _parse_record(line) if size <= MAX_RECORD_BYTES else f"longer than {MAX_RECORD_BYTES} bytes"
@@ -189,8 +182,6 @@ class Journal:
                 records.append(record)
                 if len(records) == count:
                     break
-        finally:
-            os.close(fd)
         records.reverse()
         problems.reverse()
         return JournalContents(records=records, problems=problems)
@@ -222,22 +213,28 @@ class Journal:
         """Whether the journal's last switch record (an intent, a step or an outcome) is not an outcome: a switch
         was killed before it wrote one. Reads backwards only as far as that record, so a caller may ask on every
         pass; `unfinished_intent` then reads the switch whole."""
+        with contextlib.closing(self._lines_from_end()) as lines:
+            for line, size in lines:
+                record = _parse_record(line) if line.strip() and size <= MAX_RECORD_BYTES else None
+                if isinstance(record, dict) and isinstance(record.get("switch"), str):
+                    return record.get("kind") != "outcome"
+        return False
+
+    def _lines_from_end(self) -> Generator[tuple[bytes, int]]:
+        """The journal's lines, last first, each with its length (`_lines_backwards`); none when there is no
+        journal yet. Close it (`contextlib.closing`) to release the file when stopping early."""
         check_state_file(self.path)
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
-            return False
+            return
         except OSError as exc:
             raise OperationFailed(f"could not read the journal {self.path}: {exc.strerror or exc}") from exc
         try:
             _require_regular(fd, self.path)
-            for line, size in _lines_backwards(fd, self.tail_block_bytes):
-                record = _parse_record(line) if line.strip() and size <= MAX_RECORD_BYTES else None
-                if isinstance(record, dict) and isinstance(record.get("switch"), str):
-                    return record.get("kind") != "outcome"
+            yield from _lines_backwards(fd, self.tail_block_bytes)
         finally:
             os.close(fd)
-        return False
 
     def unfinished_intent(self) -> dict[str, Any] | None:
         """The most recent intent that has no outcome, with `done_steps`: its recorded steps, in order."""
