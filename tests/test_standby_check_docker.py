@@ -12,6 +12,7 @@ starts beside it (0.92 fits, 0.99 is an oom-beside).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import docker
@@ -122,6 +123,10 @@ def test_a_lane_that_sleeps_and_wakes_passes_and_gets_its_standby_block(lanes: L
         assert data["memory"][key] == RECORD["check"]["memory"][key], key
     assert "standby check of c-good: PASSED" in Path(data["files"][1]).read_text()
     assert not running(lanes, "c-good") and not running(lanes, "c-half")
+    # The lane started beside it belongs to this state folder as every container lanectl creates does: another
+    # folder's `status` must not show it as a lane of its own, nor its `down` remove it.
+    beside = docker.from_env().containers.get(lanes.container("c-fits"))
+    assert beside.labels.get("io.lanectl.state-dir") == os.path.realpath(state), beside.labels
 
 
 def test_a_serving_lane_is_stopped_only_with_yes_and_comes_back(lanes: LaneProject, state: Path):

@@ -256,7 +256,7 @@ def _beside(lanes: LaneSwitcher, checked: DockerLane, neighbour: Lane, fingerpri
             raise BadInput(f"{neighbour.name} is not built: run `lanectl build {neighbour.name}` first")
         if lanes.engine.container(name) is not None:
             lanes.engine.remove(name)
-        lanes.engine.create(desired.spec, with_gpus=not no_gpu, environ=os.environ)
+        lanes.engine.create(desired.spec.owned_by(lanes.files.root), with_gpus=not no_gpu, environ=os.environ)
         lanes.engine.start(name)
     budget = neighbour.spec.health.startup_budget_minutes * 60
     result = lanes.calls.gate(neighbour, budget, started)

@@ -6,11 +6,13 @@ sequence of intentions and the tests of the pure core never need an engine.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from lanectl.dockerapi.engine_api import (
@@ -24,6 +26,7 @@ from lanectl.dockerapi.engine_api import (
     registry_auth,
     registry_config,
 )
+from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.dockerapi.sizes import size_in_bytes
 from lanectl.errors import OperationFailed
 from lanectl.records import frozen
@@ -51,6 +54,11 @@ class ContainerSpec:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def owned_by(self, state_folder: Path) -> ContainerSpec:
+        """This spec labelled with the state folder whose journal and state files count on the container
+        (STATE_DIR_LABEL, its real path): every container lanectl creates on a box carries it."""
+        return replace(self, labels={**self.labels, STATE_DIR_LABEL: os.path.realpath(state_folder)})
 
 
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from lanectl.dockerapi.containers import LIVE_STATES, ContainerSpec, ContainerState, ListedContainer, NoGpuRuntime
-from lanectl.dockerapi.labels import STATE_DIR_LABEL
 from lanectl.errors import OperationFailed
 from lanectl.health.drain import drain_report
 from lanectl.health.engine_log import log_lines
@@ -436,10 +435,8 @@ class Executor:
             self.engine.rename(step.container, step.rename_to)
         elif action == "create":
             assert step.spec is not None, "a plan's create step carries its spec"
-            owner = {STATE_DIR_LABEL: os.path.realpath(self.states.path.parent)}
             run.changed.add(step.container)
-            self.engine.create(replace(step.spec, labels={**step.spec.labels, **owner}), with_gpus=True,
-                               environ=self.environ)
+            self.engine.create(step.spec.owned_by(self.states.path.parent), with_gpus=True, environ=self.environ)
         elif action == "start":
             self._refuse_awake_beside(step)
             moment = time.time()
