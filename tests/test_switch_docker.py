@@ -93,6 +93,13 @@ def serve_flags_as_they_run(lanes: LaneProject, lane: str) -> str:
     return json.dumps(load_catalog(Project.locate(lanes.root / "recipes")).lane(lane).spec.engine.args)
 
 
+def journal_records(state: Path) -> list[dict]:
+    """The journal's records as written so far (a line being written is not one yet)."""
+    journal = state / "journal.jsonl"
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
 def journaled_steps(lanes: LaneProject, state: Path) -> list[list[str]]:
     """The steps of each switch in the journal, in order."""
     records = json.loads(cli(lanes, state, "history", "-n", "1000", "--json").stdout)["data"]["records"]
@@ -382,9 +389,15 @@ def test_ctrl_c_while_the_gate_waits_stops_waiting_and_brings_the_previous_lane_
     cli(lanes, state, "up", "demo-h1", "--no-gpu")
     switch = subprocess.Popen([sys.executable, "-m", "lanectl", "up", "t-slow", "--no-gpu"], cwd=lanes.root,
                               env=lanes.env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Signalled once the gate runs: its step follows the companion's start in the plan, and t-slow takes 8 s to load,
+    # so a second after that start is journaled the switch is waiting on the gate (a signal sent when the companion
+    # merely ran could land before the gate began, on a fast machine).
+    rtx_started = f"start:{lanes.container('t-slow', 'rtx')}"
     deadline = time.monotonic() + 60
-    while lanes.container("t-slow", "rtx") not in running(lanes) and time.monotonic() < deadline:
+    while not any(record.get("step") == rtx_started for record in journal_records(state)) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
+    time.sleep(1)
     switch.send_signal(signal.SIGINT)
     stdout, stderr = switch.communicate(timeout=120)
     assert switch.returncode == 130, stdout + stderr
