@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lanectl.dockerapi.containers import ContainerSpec, ContainerState, ListedContainer
+from lanectl.dockerapi.containers import LIVE_STATES, ContainerSpec, ContainerState, ListedContainer
+from lanectl.errors import OperationFailed
 from lanectl.health.gate import GateResult
 from lanectl.image.render import ImagePlan, plan_image
 from lanectl.lanes.inventory import Inventory
@@ -125,8 +126,9 @@ def image_plan(lane: Lane) -> ImagePlan:
 
 def listed(spec: ContainerSpec, image_id: str, status: str = "running", **changes: Any) -> ListedContainer:
     """A container as the engine's listing shows one created from `spec`."""
-    ports = tuple(sorted({(p["protocol"], int(p["host"])) for p in spec.ports})) if status == "running" else ()
-    words = "Up 1 minute" if status == "running" else "Exited (0) 1 minute ago"
+    # A paused container keeps its ports, as a running one: it holds them until it is stopped.
+    ports = tuple(sorted({(p["protocol"], int(p["host"])) for p in spec.ports})) if status in LIVE_STATES else ()
+    words = {"running": "Up 1 minute", "paused": "Up 1 minute (Paused)"}.get(status, "Exited (0) 1 minute ago")
     container = ListedContainer(name=spec.name, id=f"id{next(_ids)}", image=spec.image, image_id=image_id,
                                 state=status, status=words, labels=dict(spec.labels), host_ports=ports)
     return replace(container, **changes)
@@ -178,6 +180,8 @@ class MemoryEngine:
 
     def start(self, name: str) -> bool:
         self._call(f"start:{name}")
+        if self.held[name].state == "paused":
+            raise OperationFailed(f"{name}: start failed: cannot start a paused container, try unpause instead")
         if self.held[name].state == "running":
             return False
         self.held[name].state = "running"

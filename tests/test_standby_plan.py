@@ -9,7 +9,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from lanectl.lanes.plan import gpu_memory_shortfall, plan_reconcile, plan_rollback, plan_up, standby_refusal
+from lanectl.lanes.plan import (
+    gpu_memory_shortfall,
+    plan_drop_lost_standbys,
+    plan_reconcile,
+    plan_rollback,
+    plan_up,
+    standby_refusal,
+)
 from lanectl.recipe.catalog import Catalog
 from tests.switch_box import Box, keys, repo_catalog, way_back, with_engine, with_lane
 
@@ -188,3 +195,40 @@ def test_the_gpu_memory_utilization_flag_is_read_from_the_lane(catalog):
         is None
     assert gpu_memory_shortfall(catalog.lane("h2-REF"), {"0": (80 * MIB, 77 * MIB), "1": (80 * MIB, 80 * MIB)}) == (
         "GPU 0: 77.0 GiB free, and h2-REF's primary needs 77.6 GiB (--gpu-memory-utilization 0.97 of 80.0 GiB)")
+
+
+def test_a_paused_standby_is_lost_and_the_watchdogs_drop_stops_it_with_its_own_drain(catalog):
+    """`docker pause` of a lane waiting asleep: it answers nothing, not even a wake, so it is lost; what drops it
+    stops it (a paused container still holds its GPUs and ports), companions first, each with its own timeout."""
+    box = Box(catalog).run("demo-h2").run("demo-h1", "paused").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1")
+    plan = plan_drop_lost_standbys(catalog, box.snapshot())
+    assert plan is not None and keys(plan) == [f"stop:{H1}-rtx", f"stop:{H1}", "forget-standby:demo-h1"]
+    assert plan.steps[2].why == ("its primary container was paused while asleep (docker pause): it answers nothing, "
+                                 "not even a wake")
+    assert [s.seconds for s in plan.steps[:2]] == [30, 30]  # what the demo's containers were created with
+
+
+def test_the_watchdogs_drop_leaves_a_standby_that_can_still_be_woken_alone(catalog):
+    box = Box(catalog).run("demo-h2").run("demo-h1").active("demo-h2", "demo-h1", "demo-h2").asleep("demo-h1")
+    assert plan_drop_lost_standbys(catalog, box.snapshot()) is None
+    edited = with_engine(catalog, "demo-h1", shm_size="2g")  # drift is a switch's to judge, not the watchdog's
+    assert plan_drop_lost_standbys(edited, box.snapshot(catalog=edited)) is None
+
+
+def test_a_lost_standby_beside_the_switch_is_stopped_as_it_is_dropped(catalog):
+    """demo-h1 paused while asleep, and a switch to a lane it does not conflict with: it was forgotten and left
+    paused on its GPUs, where the next restart of the active lane was refused."""
+    box = Box(catalog).run("demo-h2").run("demo-h1", "paused").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1")
+    plan = plan_up(catalog, box.build("demo-h2-8").snapshot(), catalog.lane("demo-h2-8"))
+    assert keys(plan)[:4] == ["disarm:demo-h2-8", f"stop:{H1}-rtx", f"stop:{H1}", "forget-standby:demo-h1"]
+    assert keys(plan).count(f"stop:{H1}") == 1
+
+
+def test_up_of_the_serving_lane_drops_a_lost_standby_beside_it_and_touches_nothing_else(catalog):
+    box = Box(catalog).run("demo-h2").run("demo-h1", "paused").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1")
+    plan = plan_up(catalog, box.snapshot(), catalog.lane("demo-h2"))
+    assert keys(plan) == [f"stop:{H1}-rtx", f"stop:{H1}", "forget-standby:demo-h1"]
+    assert all(phase.optional for phase in plan.phases) and plan.notes[0].startswith("the standby of demo-h1 is lost")

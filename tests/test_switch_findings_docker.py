@@ -316,3 +316,56 @@ def test_a_switch_killed_past_its_last_step_is_finished_by_the_next_watchdog_pas
     data = status(lanes, state)
     assert data["unfinished_switch"] is None and data["active"] == "demo-h2", data
     assert row(data, "demo-h2")["health"] == "ok" and awake_and_healthy(lanes, "demo-h2")
+
+
+# -- a standby paused by an operator -------------------------------------------------------------------------------
+
+def test_a_paused_standby_is_stopped_when_dropped_and_the_active_lanes_restart_goes_ahead(lanes, state, tmp_path):
+    """`docker pause` of demo-h1 while it waits asleep beside demo-h2: the watchdog's pass dropped the standby (it
+    can answer nothing, so it cannot be woken) and left it paused on its GPUs; demo-h2's restart was then refused
+    every pass (a paused container counts as awake), and each refusal used one of the watchdog's restarts. Now the
+    pass that drops it stops it, with its own drain, and demo-h2's restart goes ahead: one restart counted."""
+    serving_with_a_standby(lanes, state)
+    client = docker.from_env()
+    for role in ("primary", "rtx"):
+        client.api.pause(lanes.container("demo-h1", role))
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    quiet = {"LANECTL_KERNEL_LOG": f"file:{kernel_log}"}
+    check = cli(lanes, state, "watchdog", "check", code=None, **quiet)
+    assert "the standby of demo-h1 is gone" in check.stdout + check.stderr, check.stdout + check.stderr
+    assert {inspect(lanes, "demo-h1", role)["State"]["Status"] for role in ("primary", "rtx")} == {"exited"}, \
+        "a dropped standby is stopped, not left paused on its GPUs"
+    assert row(status(lanes, state), "demo-h1")["standby"] is None
+    client.api.kill(lanes.container("demo-h2"))
+    check = cli(lanes, state, "watchdog", "check", "--json", code=None, **quiet)
+    data = json.loads(check.stdout)["data"]
+    assert data["action"] == "restart" and "not restarted" not in check.stdout, check.stdout + check.stderr
+    assert awake_and_healthy(lanes, "demo-h2")
+    memory = json.loads((state / "watchdog.json").read_text())
+    assert memory["restarts_total"] == {"demo-h2": 1}, memory
+
+
+def test_a_restart_refused_because_another_lane_runs_on_its_gpus_uses_none_of_the_restart_budget(
+        lanes, state, tmp_path):
+    """demo-h2 dies while someone has started demo-h1 by hand on its GPUs: each pass refuses the restart (two
+    lanes awake on one GPU is worse than one down) and alerts. A refusal changed nothing, so it is not one of the
+    watchdog's restarts; counting it sent the lane to its rollback after two passes, a restart never having run."""
+    serving_with_a_standby(lanes, state)
+    client = docker.from_env()
+    for role in ("rtx", "primary"):
+        client.api.stop(lanes.container("demo-h1", role), timeout=5)
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    quiet = {"LANECTL_KERNEL_LOG": f"file:{kernel_log}"}
+    cli(lanes, state, "watchdog", "check", code=None, **quiet)  # drops the standby that exited
+    for role in ("primary", "rtx"):
+        client.api.start(lanes.container("demo-h1", role))
+    client.api.kill(lanes.container("demo-h2"))
+    for _ in range(3):
+        check = cli(lanes, state, "watchdog", "check", "--json", code=None, **quiet)
+        data = json.loads(check.stdout)["data"]
+        assert data["action"] == "restart" and data["outcome"].startswith("not restarted: not restarting demo-h2: "
+                                                                          "demo-h1 runs on its GPUs"), data
+    memory = json.loads((state / "watchdog.json").read_text())
+    assert memory["restarts_total"].get("demo-h2", 0) == 0 and memory["memory"]["restarts"] == [], memory

@@ -207,12 +207,37 @@ def standbys(inventory: Inventory, *, drift: bool = True) -> tuple[set[str], lis
     return asleep, lost
 
 
+def drop_standby_steps(inventory: Inventory, name: str, reason: str, *, stop: bool = True) -> tuple[Step, ...]:
+    """Forget a standby that can no longer be woken, and stop what is left of it live (a companion still asleep,
+    a container someone paused), each container with its own drain: lanectl never leaves behind, holding GPUs,
+    a lane it no longer counts on, and a later start of it begins from stopped. A lane gone from the recipes
+    keeps its containers for `status` and `down`, which stop them from their labels."""
+    lane = inventory.catalog.lanes.get(name)
+    stops = stop_steps(inventory, lane, f"its standby is lost: {reason}") if lane is not None and stop else ()
+    return (*stops, Step("forget-standby", name, why=reason))
+
+
+def plan_drop_lost_standbys(catalog: Catalog, snapshot: Snapshot) -> Plan | None:
+    """The watchdog's pass over the lanes waiting asleep: each one that died, was removed or paused while asleep is
+    dropped (`drop_standby_steps`), so that the next rollback to it says it starts cold and its GPUs are free for
+    the active lane's restart. Drift is not judged here: the watchdog does not know whether a lane runs with
+    --no-gpu. None when every standby can still be woken."""
+    inventory = Inventory(catalog, snapshot)
+    lost = standbys(inventory, drift=False)[1]
+    if not lost:
+        return None
+    return Plan("down", lost[0][0], phases=tuple(Phase(drop_standby_steps(inventory, name, reason))
+                                                 for name, reason in lost))
+
+
 def _why_lost(inventory: Inventory, lane: Lane, drift: bool) -> str | None:
     for role in lane.roles:
         container = inventory.container(lane, role)
         if container is None:
             # lanectl cannot tell a container removed while its lane slept from a role the recipe gained since.
             return f"it has no {role} container (removed while asleep, or a role added to its recipe since)"
+        if container.listed.state == "paused":
+            return f"its {role} container was paused while asleep (docker pause): it answers nothing, not even a wake"
         if not container.listed.running:
             code = container.listed.exit_code
             return f"its {role} container {container.listed.state} while asleep" + (
@@ -467,17 +492,24 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
     orphans = orphan_steps(inventory)
     if (state.active == target.name and target.name not in asleep and inventory.running(target)
             and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
-        if not orphans:
+        if not orphans and not lost:
             return Plan("noop", target.name, message=f"{target.name} is already active and healthy; nothing to do")
-        # The lane serves as its recipe says but for a role the recipe dropped: only that container goes. Its
-        # failure is reported, never a reason to touch the lane that serves.
-        return Plan(kind, target.name, phases=(Phase(orphans, optional=True),), with_gpus=with_gpus)
+        # The lane serves as its recipe says, but a role the recipe dropped has a container, or a standby beside
+        # it can no longer be woken: only those go. Their failure is reported, never a reason to touch the lane
+        # that serves.
+        cleanup = (*(Phase(drop_standby_steps(inventory, name, reason), optional=True) for name, reason in lost),
+                   *([Phase(orphans, optional=True)] if orphans else []))
+        return Plan(kind, target.name, phases=cleanup, with_gpus=with_gpus,
+                    notes=tuple(f"the standby of {name} is lost: {reason}; a rollback to it is a cold start"
+                                for name, reason in lost))
     notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
     if snapshot.secret_key_new:
         notes.append("secret-digest.key was missing and a new key was made: the running containers' secrets cannot "
                      "be compared with lanectl's environment this time, so no container is recreated for them")
     phases = [Phase((_disarm(target),)),
-              *(Phase((Step("forget-standby", name, why=reason),)) for name, reason in lost),
+              # The target's own lost standby is stopped by its start, which begins from stopped.
+              *(Phase(drop_standby_steps(inventory, name, reason, stop=name != target.name))
+                for name, reason in lost),
               *([Phase(orphans)] if orphans else [])]
     waking = target.name in asleep
     live = [lane for lane in inventory.live_lanes() if lane.name != target.name]
@@ -497,8 +529,8 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
         notes.append(f"{target.name} has no standby to wake" + (f" (dropped {dropped.at}: {dropped.reason})"
                                                                  if dropped else "") + "; starting it cold")
     for lane in live:
-        if lane is sleeps:
-            continue
+        if lane is sleeps or lane.name in dict(lost):
+            continue  # left asleep; or a lost standby, stopped as it is dropped
         if lane.name in asleep and lane in leaving:
             why = f"ends its standby: {target.name} takes its GPUs"
         elif lane.name in asleep and sleeps is not None and lanes_conflict(lane, sleeps):

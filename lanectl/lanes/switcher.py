@@ -19,7 +19,15 @@ from lanectl.image.render import plan_image
 from lanectl.lanes.engine_calls import EngineCalls, LaneEngines
 from lanectl.lanes.execute import Executor, Reporter, SwitchOutcome
 from lanectl.lanes.interrupt import Interrupt
-from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_restart, plan_rollback, plan_up
+from lanectl.lanes.plan import (
+    Plan,
+    plan_down,
+    plan_drop_lost_standbys,
+    plan_reconcile,
+    plan_restart,
+    plan_rollback,
+    plan_up,
+)
 from lanectl.lanes.snapshot import Snapshot, take_snapshot
 from lanectl.recipe.catalog import Catalog, Lane
 from lanectl.state.journal import Journal
@@ -63,15 +71,17 @@ class LaneSwitcher:
 
     # -- the verbs -------------------------------------------------------------------------------------------
 
-    def snapshot(self, *lanes: str, create_secret_key: bool = True) -> Snapshot:
+    def snapshot(self, *lanes: str, create_secret_key: bool = True, probe: bool = True) -> Snapshot:
+        """What the engine and the state files show now; with `probe`, whether the active lane answers /health
+        and every engine of it is awake (a plan that may find it healthy and do nothing needs that)."""
         def healthy(lane: Lane) -> bool:
             from lanectl.health.probe import EndpointProbe, probe_base_url
 
             return EndpointProbe(probe_base_url(lane), lane.spec.health).health_ok().ok
 
         return take_snapshot(self.catalog, self.engine, self.files, also=lanes, environ=self.environ,
-                             create_secret_key=create_secret_key, host_memory=self.host_memory, health=healthy,
-                             asleep=self.calls.is_sleeping)
+                             create_secret_key=create_secret_key, host_memory=self.host_memory,
+                             health=healthy if probe else None, asleep=self.calls.is_sleeping)
 
     def up(self, lane: Lane, *, rollback_on_failure: bool = True, why: str = "up",
            rollback: bool = False) -> SwitchOutcome:
@@ -98,6 +108,16 @@ class LaneSwitcher:
         snapshot = self._reconciled(*([lane_name] if lane_name else []))
         return self.execute(plan_down(self.catalog, snapshot, lane_name, with_standbys=with_standbys), snapshot,
                             why="down")
+
+    def drop_lost_standbys(self, *, act: bool = True) -> tuple[Plan, SwitchOutcome | None] | None:
+        """The watchdog's look at the lanes waiting asleep: each one that died, was removed or was paused is dropped
+        and what is left of it live stopped (`plan_drop_lost_standbys`); without `act`, only the plan. None when
+        every standby can still be woken."""
+        snapshot = self.snapshot(create_secret_key=False, probe=False)
+        plan = plan_drop_lost_standbys(self.catalog, snapshot)
+        if plan is None or not act:
+            return None if plan is None else (plan, None)
+        return plan, self.execute(plan, snapshot, why="watchdog: a standby is lost")
 
     def reconcile(self) -> SwitchOutcome | None:
         """Finish or undo the switch a killed run left unfinished, against what the engine shows."""

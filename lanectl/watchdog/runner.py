@@ -34,6 +34,7 @@ from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
 if TYPE_CHECKING:
     # The switcher (and the image rendering it brings) is needed only when a pass acts.
     from lanectl.lanes.execute import SwitchOutcome
+    from lanectl.lanes.plan import Plan
     from lanectl.lanes.switcher import LaneSwitcher, Reporter
 
 # A pass that must act waits this long for a command holding the host lock (a switch in progress
@@ -216,7 +217,7 @@ class Watchdog:
             return result
         now = self.now()
         armed = state.watchdog_armed_at(now)
-        standbys = self._check_standbys()
+        standbys = self._check_standbys(armed)
         if state.active is not None and standbys.load().standby(state.active) is not None:
             # A lane recorded asleep is never probed or restarted: vLLM queues a request to it, unanswered until
             # a wake. Only a switch killed between the sleep and the new lane's gate leaves the active lane
@@ -255,24 +256,43 @@ class Watchdog:
         self._finish(record, result, started, now, armed, lane)
         return result
 
-    def _check_standbys(self) -> StandbyStore:
+    def _check_standbys(self, armed: bool) -> StandbyStore:
         """Lanes waiting asleep are not watched like the active lane (no probe, restart or alert: asleep, they
-        leave every request unanswered until a wake, by design), but one that died or was removed is dropped from
-        the record, so the next rollback to it says it starts cold rather than trying to wake a process that is
-        gone."""
+        leave every request unanswered until a wake, by design), but one that died, was removed or was paused is
+        dropped, and what is left of it live is stopped with its own drain (`plan_drop_lost_standbys`): the next
+        rollback to it says it starts cold rather than trying to wake a process that cannot answer, and its GPUs
+        are free for the active lane's restart. Disarmed, the pass only says so: a switch or the next armed pass
+        drops it."""
         store = StandbyStore(StateFiles(self.directory).standby)
-        recorded = store.load()
-        if not recorded.standbys or self.engine is None:
+        if not store.load().standbys or self.engine is None:
             return store
-        from lanectl.lanes.inventory import Inventory
-        from lanectl.lanes.plan import standbys
-        from lanectl.lanes.snapshot import take_snapshot
+        from lanectl.state.lock import LockBusy, engine_lock
 
-        snapshot = take_snapshot(self.catalog, self.engine, self.files, environ={}, create_secret_key=False,
-                                 host_memory=lambda: None)
-        for name, reason in standbys(Inventory(self.catalog, snapshot), drift=False)[1]:
-            store.drop(name, reason)
-            message = f"the standby of {name} is gone: {reason}; dropped, a rollback to it will be a cold start"
+        switcher = self._switcher(None)
+        found = switcher.drop_lost_standbys(act=False)
+        if found is None:
+            return store
+        if not armed:
+            for name, reason in _forgotten(found[0]):
+                self.reporter.note(f"the standby of {name} is gone: {reason}; the watchdog is disarmed, so the next "
+                                   "armed pass or switch drops it")
+            return store
+        lock = engine_lock("lanectl watchdog: drop a lost standby")
+        try:
+            lock.acquire(ACT_LOCK_WAIT_SECONDS)
+        except LockBusy as exc:
+            self.reporter.note(f"a standby is lost; not dropped this pass: {exc}")
+            return store
+        try:
+            dropped = switcher.drop_lost_standbys()  # looked at again, under the lock: what it acts on
+        finally:
+            lock.release()
+        if dropped is None:
+            return store
+        plan, outcome = dropped
+        for name, reason in _forgotten(plan):
+            message = (f"the standby of {name} is gone: {reason}; dropped, a rollback to it will be a cold start"
+                       + (f" ({outcome.message})" if outcome is not None else ""))
             self.journal.append("watchdog", event="standby-lost", lane=name, message=message)
             self.reporter.note(message)
         return store
@@ -432,15 +452,20 @@ class Watchdog:
                 memory = replace(record.memory, restarts=(*record.memory.restarts, utc_timestamp(self.now())),
                                  consecutive_failures=0, ready_since_start=False)
                 totals = {**record.restarts_total, lane.name: record.restarts_total.get(lane.name, 0) + 1}
-                record = replace(record, memory=memory, restarts_total=totals, last_generation_probe=None)
+                uncounted, record = record, replace(record, memory=memory, restarts_total=totals,
+                                                    last_generation_probe=None)
                 self.memory.save(record)
                 try:
                     outcome = switcher.restart(lane, before_start=lambda: self.gpu_wait(
                         gpus, lane.spec.watchdog.gpu_memory_release_timeout_seconds))
                 except LanectlError as exc:
+                    # Refused before any change (another lane holds its GPUs, a foreign container): no restart ran,
+                    # so none is counted; a refusal that used the budget would send a lane nobody restarted to
+                    # its rollback.
                     message = f"not restarted: {exc}"
+                    self.memory.save(uncounted)
                     self._alert("critical", lane, f"watchdog could not restart {lane.name}", message, decision)
-                    return message, self._after_action(record, decision, message)
+                    return message, self._after_action(uncounted, decision, message)
                 severity = "warning" if outcome.result == "ok" else "critical"
             elif decision.action == "rollback":
                 try:
@@ -654,6 +679,11 @@ class _ProbeRounds:
     def waiting(self) -> bool:
         with self.lock:
             return bool(self.answers)
+
+
+def _forgotten(plan: Plan) -> list[tuple[str, str]]:
+    """The standbys a plan forgets, with why."""
+    return [(step.lane, step.why) for phase in plan.phases for step in phase.steps if step.action == "forget-standby"]
 
 
 def _lane_gpus(lane: Lane) -> LaneGpus:
