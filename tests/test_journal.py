@@ -210,12 +210,10 @@ def test_intent_steps_and_outcome_round_trip(journal: Journal):
     assert journal.unfinished_intent() is None
 
 
-def test_unfinished_intent_is_the_latest_without_outcome_with_only_its_own_steps(journal: Journal):
+def test_unfinished_intent_is_the_last_intent_no_outcome_closes_with_only_its_own_steps(journal: Journal):
     crashed = journal.record_intent(action="up", from_lane="h1-REF", to_lane="h2-REF", why="", steps=["a", "b"])
     journal.record_step(crashed["switch"], "a")
-    finished = journal.record_intent(action="rollback", from_lane="h2-REF", to_lane="h1-REF", why="", steps=["a"])
-    journal.record_step(finished["switch"], "a")
-    journal.record_outcome(finished["switch"], "finished")
+    journal.append("watchdog", event="observation", lane="h2-REF")  # records of no switch between them
     with journal.path.open("ab") as raw:
         raw.write(b"{\"kind\": \"step\", \"swi")  # a writer killed mid-line must not hide the intent
 
@@ -223,6 +221,12 @@ def test_unfinished_intent_is_the_latest_without_outcome_with_only_its_own_steps
     assert unfinished is not None
     assert unfinished["switch"] == crashed["switch"]
     assert unfinished["done_steps"] == ["a"]
+
+    # A switch that followed it planned over it from what the engine showed: it is never continued.
+    finished = journal.record_intent(action="rollback", from_lane="h2-REF", to_lane="h1-REF", why="", steps=["a"])
+    journal.record_step(finished["switch"], "a")
+    journal.record_outcome(finished["switch"], "finished")
+    assert journal.unfinished_intent() is None
 
     latest = journal.record_intent(action="up", from_lane="h1-REF", to_lane="h2-REF", why="retry", steps=["a"])
     journal.record_step(crashed["switch"], "b")

@@ -117,7 +117,9 @@ class LaneSwitcher:
         plan = plan_drop_lost_standbys(self.catalog, snapshot)
         if plan is None or not act:
             return None if plan is None else (plan, None)
-        return plan, self.execute(plan, snapshot, why="watchdog: a standby is lost")
+        snapshot = self._reconcile(snapshot)[1]
+        plan = plan_drop_lost_standbys(self.catalog, snapshot)
+        return None if plan is None else (plan, self.execute(plan, snapshot, why="watchdog: a standby is lost"))
 
     def reconcile(self) -> SwitchOutcome | None:
         """Finish or undo the switch a killed run left unfinished, against what the engine shows."""

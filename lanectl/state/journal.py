@@ -237,26 +237,31 @@ class Journal:
             os.close(fd)
 
     def unfinished_intent(self) -> dict[str, Any] | None:
-        """The most recent intent that has no outcome, with `done_steps`: its recorded steps, in order."""
-        intents: dict[str, dict[str, Any]] = {}
-        done_steps: dict[str, list[str]] = {}
-        finished: set[str] = set()
-        for record in self.read().records:
-            switch = record.get("switch")
-            if not isinstance(switch, str):
-                continue
-            kind = record.get("kind")
-            if kind == "intent":
-                intents.pop(switch, None)  # re-inserted last: dicts keep insertion order
-                intents[switch] = record
-                done_steps[switch] = []
-            elif kind == "step" and switch in done_steps:
-                done_steps[switch].append(str(record.get("step")))
-            elif kind == "outcome":
-                finished.add(switch)
-        for switch in reversed(intents):
-            if switch not in finished:
-                return {**intents[switch], "done_steps": done_steps[switch]}
+        """The last switch's intent when no outcome closes it, with `done_steps`: its recorded steps, in order.
+
+        Every switch begins by finishing or undoing the one before it (`LaneSwitcher._reconciled`; a fleet run
+        closes it as "continued"), so only the last intent can be open: one that a later switch followed was
+        planned over, from a fresh look at the engine, and is never continued. Reads backwards only as far as
+        that intent, so a journal years long costs a command no more than its last switch does.
+        """
+        closed: set[str] = set()
+        steps: list[tuple[str, str]] = []  # (switch, step), last first
+        with contextlib.closing(self._lines_from_end()) as lines:
+            for line, size in lines:
+                if b'"switch"' not in line:
+                    continue  # a watchdog event, a note: no switch record, and not worth parsing
+                record = _parse_record(line) if size <= MAX_RECORD_BYTES else None
+                if not isinstance(record, dict) or not isinstance(record.get("switch"), str):
+                    continue
+                switch, kind = record["switch"], record.get("kind")
+                if kind == "outcome":
+                    closed.add(switch)
+                elif kind == "step":
+                    steps.append((switch, str(record.get("step"))))
+                elif kind == "intent":
+                    if switch in closed:
+                        return None
+                    return {**record, "done_steps": [step for of, step in reversed(steps) if of == switch]}
         return None
 
 
