@@ -28,11 +28,11 @@ open(path, "w").write(text.replace(os.environ["OLD"], os.environ["NEW"], 1))
 PY
   local begun=$SECONDS found
   if (cd "$copy" && PYTHONPATH=$copy "$python" -m pytest -q -x -p no:cacheprovider tests/test_switch_fuzz.py \
-        -k Interleavings >"$copy/fuzz.log" 2>&1); then
+        -k interleavings >"$copy/fuzz.log" 2>&1); then
     if [ "$old" = "$new" ]; then
       echo "baseline  the machine passes on the tree as it is ($((SECONDS - begun)) s)"
     elif (cd "$copy" && PYTHONPATH=$copy "$python" -m pytest -q -p no:cacheprovider tests/test_switch_fuzz.py \
-            -k "not Interleavings" >"$copy/examples.log" 2>&1); then
+            -k "not interleavings" >"$copy/examples.log" 2>&1); then
       echo "SURVIVED  $name ($((SECONDS - begun)) s): neither the machine nor its pinned examples failed"
       survived=1
     else
@@ -61,4 +61,19 @@ mutant "a stop gives the container its own drain (the plan's timeout instead)" l
 mutant "a removal removes only what is stopped (no look before it)" lanectl/lanes/execute.py \
   "        if state.status in LIVE_STATES:" \
   "        if False:"
+mutant "a lane is healthy only when every engine of it is awake (health alone)" lanectl/lanes/snapshot.py \
+  "            active_healthy = health(lane) and not sleeping" \
+  "            active_healthy = health(lane)"
+mutant "a continuation first stops what is live on the target's GPUs (it replays the journal)" lanectl/lanes/plan.py \
+  "    phases = (*_leave_for(inventory, target, asleep, waking)," \
+  "    phases = ("
+mutant "a restored container is gated where it publishes (the recipe's ports)" lanectl/lanes/execute.py \
+  "            result = self.calls.gate(as_published(lane, self.engine.list_containers()), step.seconds," \
+  "            result = self.calls.gate(lane, step.seconds,"
+mutant "the way back wakes only what this run put to sleep" lanectl/lanes/execute.py \
+  "            if self._never_slept(lane):" \
+  "            if False:"
+mutant "a dropped standby leaves nothing live (forgotten, left paused)" lanectl/lanes/plan.py \
+  "    stops = stop_steps(inventory, lane, f\"its standby is lost: {reason}\") if lane is not None and stop else ()" \
+  "    stops = ()"
 exit "$survived"

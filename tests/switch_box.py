@@ -151,6 +151,7 @@ class Held:
     state: str = "created"
     starts: int = 0
     asleep: bool = False  # its engine sleeps (vLLM sleep mode); a stop ends that, a docker start of it does not
+    id: str = field(default_factory=lambda: f"id{next(_ids)}")  # as Docker's: the same in every listing
 
 
 class MemoryEngine:
@@ -223,7 +224,8 @@ class MemoryEngine:
 
     def list_containers(self) -> list[ListedContainer]:
         self._call("list")
-        return [listed(h.spec, self.images.get(h.spec.image, ""), h.state, name=name) for name, h in self.held.items()]
+        return [listed(h.spec, self.images.get(h.spec.image, ""), h.state, name=name, id=h.id)
+                for name, h in self.held.items()]
 
     def lane_images(self) -> dict[str, str]:
         self._call("images")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -25,14 +26,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from lanectl.errors import LanectlError
 from lanectl.lanes.execute import SwitchOutcome
 from lanectl.lanes.interrupt import Interrupt
 from lanectl.lanes.invariants import gpus_overlap
+from lanectl.lanes.plan import Plan, plan_down, plan_reconcile, plan_rollback, plan_up
 from lanectl.lanes.snapshot import Snapshot, take_snapshot
 from lanectl.lanes.switcher import LaneSwitcher
 from lanectl.recipe.catalog import Catalog, Lane
@@ -52,7 +55,7 @@ from tests.switch_box import (
 )
 
 LANES = ("demo-h1", "demo-h2", "demo-h2-8")
-STEPS_PER_EXAMPLE = 25
+STEPS_PER_EXAMPLE = 30
 # Shrinking is kept (a failure is worth its shortest form), the explain phase is not: it reruns every failing
 # step with variations, for minutes, to annotate lines the shrunk sequence already shows.
 settings.register_profile("ci", max_examples=100, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
@@ -71,6 +74,37 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 INTERRUPTIONS = st.one_of(st.none(), st.tuples(st.sampled_from(["kill", "int", "int2", "operator-start"]),
                                                st.integers(1, 12), st.integers(0, 7)))
 How = tuple[str, int, int] | None
+# A container holds its GPU memory running or paused (frozen, not freed); awake is holding it and not asleep.
+HOLDING = ("running", "paused")
+
+
+# Where the machine's state folders go: memory, where a file is written and fsynced in microseconds (the search
+# writes thousands of journal lines and state files); the temporary folder where there is no /dev/shm.
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+class ImagePlansOnce:
+    """`plan_images_apart` as the snapshot calls it, each lane's plan made once: the recipe's files do not
+    change while the machine runs, and reading and hashing the build context for each of thousands of
+    snapshots was a third of the search's time. The lanes are kept, so their ids stay theirs."""
+
+    def __init__(self, plan: Callable[..., Any]):
+        self.plan = plan
+        self.made: dict[int, tuple[Lane, Any, str | None]] = {}
+
+    def __call__(self, lanes: Any) -> tuple[dict[str, Any], dict[str, str]]:
+        plans: dict[str, Any] = {}
+        unrendered: dict[str, str] = {}
+        for lane in lanes:
+            if id(lane) not in self.made:
+                made, failed = self.plan([lane])
+                self.made[id(lane)] = (lane, made.get(lane.name), failed.get(lane.name))
+            _, plan, why = self.made[id(lane)]
+            if plan is not None:
+                plans[lane.name] = plan
+            if why is not None:
+                unrendered[lane.name] = why
+        return plans, unrendered
 
 
 class CountingEngine(MemoryEngine):
@@ -110,6 +144,14 @@ class CountingEngine(MemoryEngine):
         self.started_at[name] = next(self.clock)
         self.by_hand.add(name)
 
+    def rename_by_hand(self, name: str) -> None:
+        """`docker rename` by someone else: a lane container to NAME.renamed, or one renamed so back."""
+        new_name = name.removesuffix(".renamed") if name.endswith(".renamed") else name + ".renamed"
+        if new_name in self.held:
+            return
+        self.rename(name, new_name)
+        self.by_hand.add(new_name)  # whatever it does now under another name is the operator's doing
+
     def rename(self, name: str, new_name: str) -> None:
         super().rename(name, new_name)
         for marks in (self.started_at,):
@@ -123,28 +165,34 @@ class CountingEngine(MemoryEngine):
 class FuzzSwitcher(LaneSwitcher):
     """The real switcher, its snapshot's /health answered by the engines in memory (200 while asleep, as vLLM)."""
 
-    def snapshot(self, *lanes: str, create_secret_key: bool = True) -> Snapshot:
+    def snapshot(self, *lanes: str, create_secret_key: bool = True, probe: bool = True) -> Snapshot:
         engines = self.calls
         assert isinstance(engines, FakeEngines)
         return take_snapshot(self.catalog, self.engine, self.files, also=lanes,  # type: ignore[arg-type]
                              environ=self.environ,
                              create_secret_key=create_secret_key, host_memory=lambda: 64.0,
-                             health=lambda lane: lane.name not in engines.failing_gates,
+                             health=(lambda lane: lane.name not in engines.failing_gates) if probe else None,
                              asleep=engines.is_sleeping)
 
 
 class BoxMachine(RuleBasedStateMachine):
     """One box: its engine in memory, its state folder on disk, its recipes as edited so far."""
 
+    moves = 0  # rules run, over every sequence of the search (test_interleavings_of_the_box_switch reads it)
+    sequences = 0
+
     @initialize(first=st.sampled_from(LANES))
     def start(self, first: str) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="lanectl-fuzz-"))
+        BoxMachine.sequences += 1
+        BoxMachine.moves -= 1  # the invariants' run after this set-up is no move
+        self.folder = Path(tempfile.mkdtemp(prefix="lanectl-fuzz-", dir=SCRATCH))
         self.catalog: Catalog = repo_catalog()
         self.engine = CountingEngine({})
         self.engines = FakeEngines(self.engine)
         self.environ: dict[str, str] = {}  # lanectl's environment: where secret values come from
         self._build()
         self.last: SwitchOutcome | None = None
+        self.full: int | None = None  # the state folder's disk is full for the next command: journal appends that fit
         # Every lane made once, the first one serving: stopped containers of other lanes are there from the start.
         for lane in (*(other for other in LANES if other != first), first):
             self.switch(lambda s, lane=lane: s.up(self._lane(lane), why="up"), None)
@@ -164,13 +212,23 @@ class BoxMachine(RuleBasedStateMachine):
             self.engine.images.setdefault(tag, "sha256:" + hashlib.sha256(tag.encode()).hexdigest()[:16])
 
     def switcher(self, reporter: QuietReporter, interrupt: Interrupt) -> FuzzSwitcher:
-        return FuzzSwitcher(self.catalog, self.engine, Journal(self.folder / "journal.jsonl"),  # type: ignore[arg-type]
-                            LaneStateStore(self.folder / "state.json"), reporter=reporter, no_gpu=True,
-                            environ=self.environ, calls=self.engines, interrupt=interrupt, host_memory=lambda: 64.0,
-                            gpu_memory=lambda: None)
+        journal = Journal(self.folder / "journal.jsonl")
+        states = LaneStateStore(self.folder / "state.json")
+        if self.full is not None:  # the disk is full: state.json cannot be written, the journal for a few lines
+            journal, states = FullJournal(journal.path, self.full), FullStateFolder(states.path)
+        return FuzzSwitcher(self.catalog, self.engine, journal, states, reporter=reporter,  # type: ignore[arg-type]
+                            no_gpu=True, environ=self.environ, calls=self.engines, interrupt=interrupt,
+                            host_memory=lambda: 64.0, gpu_memory=lambda: None)
 
-    def switch(self, verb: Callable[[LaneSwitcher], SwitchOutcome | None], how: How) -> None:
-        """One lanectl command, as a process: killed, interrupted or disturbed after step k, or run to its end."""
+    def switch(self, verb: Callable[[LaneSwitcher], SwitchOutcome | None], how: How,
+               dry: Callable[[Snapshot], Plan] | None = None, *also: str) -> bool:
+        """One lanectl command, as a process: killed, interrupted or disturbed after step k, or run to its end;
+        True when it was killed. With `dry`, the command's `--dry-run` is planned first (from the same look at
+        the engine and the state files, making no secret key) and held to what the run then does."""
+        # A full disk is no input of a plan: the run then stops at its first write, which no dry run foresees.
+        planned = self._dry_run(dry, also) if dry is not None and self.full is None else None
+        journal_lines = self._journal_lines()
+        killed = refused = False
         interrupt = Interrupt()
         reporter = QuietReporter()
         if how is not None:
@@ -194,9 +252,45 @@ class BoxMachine(RuleBasedStateMachine):
         try:
             self.last = verb(self.switcher(reporter, interrupt))
         except Killed:
-            pass
+            killed = True
         except LanectlError:
-            pass  # refused before any change (no known-good lane, a foreign container): exit 2, nothing changed
+            refused = True  # refused before any change (no known-good lane, a foreign container): exit 2
+        finally:
+            self.full = None  # the disk is freed (or the next command's problem again only if a rule says so)
+        if planned is not None:
+            self._held_to_its_dry_run(planned, refused, journal_lines)
+        return killed
+
+    def _dry_run(self, planner: Callable[[Snapshot], Plan], also: tuple[str, ...]) -> Plan | LanectlError | None:
+        """What `--dry-run` shows (commands/switch.py: the same snapshot, no secret key made), or None when an
+        unfinished switch comes first (the run finishes it and plans again, as the dry run says)."""
+        snapshot = self.switcher(QuietReporter(), Interrupt()).snapshot(*also, create_secret_key=False)
+        if plan_reconcile(self.catalog, snapshot, with_gpus=False) is not None:
+            return None
+        try:
+            return planner(snapshot)
+        except LanectlError as refused:
+            return refused
+
+    def _journal_lines(self) -> int:
+        path = self.folder / "journal.jsonl"
+        return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+    def _held_to_its_dry_run(self, planned: Plan | LanectlError, refused: bool, before: int) -> None:
+        path = self.folder / "journal.jsonl"
+        records = [json.loads(line) for line in (path.read_bytes().splitlines()[before:] if path.exists() else [])]
+        intents = [record for record in records if record.get("kind") == "intent"]
+        if isinstance(planned, LanectlError):
+            assert refused and not intents, f"--dry-run refused ({planned}); the run did not"
+            return
+        assert not refused, f"the run was refused; its --dry-run planned {planned.keys}"
+        if planned.kind == "noop":
+            assert self.last is not None and self.last.result == "noop", \
+                f"--dry-run said {planned.message!r}; the run: {self.last}"
+        else:
+            assert intents, f"--dry-run planned {planned.keys}; the run journaled no intent: {self.last}"
+            assert intents[0]["steps"] == planned.keys, \
+                f"--dry-run planned {planned.keys}; the run journaled {intents[0]['steps']}"
 
     def _operator_starts_a_stopped_container(self, pick: int) -> None:
         """Someone runs `docker start` on a stopped lane container while a switch runs: one of another lane than
@@ -212,21 +306,27 @@ class BoxMachine(RuleBasedStateMachine):
         return LaneStateStore(self.folder / "state.json").load()
 
     def unfinished(self) -> dict[str, Any] | None:
-        return Journal(self.folder / "journal.jsonl").unfinished_intent()
+        """The journal's unfinished switch, read again only when the journal changed (the promises ask after
+        every move)."""
+        path = self.folder / "journal.jsonl"
+        seen = (path.stat().st_size, path.stat().st_mtime_ns) if path.exists() else None
+        if getattr(self, "_unfinished", (None, None))[0] != seen or seen is None:
+            self._unfinished = (seen, Journal(path).unfinished_intent())
+        return self._unfinished[1]
 
     def awake_lanes(self, *, by_lanectl: bool = False) -> dict[str, set[str]]:
         """Lane -> its containers that run and are awake, by their labels; `by_lanectl`: not those an operator
         started by hand."""
         awake: dict[str, set[str]] = {}
         for name, held in self.engine.held.items():
-            if held.state == "running" and not held.asleep and not (by_lanectl and name in self.engine.by_hand):
+            if held.state in HOLDING and not held.asleep and not (by_lanectl and name in self.engine.by_hand):
                 awake.setdefault(held.spec.labels.get("io.lanectl.lane", "?"), set()).add(name)
         return awake
 
     def awake_containers(self) -> list[tuple[str, str]]:
         """(lane, container) for every awake container, in the order they were started."""
         awake = [(held.spec.labels.get("io.lanectl.lane", "?"), name) for name, held in self.engine.held.items()
-                 if held.state == "running" and not held.asleep]
+                 if held.state in HOLDING and not held.asleep]
         return sorted(awake, key=lambda pair: self.engine.started_at.get(pair[1], 0))
 
     # -- the operator's commands -----------------------------------------------------------------------------
@@ -238,19 +338,22 @@ class BoxMachine(RuleBasedStateMachine):
         if fails:
             self.engines.failing_gates.add(lane)
         self.target = lane
-        self.switch(lambda s: s.up(self._lane(lane), why="up"), how)
+        self.switch(lambda s: s.up(self._lane(lane), why="up"), how,
+                    lambda snapshot: plan_up(self.catalog, snapshot, self._lane(lane), with_gpus=False), lane)
         if fails and not failing:
             self.engines.failing_gates.discard(lane)
 
     @rule(how=INTERRUPTIONS)
     def rollback(self, how: How) -> None:
-        self.switch(lambda s: s.rollback(None), how)
+        self.switch(lambda s: s.rollback(None), how,
+                    lambda snapshot: plan_rollback(self.catalog, snapshot, None, with_gpus=False))
 
     @rule(how=INTERRUPTIONS)
     def down(self, how: How) -> None:
         active = self.state().active
-        self.switch(lambda s: s.down(active if active in self.catalog.lanes else None,
-                                     with_standbys=True), how)
+        name = active if active in self.catalog.lanes else None
+        self.switch(lambda s: s.down(name, with_standbys=True), how,
+                    lambda snapshot: plan_down(self.catalog, snapshot, name, with_standbys=True), *filter(None, [name]))
 
     @rule(lane=st.sampled_from(LANES))
     def up_from_a_second_state_folder(self, lane: str) -> None:
@@ -285,7 +388,15 @@ class BoxMachine(RuleBasedStateMachine):
             self.switch(lambda s: s.reconcile(), how)
             return
         active = state.active
-        if active not in self.catalog.lanes or not state.watchdog_armed:
+        if not state.watchdog_armed:
+            return
+        if self.switcher(QuietReporter(), Interrupt()).drop_lost_standbys(act=False) is not None:
+            # A standby that died, was removed or paused is dropped and what is left of it stopped
+            # (watchdog/runner.py `_check_standbys`), before the active lane is judged.
+            if self.switch(lambda s: (dropped := s.drop_lost_standbys()) and dropped[1], how):
+                return
+            how = None
+        if active not in self.catalog.lanes:
             return
         if StandbyStore(self.folder / "standby.json").load().standby(active) is not None:
             return  # a lane recorded asleep is never restarted
@@ -303,19 +414,29 @@ class BoxMachine(RuleBasedStateMachine):
         self.last = None  # what the last command said is about the box before this
         (self.engines.failing_gates.add if failing else self.engines.failing_gates.discard)(lane)
 
-    @rule(data=st.data(), action=st.sampled_from(["stop", "kill", "sleep"]))
+    @rule(data=st.data(), action=st.sampled_from(["stop", "kill", "sleep", "pause", "unpause", "rename"]))
     def operator_on_the_engine(self, data: st.DataObject, action: str) -> None:
-        """`docker stop`/`docker kill` of a container, or `POST /sleep` to an engine, by someone else."""
+        """`docker stop`/`kill`/`pause`/`unpause`/`rename` of a container, or `POST /sleep` to an engine, by
+        someone else. A container renamed is renamed back by the next rename of it."""
         self.last = None  # what the last command said is about the box before this
-        running = sorted(name for name, held in self.engine.held.items() if held.state == "running")
-        if not running:
+        if action == "rename":
+            names = sorted(name for name in self.engine.held if ".was-" not in name)
+            if names:
+                self.engine.rename_by_hand(data.draw(st.sampled_from(names)))
             return
-        name = data.draw(st.sampled_from(running))
+        state = "paused" if action == "unpause" else "running"
+        chosen = sorted(name for name, held in self.engine.held.items() if held.state == state)
+        if not chosen:
+            return
+        name = data.draw(st.sampled_from(chosen))
+        held = self.engine.held[name]
         if action == "sleep":
-            self.engine.held[name].asleep = True
+            held.asleep = True
+        elif action in ("pause", "unpause"):
+            held.state = "paused" if action == "pause" else "running"
         else:
-            self.engine.held[name].state = "exited"
-            self.engine.held[name].asleep = False
+            held.state = "exited"
+            held.asleep = False
 
     @rule(lane=st.sampled_from(LANES), seconds=st.sampled_from([20, 30, 60]))
     def edit_stop_timeout(self, lane: str, seconds: int) -> None:
@@ -356,7 +477,40 @@ class BoxMachine(RuleBasedStateMachine):
         self.catalog = with_engine(self.catalog, lane, env={**engine.env, "STUB_LOAD_SECONDS": value})
         self._build()
 
+    @rule(lane=st.sampled_from(LANES), secret=st.booleans())
+    def edit_secret(self, lane: str, secret: bool) -> None:
+        """The lane's primary is given HF_TOKEN from lanectl's environment, or no longer."""
+        self.last = None
+        self.catalog = with_engine(self.catalog, lane, secret_env=["HF_TOKEN"] if secret else [])
+        self._build()
+
+    @rule(value=st.sampled_from([None, "hf_one", "hf_two"]))
+    def operator_sets_the_secret(self, value: str | None) -> None:
+        """HF_TOKEN in lanectl's environment rotated, or unset (a switch that needs it is then refused)."""
+        self.last = None
+        if value is None:
+            self.environ.pop("HF_TOKEN", None)
+        else:
+            self.environ["HF_TOKEN"] = value
+
+    @rule()
+    def secret_key_lost(self) -> None:
+        """secret-digest.key deleted (a restore from backup without it, a tidy operator)."""
+        self.last = None
+        (self.folder / "secret-digest.key").unlink(missing_ok=True)
+
+    @rule(fits=st.integers(0, 6))
+    def state_folder_fills(self, fits: int) -> None:
+        """The state folder's disk fills up for the next command: state.json cannot be written, and of the
+        journal only `fits` more lines."""
+        self.full = fits
+
     # -- the promises ----------------------------------------------------------------------------------------
+
+    @invariant()
+    def count_the_move(self) -> None:
+        """Not a promise: the invariants run after every rule, so this counts the moves searched."""
+        BoxMachine.moves += 1
 
     @invariant()
     def one_lane_awake_per_gpu(self) -> None:
@@ -401,6 +555,20 @@ class BoxMachine(RuleBasedStateMachine):
         assert made <= seen, f"made by lanectl and seen by no command: {sorted(made - seen)}"
 
     @invariant()
+    def a_lane_lanectl_no_longer_counts_on_holds_no_gpu(self) -> None:
+        """What lanectl counts on is the active lane, the standbys it records and the switch left unfinished;
+        what drops a standby (it died, was removed or paused while asleep) stops what is left of it, so nothing
+        else lanectl made is left frozen or asleep on its GPUs, where it would block the active lane's restart."""
+        counted = {self.state().active, *(r.lane for r in StandbyStore(self.folder / "standby.json").load().standbys)}
+        intent = self.unfinished()
+        if intent is not None:
+            counted |= {intent.get("to"), intent.get("from")}
+        left = sorted(name for name, held in self.engine.held.items()
+                      if (held.state == "paused" or (held.state == "running" and held.asleep))
+                      and held.spec.labels.get("io.lanectl.lane") not in counted and name not in self.engine.by_hand)
+        assert not left, f"frozen or asleep on its GPUs, of a lane lanectl no longer counts on: {left}"
+
+    @invariant()
     def nothing_running_is_removed(self) -> None:
         assert not self.engine.removed_running, f"removed while running: {self.engine.removed_running}"
 
@@ -416,8 +584,20 @@ class BoxMachine(RuleBasedStateMachine):
         assert names <= awake, f"{outcome.result}: {outcome.message!r}, but only {sorted(awake)} of it is awake"
 
 
-BoxMachine.TestCase.settings = settings.get_profile(PROFILE)
-TestBoxSwitchInterleavings = BoxMachine.TestCase
+MIN_MOVES = 2_000  # CI's profile must search at least this many moves, over all its sequences
+
+
+def test_interleavings_of_the_box_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's search, counting what it searched: the moves (rules run) over how many sequences."""
+    import lanectl.lanes.snapshot
+
+    monkeypatch.setattr(lanectl.lanes.snapshot, "plan_images_apart",
+                        ImagePlansOnce(lanectl.lanes.snapshot.plan_images_apart))
+    BoxMachine.moves = BoxMachine.sequences = 0
+    run_state_machine_as_test(BoxMachine, settings=settings.get_profile(PROFILE))
+    print(f"the box's switch: {BoxMachine.moves} moves over {BoxMachine.sequences} sequences ({PROFILE} profile)")
+    if PROFILE == "ci":
+        assert BoxMachine.moves >= MIN_MOVES, f"only {BoxMachine.moves} moves searched"
 
 
 # -- what the fuzzer and the hostile passes found, pinned as sequences of the machine's moves ------------------
@@ -430,6 +610,7 @@ def machine(first: str) -> BoxMachine:
 
 def promises_hold(box: BoxMachine) -> None:
     box.every_container_with_lanectls_labels_is_accounted_for()
+    box.a_lane_lanectl_no_longer_counts_on_holds_no_gpu()
     box.nothing_running_is_removed()
     box.one_lane_awake_per_gpu()
     box.what_is_awake_is_the_active_lane_or_the_unfinished_switchs()
