@@ -331,17 +331,53 @@ class BoxMachine(RuleBasedStateMachine):
 
     # -- the operator's commands -----------------------------------------------------------------------------
 
-    @rule(lane=st.sampled_from(LANES), how=INTERRUPTIONS, fails=st.booleans())
-    def up(self, lane: str, how: How, fails: bool) -> None:
-        """`lanectl up LANE`; with `fails`, the lane's engine fails its gate this once (its way back runs)."""
+    @rule(lane=st.sampled_from(LANES), how=INTERRUPTIONS, fails=st.booleans(), bad_build=st.booleans())
+    def up(self, lane: str, how: How, fails: bool, bad_build: bool = False) -> None:
+        """`lanectl up LANE`; with `fails`, the lane's engine fails its gate this once (its way back runs); with
+        `bad_build`, the containers this command creates fail their gate and the ones it had, put back, pass
+        theirs (a broken build): when it takes its way back, the lane that served before serves after, unless a
+        signal or a failing engine of its own says otherwise."""
         failing = lane in self.engines.failing_gates
         if fails:
             self.engines.failing_gates.add(lane)
+        serving = self._serving()
+        if bad_build:
+            before = {id(held) for held in self.engine.held.values()}
+            engines = self.engines
+
+            def judge(gated: Lane) -> None:
+                made = any(id(self.engine.held.get(gated.container_name(role))) not in before for role in gated.roles
+                           if gated.container_name(role) in self.engine.held)
+                (engines.failing_gates.add if made or gated.name in failing_now else
+                 engines.failing_gates.discard)(gated.name)
+
+            failing_now = set(engines.failing_gates)
+            engines.on_gate = judge
         self.target = lane
-        self.switch(lambda s: s.up(self._lane(lane), why="up"), how,
-                    lambda snapshot: plan_up(self.catalog, snapshot, self._lane(lane), with_gpus=False), lane)
+        try:
+            self.switch(lambda s: s.up(self._lane(lane), why="up"), how,
+                        lambda snapshot: plan_up(self.catalog, snapshot, self._lane(lane), with_gpus=False), lane)
+        finally:
+            if bad_build:
+                self.engines.on_gate = None
+                self.engines.failing_gates = failing_now
         if fails and not failing:
             self.engines.failing_gates.discard(lane)
+        took_its_way_back = self.last is not None and self.last.result not in ("ok", "noop")
+        if bad_build and serving is not None and how is None and not fails and took_its_way_back:
+            awake = self.awake_lanes().get(serving, set())
+            whole = {self._lane(serving).container_name(role) for role in self._lane(serving).roles}
+            assert whole <= awake, (f"{serving} served before a broken build of {lane}; after it only {sorted(awake)} "
+                                    f"of it is awake: {self.last}")
+
+    def _serving(self) -> str | None:
+        """The active lane when every container of it is awake and its engine passes its gate, else None."""
+        active = self.state().active
+        if active not in self.catalog.lanes or active in self.engines.failing_gates:
+            return None
+        lane = self._lane(active)
+        awake = self.awake_lanes(by_lanectl=True).get(active, set())
+        return active if {lane.container_name(role) for role in lane.roles} <= awake else None
 
     @rule(how=INTERRUPTIONS)
     def rollback(self, how: How) -> None:
@@ -576,7 +612,7 @@ class BoxMachine(RuleBasedStateMachine):
     def the_last_message_names_what_serves(self) -> None:
         outcome = self.last
         if outcome is None or outcome.lane is None or outcome.result not in ("ok", "finished", "undone",
-                                                                             "rolled-back"):
+                                                                             "rolled-back", "noop"):
             return
         lane = self._lane(outcome.lane)
         names = {lane.container_name(role) for role in lane.roles}
@@ -934,4 +970,29 @@ def test_up_of_the_active_lane_whose_companion_was_removed_stops_and_removes_the
     assert box.last is not None and box.last.result == "ok", box.last
     assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, box.last
     assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1"}}
+    promises_hold(box)
+
+
+def test_a_broken_recreate_of_the_serving_lane_beside_a_lost_standby_goes_back_to_the_serving_lane():
+    """Found by the machine: demo-h1 serves, demo-h2-8 waited asleep until its primary was stopped (a lost
+    standby, its companion still asleep on the GPU); a new companion port recreates demo-h1's companion, and the
+    new build fails its gate. The way back went to demo-h2-8, started cold, rather than putting demo-h1 back as
+    it was."""
+    box = machine("demo-h1")
+    assert box.engine.asleep(box._lane("demo-h2-8")), "demo-h2-8 waits asleep"
+    box.operator_on_the_engine(action="stop", data=_Drawn("lanectl-demo-demo-h2-8"))
+    box.edit_companion_port(lane="demo-h1", port=18101)
+    box.up(lane="demo-h1", how=None, fails=False, bad_build=True)  # asserts that demo-h1 serves again
+    assert box.last is not None and (box.last.result, box.last.lane) == ("rolled-back", "demo-h1"), box.last
+    promises_hold(box)
+
+
+def test_a_lost_standby_whose_companion_left_the_recipe_has_that_companion_stopped_too():
+    """Found by the machine: the watchdog's pass dropped demo-h2-8 (its primary stopped while asleep) and stopped
+    what its recipe still names, leaving the companion the recipe no longer has asleep on its GPUs."""
+    box = machine("demo-h1")
+    box.edit_companion_presence(lane="demo-h2-8", present=False)
+    box.operator_on_the_engine(action="stop", data=_Drawn("lanectl-demo-demo-h2-8"))
+    box.watchdog_check(how=None)
+    assert box.engine.held["lanectl-demo-demo-h2-8-rtx"].state == "exited"
     promises_hold(box)

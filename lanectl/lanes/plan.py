@@ -226,8 +226,14 @@ def plan_drop_lost_standbys(catalog: Catalog, snapshot: Snapshot) -> Plan | None
     lost = standbys(inventory, drift=False)[1]
     if not lost:
         return None
-    return Plan("down", lost[0][0], phases=tuple(Phase(drop_standby_steps(inventory, name, reason))
-                                                 for name, reason in lost))
+    phases = []
+    for name, reason in lost:
+        # A companion its recipe no longer has is asleep with it: stopped too (`up` and `down` remove it).
+        why = f"its standby is lost: {reason}"
+        orphans = tuple(Step("stop", name, c.name, c.role, _own_stop_timeout(c.listed), why)
+                        for c in inventory.orphans.values() if c.lane.name == name and c.listed.live)
+        phases.append(Phase((*orphans, *drop_standby_steps(inventory, name, reason))))
+    return Plan("down", lost[0][0], phases=tuple(phases))
 
 
 def _why_lost(inventory: Inventory, lane: Lane, drift: bool) -> str | None:
@@ -565,10 +571,12 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
     if prune:
         phases.append(Phase(prune, optional=True))
     phases.append(Phase((Step("arm", target.name),), optional=True))
-    previous = _previous(state, leaving)
-    if previous is None and state.active == target.name and asides and any(
-            c.listed.live for c in inventory.containers(target)):
-        previous = target  # a recreate of the serving lane goes back to the lane as it was
+    if state.active == target.name and asides and any(c.listed.live for c in inventory.containers(target)):
+        # A recreate of the serving lane goes back to the lane as it was, whatever else it had to stop.
+        previous: Lane | None = target
+    else:
+        # Never to a lost standby: the switch stopped it as it dropped it, and it was serving nothing.
+        previous = _previous(state, [lane for lane in leaving if lane.name not in dict(lost)])
     way_back, abandon = _way_back(inventory, target, previous, slept=sleeps, rollback_on_failure=rollback_on_failure,
                                   asides=asides)
     alone = "" if previous and rollback_on_failure else (
