@@ -40,7 +40,8 @@ PY
       echo "killed    $name ($((SECONDS - begun)) s), by a pinned example only: $found"
     fi
   else
-    found=$(grep -m1 -E "^E +[A-Za-z.]*Error" "$copy/fuzz.log" | sed 's/^E *//' | cut -c1-200)
+    # The first failed promise: pytest's "E" lines, or inside the exception group Hypothesis raises for several.
+    found=$(grep -m1 -E "^(E|[ |]*) *[A-Za-z.]*Error: " "$copy/fuzz.log" | sed -E 's/^(E|[ |]*) *//' | cut -c1-200)
     if [ "$old" = "$new" ]; then
       echo "BASELINE FAILED ($((SECONDS - begun)) s): $found"
       survived=1

@@ -379,6 +379,16 @@ class BoxMachine(RuleBasedStateMachine):
         awake = self.awake_lanes(by_lanectl=True).get(active, set())
         return active if {lane.container_name(role) for role in lane.roles} <= awake else None
 
+    @rule(port=st.sampled_from([18101, 18102]))
+    def a_broken_change_to_the_serving_lane(self, port: int) -> None:
+        """The serving lane's companion moved to another host port and rolled out with `up`, and the new build
+        fails its gate: the way back puts the old containers back and holds them to their gate where they
+        publish (`up` asserts that the lane serves again)."""
+        active = self.state().active
+        if active in self.catalog.lanes:
+            self.edit_companion_port(lane=active, port=port)
+            self.up(lane=active, how=None, fails=False, bad_build=True)
+
     @rule(how=INTERRUPTIONS)
     def rollback(self, how: How) -> None:
         self.switch(lambda s: s.rollback(None), how,
@@ -473,6 +483,17 @@ class BoxMachine(RuleBasedStateMachine):
         else:
             held.state = "exited"
             held.asleep = False
+
+    @rule(role=st.sampled_from(["primary", "rtx"]))
+    def someone_puts_the_active_lane_to_sleep(self, role: str) -> None:
+        """`POST /sleep` to an engine of the serving lane (a dev-mode route anyone on its port can use): its
+        /health still answers 200, so only asking `/is_sleeping` tells it from a healthy lane."""
+        self.last = None
+        active = self.state().active
+        if active in self.catalog.lanes and role in self._lane(active).roles:
+            held = self.engine.held.get(self._lane(active).container_name(role))
+            if held is not None and held.state == "running":
+                held.asleep = True
 
     @rule(lane=st.sampled_from(LANES), seconds=st.sampled_from([20, 30, 60]))
     def edit_stop_timeout(self, lane: str, seconds: int) -> None:
