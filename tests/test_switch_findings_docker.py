@@ -215,6 +215,7 @@ def test_a_full_state_folder_fails_the_rollback_and_leaves_the_standby_asleep_an
     assert full.returncode == 1, full.stdout + full.stderr
     assert "No space left on device" in full.stdout, full.stdout + full.stderr
     assert "demo-h2 is serving again" in full.stdout, full.stdout
+    assert "last log lines" not in full.stderr, "no engine failed, the disk did: no lane's log is the failed one's"
     assert inspect(lanes, "demo-h1")["State"]["Running"], "the standby it was about to wake was stopped"
     assert is_sleeping(lanes, "demo-h1"), "the standby it was about to wake is still asleep"
     assert awake_and_healthy(lanes, "demo-h2")

@@ -899,6 +899,8 @@ def test_a_journal_that_fills_up_during_the_way_back_does_not_cut_it_short():
     assert outcome.result == "rolled-back" and outcome.lane == "demo-h2", outcome
     assert "demo-h2 is serving again" in outcome.message and "could not write the journal" in outcome.message, \
         outcome.message
+    # No engine failed: the disk did. demo-h1's log (it slept through it) is not shown as the failed lane's.
+    assert outcome.diagnostics["log_tail"] == [] and outcome.diagnostics["check"] is None, outcome.diagnostics
     assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"]
     assert set(box.awake_lanes()) == {"demo-h2"}
     promises_hold(box)

@@ -92,10 +92,15 @@ class SwitchOutcome:
 
 
 class StepFailed(Exception):
-    def __init__(self, message: str, gate: GateResult | None = None, *, cause: str = ""):
+    def __init__(self, message: str, gate: GateResult | None = None, *, cause: str = "", step: Step | None = None):
         super().__init__(message)
         self.gate = gate
         self.cause = cause or message  # what went wrong, without the step's name
+        self.step = step  # the step that failed; None for a signal or a journal that could not be written
+
+
+# The steps whose failure is the engine's to explain: its log tail goes with the failure.
+ENGINE_STEPS = ("create", "start", "sleep", "wake", "wake-check")
 
 
 @dataclass
@@ -371,15 +376,17 @@ class Executor:
             return {}
         gate = failure.gate
         name = lane.container_name()
-        state = self.engine.container(name) if gate is None or gate.exit_code is None else None
-        tail = list(gate.log_tail) if gate else log_lines(self.engine.logs(name, tail=60))
-        exit_code = gate.exit_code if gate and gate.exit_code is not None else None
-        diagnostics = {
-            "failed": str(failure),
-            "check": gate.failed_check if gate else None,
-            "exit_code": exit_code if exit_code is not None else (state.exit_code if state else None),
-            "log_tail": [line for line in tail if not PROBE_ACCESS_LINE.search(line)][-30:],
-        }
+        diagnostics: dict[str, Any] = {"failed": str(failure), "check": gate.failed_check if gate else None,
+                                       "exit_code": None, "log_tail": []}
+        # A state file that could not be written, a signal, a step on another lane: no doing of this lane's engine,
+        # whose log would then be shown as the failed lane's.
+        if gate is not None or (failure.step is not None and failure.step.lane == lane.name
+                                and failure.step.action in ENGINE_STEPS):
+            state = self.engine.container(name) if gate is None or gate.exit_code is None else None
+            tail = list(gate.log_tail) if gate else log_lines(self.engine.logs(name, tail=60))
+            exit_code = gate.exit_code if gate and gate.exit_code is not None else None
+            diagnostics["exit_code"] = exit_code if exit_code is not None else (state.exit_code if state else None)
+            diagnostics["log_tail"] = [line for line in tail if not PROBE_ACCESS_LINE.search(line)][-30:]
         try:
             self.journal.append("diagnostics", switch=run.switch, lane=lane.name, **diagnostics)
         except Exception:
@@ -393,6 +400,7 @@ class Executor:
         try:
             note = self._do(run, step, cause)
         except StepFailed as failed:
+            failed.step = failed.step or step
             gate = failed.gate
             reason = f"{gate.failed_check}: {gate.detail}" if gate and gate.failed_check else f": {failed}"
             self._done(run, step, f"{time.monotonic() - clock:.2f} s; failed {reason}".replace("failed :", "failed:"),
@@ -400,14 +408,14 @@ class Executor:
             raise
         except NoGpuRuntime as exc:
             self._done(run, step, f"failed: {exc}", ok=False)
-            raise StepFailed(str(exc)) from None
+            raise StepFailed(str(exc), step=step) from None
         except (OperationFailed, StandbyError, OSError, ValueError) as exc:
             self._done(run, step, f"{time.monotonic() - clock:.2f} s; failed: {exc}", ok=False)
-            raise StepFailed(f"{step.describe()}: {exc}", cause=str(exc)) from None
+            raise StepFailed(f"{step.describe()}: {exc}", cause=str(exc), step=step) from None
         except Exception as exc:  # whatever broke, the plan's way back must still run
             self._done(run, step, f"failed: {type(exc).__name__}: {exc}", ok=False)
             raise StepFailed(f"{step.describe()}: {type(exc).__name__}: {exc}",
-                             cause=f"{type(exc).__name__}: {exc}") from None
+                             cause=f"{type(exc).__name__}: {exc}", step=step) from None
         self._done(run, step, f"{time.monotonic() - clock:.2f} s" + (f"; {note}" if note else ""))
 
     def _do(self, run: _Run, step: Step, cause: str) -> str:
