@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+import tests.switch_box
 from lanectl.errors import LanectlError
 from lanectl.lanes.execute import SwitchOutcome
 from lanectl.lanes.interrupt import Interrupt
@@ -185,6 +186,9 @@ class BoxMachine(RuleBasedStateMachine):
     def start(self, first: str) -> None:
         BoxMachine.sequences += 1
         BoxMachine.moves -= 1  # the invariants' run after this set-up is no move
+        # Container IDs from 1 in every sequence: names set aside carry them, so the search would otherwise depend
+        # on how many containers the tests before it made.
+        tests.switch_box._ids = itertools.count(1)
         self.folder = Path(tempfile.mkdtemp(prefix="lanectl-fuzz-", dir=SCRATCH))
         self.catalog: Catalog = repo_catalog()
         self.engine = CountingEngine({})
@@ -193,6 +197,7 @@ class BoxMachine(RuleBasedStateMachine):
         self._build()
         self.last: SwitchOutcome | None = None
         self.full: int | None = None  # the state folder's disk is full for the next command: journal appends that fit
+        self.unrecorded = False  # a command ran on a full state folder, and none has written state.json since
         # Every lane made once, the first one serving: stopped containers of other lanes are there from the start.
         for lane in (*(other for other in LANES if other != first), first):
             self.switch(lambda s, lane=lane: s.up(self._lane(lane), why="up"), None)
@@ -256,6 +261,10 @@ class BoxMachine(RuleBasedStateMachine):
         except LanectlError:
             refused = True  # refused before any change (no known-good lane, a foreign container): exit 2
         finally:
+            # What state.json says serves may now be wrong until a command writes it again: a full state folder
+            # leaves the engine the only truth (the promises that read state.json wait for that write).
+            self.unrecorded = self.full is not None or (self.unrecorded and (
+                self.last is None or self.last.result not in ("ok", "rolled-back", "finished", "undone")))
             self.full = None  # the disk is freed (or the next command's problem again only if a rule says so)
         if planned is not None:
             self._held_to_its_dry_run(planned, refused, journal_lines)
@@ -340,7 +349,8 @@ class BoxMachine(RuleBasedStateMachine):
         failing = lane in self.engines.failing_gates
         if fails:
             self.engines.failing_gates.add(lane)
-        serving = self._serving()
+        # What serves before, unless an unfinished switch comes first (the command finishes or undoes it first).
+        serving = self._serving() if self.unfinished() is None else None
         if bad_build:
             before = {id(held) for held in self.engine.held.values()}
             engines = self.engines
@@ -583,6 +593,8 @@ class BoxMachine(RuleBasedStateMachine):
 
     @invariant()
     def what_is_awake_is_the_active_lane_or_the_unfinished_switchs(self) -> None:
+        if self.unrecorded:
+            return  # state.json could not be written: the engine alone says what serves
         allowed = {self.state().active}
         intent = self.unfinished()
         if intent is not None:
@@ -616,6 +628,8 @@ class BoxMachine(RuleBasedStateMachine):
         """What lanectl counts on is the active lane, the standbys it records and the switch left unfinished;
         what drops a standby (it died, was removed or paused while asleep) stops what is left of it, so nothing
         else lanectl made is left frozen or asleep on its GPUs, where it would block the active lane's restart."""
+        if self.unrecorded:
+            return  # state.json could not be written: the engine alone says what serves
         counted = {self.state().active, *(r.lane for r in StandbyStore(self.folder / "standby.json").load().standbys)}
         intent = self.unfinished()
         if intent is not None:
@@ -1018,4 +1032,35 @@ def test_a_lost_standby_whose_companion_left_the_recipe_has_that_companion_stopp
     box.operator_on_the_engine(action="stop", data=_Drawn("lanectl-demo-demo-h2-8"))
     box.watchdog_check(how=None)
     assert box.engine.held["lanectl-demo-demo-h2-8-rtx"].state == "exited"
+    promises_hold(box)
+
+
+def test_a_continuation_stopped_by_a_second_signal_ends_the_command_there():
+    """Found by the machine: `up demo-h2` killed after putting demo-h1's companion to sleep; `up demo-h1` first
+    undoes that switch, and a double Ctrl-C stops the undo at once. The command went on to a switch of its own with
+    the old one still open, was interrupted in turn, and left demo-h1's primary awake with no lane active and no
+    switch open: a lane nothing watched. It now ends with the undo, which the next command finishes."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h1", how=None, fails=True)  # stopped for debugging: no lane serves, none waits asleep
+    box.up(lane="demo-h1", how=None, fails=False)
+    box.up(lane="demo-h2", how=("kill", 2, 0), fails=False)
+    assert box.unfinished() is not None and box.unfinished()["done_steps"][-1] == "sleep:lanectl-demo-demo-h1-rtx"
+    box.up(lane="demo-h1", how=("int2", 1, 0), fails=False)
+    assert box.last is not None and box.last.result == "aborted", box.last
+    assert box.unfinished() is not None and box.unfinished()["to"] == "demo-h2", "left for the next command"
+    promises_hold(box)
+
+
+def test_a_switch_that_a_renamed_container_on_its_gpus_would_stop_half_way_is_refused_before_any_change():
+    """Found by the machine: demo-h2-8 serves beside demo-h2 asleep, and someone renames demo-h2's primary. A
+    recreate of demo-h2-8 stopped it, then could not start it again beside a container lanectl cannot ask whether
+    it sleeps (counted awake), and its way back could not either: nothing served. It is refused up front now."""
+    box = machine("demo-h2-8")
+    assert box.engine.asleep(box._lane("demo-h2")), "demo-h2 waits asleep beside it"
+    box.operator_on_the_engine(action="rename", data=_Drawn("lanectl-demo-demo-h2"))
+    starts = {name: held.starts for name, held in box.engine.held.items()}
+    box.a_broken_change_to_the_serving_lane(port=18102)
+    assert box.last is None, "refused before any change (exit 2)"
+    assert {name: held.starts for name, held in box.engine.held.items()} == starts
+    assert box.awake_lanes()["demo-h2-8"] == {"lanectl-demo-demo-h2-8", "lanectl-demo-demo-h2-8-rtx"}
     promises_hold(box)

@@ -446,7 +446,9 @@ class Executor:
             run.changed.add(step.container)
             self.engine.create(step.spec.owned_by(self.states.path.parent), with_gpus=True, environ=self.environ)
         elif action == "start":
-            self._refuse_awake_beside(step)
+            state = self.engine.container(step.container)
+            if state is None or not state.running:
+                self._refuse_awake_beside(step)  # a container that runs already is not being started
             moment = time.time()
             # The gate judges the log of the run this step began; a primary that was already running (a way back
             # taken before its lane was stopped) is judged from its own start.

@@ -26,6 +26,8 @@ from lanectl.health.engine_exit import exit_code_text
 from lanectl.lanes.invariants import gpus_overlap
 from lanectl.lanes.inventory import (
     ASIDE_MARK,
+    LANE_LABEL,
+    RECIPE_LABEL,
     Inventory,
     LabelledLane,
     LaneContainer,
@@ -433,14 +435,25 @@ def _disarm(lane: Lane) -> Step:
 # -- refusals -------------------------------------------------------------------------------------------------
 
 def refuse_foreign(inventory: Inventory, lane: Lane) -> None:
-    """Containers lanectl did not make that hold the lane's names or host ports: the switch would fail on them
-    after stopping what serves, so it is refused before anything changes (exit 2)."""
+    """Containers lanectl did not make that hold the lane's names or host ports, and live ones it made for a lane
+    on the lane's GPUs that someone renamed (it cannot ask one under another name whether it sleeps, so invariant
+    1 counts it awake): the switch would fail on them after stopping what serves, so it is refused before
+    anything changes (exit 2)."""
     blocking = inventory.blocking(lane)
+    blocking += [f for f in inventory.foreign if f not in blocking and f.listed.live and _made_for_gpus_of(
+        inventory.catalog, f.listed, lane)]
     if blocking:
         found = "; ".join(f"{f.describe()}: clear it with `{f.clearing_command()}`" for f in blocking)
         raise BadInput(f"{lane.name} cannot start: {found}. lanectl did not create "
                        f"{'it' if len(blocking) == 1 else 'them'} and will not stop or adopt "
                        f"{'it' if len(blocking) == 1 else 'them'}; nothing was changed")
+
+
+def _made_for_gpus_of(catalog: Catalog, listed: ListedContainer, lane: Lane) -> bool:
+    """Whether lanectl made `listed` for a lane (of these recipes) that shares a GPU with `lane`."""
+    made_for = catalog.lanes.get(listed.labels.get(LANE_LABEL, ""))
+    return made_for is not None and listed.labels.get(RECIPE_LABEL) == made_for.recipe.id and gpus_overlap(
+        made_for, lane)
 
 
 def refuse_other_state_folder(inventory: Inventory) -> None:

@@ -86,40 +86,42 @@ class LaneSwitcher:
     def up(self, lane: Lane, *, rollback_on_failure: bool = True, why: str = "up",
            rollback: bool = False) -> SwitchOutcome:
         """Make `lane` the serving lane, health-gated, or go back."""
-        snapshot = self._reconciled(lane.name)
-        plan = plan_up(self.catalog, snapshot, lane, rollback=rollback, rollback_on_failure=rollback_on_failure,
-                       with_gpus=not self.no_gpu)
-        return self.execute(plan, snapshot, why=why)
+        return self._switch(lambda snapshot: plan_up(self.catalog, snapshot, lane, rollback=rollback,
+                                                     rollback_on_failure=rollback_on_failure,
+                                                     with_gpus=not self.no_gpu), lambda _: why, lane.name)
 
     def rollback(self, to: Lane | None) -> SwitchOutcome:
-        snapshot = self._reconciled(*([to.name] if to else []))
-        plan = plan_rollback(self.catalog, snapshot, to, with_gpus=not self.no_gpu)
-        return self.execute(plan, snapshot, why=f"rollback from {snapshot.state.active or 'no active lane'}")
+        return self._switch(lambda snapshot: plan_rollback(self.catalog, snapshot, to, with_gpus=not self.no_gpu),
+                            lambda snapshot: f"rollback from {snapshot.state.active or 'no active lane'}",
+                            *([to.name] if to else []))
 
     def restart(self, lane: Lane, *, before_start: Callable[[], str] = lambda: "") -> SwitchOutcome:
         """The watchdog's restart: stop the lane, let `before_start` wait (GPU memory), start it, gate it."""
-        snapshot = self._reconciled(lane.name)
-        plan = plan_restart(self.catalog, snapshot, lane, with_gpus=not self.no_gpu)
-        return self.execute(plan, snapshot, why="watchdog restart", before_start=before_start)
+        return self._switch(lambda snapshot: plan_restart(self.catalog, snapshot, lane, with_gpus=not self.no_gpu),
+                            lambda _: "watchdog restart", lane.name, before_start=before_start)
 
     def down(self, lane_name: str | None, *, with_standbys: bool = False) -> SwitchOutcome:
         """Stop the lane named `lane_name` (no recipe that loads may have it), and with `with_standbys` every lane
         waiting asleep too (`lanectl down` of the box)."""
-        snapshot = self._reconciled(*([lane_name] if lane_name else []))
-        return self.execute(plan_down(self.catalog, snapshot, lane_name, with_standbys=with_standbys), snapshot,
-                            why="down")
+        return self._switch(lambda snapshot: plan_down(self.catalog, snapshot, lane_name, with_standbys=with_standbys),
+                            lambda _: "down", *([lane_name] if lane_name else []))
 
     def drop_lost_standbys(self, *, act: bool = True) -> tuple[Plan, SwitchOutcome | None] | None:
         """The watchdog's look at the lanes waiting asleep: each one that died, was removed or was paused is dropped
         and what is left of it live stopped (`plan_drop_lost_standbys`); without `act`, only the plan. None when
         every standby can still be woken."""
-        snapshot = self.snapshot(create_secret_key=False, probe=False)
-        plan = plan_drop_lost_standbys(self.catalog, snapshot)
+        plan = plan_drop_lost_standbys(self.catalog, self.snapshot(create_secret_key=False, probe=False))
         if plan is None or not act:
             return None if plan is None else (plan, None)
-        snapshot = self._reconcile(snapshot)[1]
-        plan = plan_drop_lost_standbys(self.catalog, snapshot)
-        return None if plan is None else (plan, self.execute(plan, snapshot, why="watchdog: a standby is lost"))
+        dropped: list[Plan] = []
+
+        def planner(snapshot: Snapshot) -> Plan:
+            found = plan_drop_lost_standbys(self.catalog, snapshot)
+            dropped.append(found or Plan("noop", None, message="every standby can be woken again"))
+            return dropped[0]
+
+        outcome = self._switch(planner, lambda _: "watchdog: a standby is lost")
+        return (dropped[0], outcome) if dropped else (plan, outcome)
 
     def reconcile(self) -> SwitchOutcome | None:
         """Finish or undo the switch a killed run left unfinished, against what the engine shows."""
@@ -136,10 +138,15 @@ class LaneSwitcher:
 
     # -- internals -------------------------------------------------------------------------------------------
 
-    def _reconciled(self, *lanes: str) -> Snapshot:
-        """The snapshot a verb plans from: taken once, or again after finishing or undoing an unfinished switch."""
-        snapshot = self.snapshot(*lanes)
-        return self._reconcile(snapshot, *lanes)[1]
+    def _switch(self, planner: Callable[[Snapshot], Plan], why: Callable[[Snapshot], str], *lanes: str,
+                before_start: Callable[[], str] = lambda: "") -> SwitchOutcome:
+        """A verb: finish or undo the switch an earlier run left unfinished, then plan from what the engine shows
+        and run the plan. A signal that stopped the continuation ends the command there: the operator asked it to
+        stop, and a new switch begun while the old one is still open would be one the journal cannot explain."""
+        outcome, snapshot = self._reconcile(self.snapshot(*lanes), *lanes)
+        if outcome is not None and outcome.signum is not None:
+            return outcome
+        return self.execute(planner(snapshot), snapshot, why=why(snapshot), before_start=before_start)
 
     def _reconcile(self, snapshot: Snapshot, *lanes: str) -> tuple[SwitchOutcome | None, Snapshot]:
         plan = plan_reconcile(self.catalog, snapshot, with_gpus=not self.no_gpu)
