@@ -1064,3 +1064,17 @@ def test_a_switch_that_a_renamed_container_on_its_gpus_would_stop_half_way_is_re
     assert {name: held.starts for name, held in box.engine.held.items()} == starts
     assert box.awake_lanes()["demo-h2-8"] == {"lanectl-demo-demo-h2-8", "lanectl-demo-demo-h2-8-rtx"}
     promises_hold(box)
+
+
+def test_a_killed_down_of_the_box_is_finished_whole_by_the_next_watchdog_pass():
+    """Found by the machine: `lanectl down` (the box: its lane, the standbys, the orphans) killed after its first
+    stop; the watchdog's pass finished only the lane, and left the standby asleep and the orphan companion
+    running. The finish now plans the down again from what the engine shows."""
+    box = machine("demo-h1")  # demo-h1 serves, demo-h2-8 waits asleep
+    box.edit_companion_presence(lane="demo-h1", present=False)  # demo-h1's companion becomes an orphan
+    box.down(how=("kill", 1, 0))
+    box.watchdog_check(how=None)
+    assert box.last is not None and box.last.result == "finished", box.last
+    assert box.awake_lanes() == {} and not box.engine.asleep(box._lane("demo-h2-8")), box.engine.held
+    assert "lanectl-demo-demo-h1-rtx" not in box.engine.held
+    promises_hold(box)

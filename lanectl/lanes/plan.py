@@ -16,7 +16,7 @@ lane's recipe (its digest, `image/containers.py`) is recreated, and the step nam
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any, Literal
 
 from lanectl.dockerapi.containers import ContainerSpec, ListedContainer
@@ -706,16 +706,16 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
     to_name, from_name = intent.get("to"), intent.get("from")
     previous = catalog.lanes.get(from_name) if isinstance(from_name, str) else None
     if intent.get("action") == "down":
-        steps: list[Step] = []
-        labelled = (labelled_lanes(catalog, snapshot.containers, snapshot.state_dir).get(from_name)
-                    if isinstance(from_name, str) else None)
-        if previous is not None:
-            steps += stop_steps(inventory, previous)
-        elif labelled is not None:
-            steps += labelled_down_steps(labelled)
-        if isinstance(from_name, str) and snapshot.state.active == from_name:
-            steps.append(Step("deactivate", from_name, why="down"))
-        return Plan("finish-down", from_name if isinstance(from_name, str) else None, phases=(Phase(tuple(steps)),))
+        # A down converges as it would have gone on, planned again from what the engine shows: its lane, the
+        # standbys when it was stopping them too (`lanectl down` of the box), the orphans. Finishing only its lane
+        # left a standby or an orphan it was about to stop running.
+        name = from_name if isinstance(from_name, str) else None
+        with_standbys = any(str(key).startswith("forget-standby:") for key in intent.get("steps") or [])
+        try:
+            down = plan_down(catalog, snapshot, name, with_standbys=with_standbys)
+        except BadInput:
+            down = Plan("down", name)  # nothing it named is left
+        return replace(down, kind="finish-down")
     target = catalog.lanes.get(to_name) if isinstance(to_name, str) else None
     # A killed restart (from and to the same lane) is undone by restarting the lane: stop it, start it, gate it.
     slept = previous if previous is not None and previous.name in standbys(inventory)[0] else None
