@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite as six pytest processes at once, one per group (gate, switches, watchdog, fleet,
-# traffic, side: see tests/conftest.py), then the test that restarts the Docker engine, alone. Each group's output
+# traffic, side: see tests/conftest.py), then the test that restarts the Docker engine and the switch's fuzzer, alone. Each group's output
 # goes to its own log; at the end one line per group says how it went and how long it took, and every failing
 # group's log follows it whole: the failures and pytest's summary of them. Exit status: the first failing group's.
 # Extra arguments go to every run (e.g. -x, -k EXPR).

@@ -30,7 +30,7 @@ collect_ignore = ["contract"]
 #   traffic   drains of lanes with requests in flight, the stub replaying the real vLLM's records, and the gate's
 #             rounds (calibration, --until-decided)
 #   side      every pure test, the stub engine's own tests, and the downloads of pinned sources
-#   solo      the test that restarts the Docker engine every other test uses: alone, last
+#   solo      the test that restarts the Docker engine every other test uses, and the switch's fuzzer: alone, last
 # The stateful fuzzers are pure but CPU-bound: they run beside groups that mostly wait on containers, not in side.
 FLEET_FILES = {"test_fleet_swarm.py", "test_watchdog_install.py", "test_loadgen_stub.py", "test_health_gate_stub.py",
                "test_fleet_fuzz.py", "test_switch_findings_docker.py"}
@@ -39,9 +39,10 @@ WATCHDOG_FILES = {"test_watchdog_docker.py", "test_standby_docker.py", "test_sta
 TRAFFIC_FILES = {"test_drain_docker.py", "test_gpu_record_replay.py", "test_gate_rounds_docker.py",
                  "test_standby_check_driver.py"}
 GATE_FILES = {"test_endpoint_probe.py", "test_alerts.py", "test_registry_push.py", "test_build_docker.py",
-              "test_watchdog_hostile_state.py", "test_switch_fuzz.py"}
-# It stops and starts the one dockerd every other test uses.
-SOLO_FILES = {"test_lanes_engine_restart.py"}
+              "test_watchdog_hostile_state.py"}
+# It stops and starts the one dockerd every other test uses. The switch's fuzzer runs alone too: its search is
+# bounded by moves, and beside six groups on two cores its 15-20 s became 49-79 s, past the minute it is allowed.
+SOLO_FILES = {"test_lanes_engine_restart.py", "test_switch_fuzz.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
