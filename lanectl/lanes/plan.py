@@ -509,6 +509,7 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
     asleep, lost = standbys(inventory)
     kind: Kind = "rollback" if rollback else "up"
     orphans = orphan_steps(inventory)
+    notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
     if (state.active == target.name and target.name not in asleep and inventory.running(target)
             and not any(inventory.drift(c) for c in inventory.containers(target)) and snapshot.active_healthy):
         if not orphans and not lost:
@@ -518,10 +519,7 @@ def plan_up(catalog: Catalog, snapshot: Snapshot, target: Lane, *, rollback: boo
         # that serves.
         cleanup = (*(Phase(drop_standby_steps(inventory, name, reason), optional=True) for name, reason in lost),
                    *([Phase(orphans, optional=True)] if orphans else []))
-        return Plan(kind, target.name, phases=cleanup, with_gpus=with_gpus,
-                    notes=tuple(f"the standby of {name} is lost: {reason}; a rollback to it is a cold start"
-                                for name, reason in lost))
-    notes = [f"the standby of {name} is lost: {reason}; a rollback to it is a cold start" for name, reason in lost]
+        return Plan(kind, target.name, phases=cleanup, with_gpus=with_gpus, notes=tuple(notes))
     if snapshot.secret_key_new:
         notes.append("secret-digest.key was missing and a new key was made: the running containers' secrets cannot "
                      "be compared with lanectl's environment this time, so no container is recreated for them")
