@@ -62,6 +62,7 @@ class Box:
     secret_digests: dict[str, str] = field(default_factory=dict)
     with_gpus: bool = True
     sleeping: set[str] = field(default_factory=set)  # containers whose engine is asleep (vLLM sleep mode)
+    published: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # container -> the ports it publishes
 
     def build(self, *lanes: str, catalog: Catalog | None = None, build_id: str = "") -> Box:
         for name in lanes:
@@ -81,6 +82,7 @@ class Box:
             desired = made.desired(target, role)
             assert desired is not None, f"{lane} is built"
             self.containers[desired.spec.name] = listed(desired.spec, str(desired.fields["image_id"]), status)
+            self.published[desired.spec.name] = list(desired.spec.ports)
         return self
 
     def put(self, container: ListedContainer) -> Box:
@@ -270,7 +272,8 @@ class FakeEngines:
         self.gates.append(lane.name)
         if self.on_gate is not None:
             self.on_gate(lane)
-        running = lane.container_name() in self.engine.running()
+        # A real gate holds each companion to its readiness beside the primary: one that does not run fails it.
+        running = {lane.container_name(role) for role in lane.roles} <= self.engine.running()
         asleep = self.engine.asleep(lane)
         self.gated_asleep += asleep
         if lane.name in self.failing_gates or not running:
@@ -326,6 +329,12 @@ class FakeEngines:
         held = self.engine.held.get(lane.container_name(role))
         return None if held is None or held.state != "running" else held.asleep
 
+    def is_sleeping_in(self, container: ListedContainer) -> bool | None:
+        """As asked on the host port the container publishes: only it can answer there while it runs."""
+        held = self.engine.held.get(container.name)
+        published = any(protocol == "tcp" for protocol, _ in container.host_ports)
+        return None if held is None or held.state != "running" or not published else held.asleep
+
 
 class QuietReporter:
     def __init__(self) -> None:
@@ -347,7 +356,8 @@ def engine_from(box: Box) -> MemoryEngine:
     engine = MemoryEngine(box.images)
     for container in box.containers.values():
         spec = ContainerSpec(name=container.name, role=container.labels.get(LABEL_PREFIX + "role", ""),
-                             image=container.image, command=None, entrypoint=None, env={}, secret_env=[], ports=[],
+                             image=container.image, command=None, entrypoint=None, env={}, secret_env=[],
+                             ports=box.published.get(container.name, []),
                              volumes=[], gpus=None, shm_size=None, ipc=None, init=True, user=None,
                              stop_timeout_seconds=10, labels=dict(container.labels))
         engine.held[container.name] = Held(spec, container.state, asleep=container.name in box.sleeping)

@@ -203,18 +203,21 @@ def pad_the_journal_to_a_block(state: Path) -> None:
 def test_a_full_state_folder_fails_the_rollback_and_leaves_the_standby_asleep_and_the_lane_serving(lanes, state):
     """The state folder on a filesystem with no free block: a rollback's first step (state.json) fails; its way
     back leaves demo-h1 asleep (it stopped the standby it was about to wake) and says why (the only message was
-    "could not write the journal")."""
+    "could not write the journal"), and leaves demo-h2 as it was (it stopped and started it again)."""
     if shutil.which("unshare") is None or subprocess.run([*unshare_mount(), "true"]).returncode != 0:
         pytest.skip("no mount namespace can be made here (unshare)")
     serving_with_a_standby(lanes, state)
     pad_the_journal_to_a_block(state)
+    before = lane_ids(lanes, "demo-h2")
     full = subprocess.run([*unshare_mount(), "sh", "-c", FULL_FOLDER_SCRIPT, "full-state-folder",
                            sys.executable, "-m", "lanectl", "rollback", "--no-gpu"],
                           cwd=lanes.root, env={**lanes.env(state), "STATE": str(state)}, capture_output=True,
                           text=True, timeout=180)
     assert full.returncode == 1, full.stdout + full.stderr
     assert "No space left on device" in full.stdout, full.stdout + full.stderr
-    assert "demo-h2 is serving again" in full.stdout, full.stdout
+    # Its first step (state.json) failed before any container changed: the way back changes none either.
+    assert "No container was changed: demo-h2 serves as it did and passed its gate" in full.stdout, full.stdout
+    assert lane_ids(lanes, "demo-h2") == before, "demo-h2 was neither recreated nor restarted"
     assert "last log lines" not in full.stderr, "no engine failed, the disk did: no lane's log is the failed one's"
     assert inspect(lanes, "demo-h1")["State"]["Running"], "the standby it was about to wake was stopped"
     assert is_sleeping(lanes, "demo-h1"), "the standby it was about to wake is still asleep"
@@ -370,3 +373,30 @@ def test_a_restart_refused_because_another_lane_runs_on_its_gpus_uses_none_of_th
                                                                           "demo-h1 runs on its GPUs"), data
     memory = json.loads((state / "watchdog.json").read_text())
     assert memory["restarts_total"].get("demo-h2", 0) == 0 and memory["memory"]["restarts"] == [], memory
+
+
+# -- an orphan asleep on the GPUs ---------------------------------------------------------------------------------
+
+def test_an_orphan_asleep_beside_a_lane_is_asked_whether_it_sleeps_on_the_port_it_publishes(lanes, state):
+    """demo-h1's companion leaves its recipe while demo-h1 waits asleep: the companion's container is an orphan
+    (its role has no port in the recipe to ask). The check before every start and wake (invariant 1) counted it
+    awake on the GPUs, so a start beside it was refused. It is asked on the host port it publishes."""
+    from lanectl.dockerapi.containers import ContainerEngine
+    from lanectl.lanes.engine_calls import LaneEngines
+    from lanectl.lanes.invariants import awake_beside
+    from lanectl.project import Project
+    from lanectl.recipe.catalog import load_catalog
+
+    serving_with_a_standby(lanes, state)
+    without_companions(lanes)
+    engine = ContainerEngine()
+    engines = LaneEngines(engine, on_gate=lambda progress: None, interrupted=lambda: None)
+    listed = engine.list_containers()
+    orphan = next(c for c in listed if c.name == lanes.container("demo-h1", "rtx"))
+    assert engines.is_sleeping_in(orphan) is True
+    catalog = load_catalog(Project.locate(lanes.root / "recipes"))
+    assert awake_beside(catalog, catalog.lanes["demo-h2"], listed, engines.is_sleeping_in) == []
+    httpx.post(f"http://127.0.0.1:{published(lanes, 'demo-h1', 'rtx')}/wake_up", timeout=10)
+    assert engines.is_sleeping_in(orphan) is False
+    assert awake_beside(catalog, catalog.lanes["demo-h2"], engine.list_containers(), engines.is_sleeping_in) == [
+        f"{orphan.name} (rtx of demo-h1) is awake on the same GPUs"]

@@ -911,8 +911,9 @@ def test_a_journal_that_fills_up_during_the_way_back_does_not_cut_it_short():
     box.up(lane="demo-h2", how=None, fails=False)  # demo-h1 waits asleep
     outcome = on_a_full_disk(box, fits=2).rollback(None)  # the intent and the failed disarm
     assert outcome.result == "rolled-back" and outcome.lane == "demo-h2", outcome
-    assert "demo-h2 is serving again" in outcome.message and "could not write the journal" in outcome.message, \
-        outcome.message
+    # Its first step (a state write) failed, so no container changed, and the way back changes none either.
+    assert "No container was changed: demo-h2 serves as it did" in outcome.message, outcome.message
+    assert "could not write the journal" in outcome.message, outcome.message
     # No engine failed: the disk did. demo-h1's log (it slept through it) is not shown as the failed lane's.
     assert outcome.diagnostics["log_tail"] == [] and outcome.diagnostics["check"] is None, outcome.diagnostics
     assert box.engine.asleep(box._lane("demo-h1")) == ["lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"]
@@ -927,7 +928,7 @@ def test_a_step_the_journal_cannot_record_sends_the_switch_back():
     outcome = on_a_full_disk(box, fits=2, state_fits=True).up(box._lane("demo-h2"), why="up")  # intent, disarm
     assert outcome.result == "rolled-back" and outcome.lane == "demo-h1", outcome
     assert outcome.message.startswith("could not write the journal"), outcome.message
-    assert "demo-h1 is serving again" in outcome.message, outcome.message
+    assert "No container was changed: demo-h1 serves as it did" in outcome.message, outcome.message
     assert set(box.awake_lanes()) == {"demo-h1"}
     promises_hold(box)
 
@@ -1080,16 +1081,78 @@ def test_a_killed_down_of_the_box_is_finished_whole_by_the_next_watchdog_pass():
     promises_hold(box)
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 50): a way back taken before any engine step still stops and "
-                   "starts the serving lane's companion, and an asleep orphan counts as awake beside it")
 def test_a_change_that_fails_at_its_first_state_write_leaves_the_serving_lane_untouched():
-    """Found by the machine, not yet fixed: demo-h2-8 serves, demo-h2 waits asleep; demo-h2's companion leaves its
-    recipe (its container an orphan, asleep); the state folder is full. A companion-port change to demo-h2-8 fails
-    at its first step (the disarm's state.json write), so nothing on the engine changed; its way back still stops
-    demo-h2-8's companion and starts it again, and the start is refused: the orphan cannot be asked whether it
-    sleeps (its role has no port in the recipe), so it counts as awake. Nothing serves."""
+    """Found by the machine: demo-h2-8 serves, demo-h2 waits asleep; demo-h2's companion leaves its recipe (its
+    container an orphan, asleep); the state folder is full. A companion-port change to demo-h2-8 failed at its first
+    step (the disarm's state.json write), so nothing on the engine had changed; its way back still stopped
+    demo-h2-8's companion and started it again, and the start was refused: the orphan could not be asked whether it
+    sleeps (its role has no port in the recipe), so it counted as awake. Nothing served. Now a way back taken before
+    any container changed changes none, and an orphan is asked on the port it publishes."""
     box = machine("demo-h2-8")
     box.state_folder_fills(fits=1)
     box.edit_companion_presence(lane="demo-h2", present=False)
     box.a_broken_change_to_the_serving_lane(port=18101)  # asserts that demo-h2-8 serves after its way back
+    promises_hold(box)
+
+
+def test_a_switch_that_fails_before_changing_a_container_changes_none_on_its_way_back():
+    """A companion-port change to the serving lane whose first step (the disarm's state.json write) fails on a full
+    disk: the way back stopped demo-h2-8's companion and started it again, for a change that never reached the
+    engine. It now holds demo-h2-8 to its gate and changes no container."""
+    box = machine("demo-h2-8")
+    box.state_folder_fills(fits=1)
+    box.engine.calls.clear()
+    box.a_broken_change_to_the_serving_lane(port=18101)
+    assert box.last is not None and box.last.result == "rolled-back", box.last
+    assert "No container was changed: demo-h2-8 serves as it did" in box.last.message, box.last.message
+    changed = [call for call in box.engine.calls if call.split(":")[0] in ("stop", "start", "create", "rename")]
+    assert changed == [], changed
+    promises_hold(box)
+
+
+def test_an_orphan_asleep_on_the_gpus_is_asked_on_the_port_it_publishes():
+    """demo-h2 waits asleep beside demo-h2-8, then its companion leaves its recipe: the companion's container is an
+    orphan, still asleep. A broken companion change to demo-h2-8 takes its way back, which starts the old companion
+    again: that start was refused (the orphan's role has no port in the recipe to ask, so it counted as awake), and
+    nothing served. It is asked on the host port it publishes, says it sleeps, and the start goes ahead."""
+    box = machine("demo-h2-8")
+    box.edit_companion_presence(lane="demo-h2", present=False)
+    assert box.engine.asleep(box._lane("demo-h2")) == ["lanectl-demo-demo-h2"]
+    assert box.engine.held["lanectl-demo-demo-h2-rtx"].asleep, "the orphan sleeps"
+    box.a_broken_change_to_the_serving_lane(port=18101)  # asserts that demo-h2-8 serves after its way back
+    assert box.last is not None and box.last.result == "rolled-back", box.last
+    assert "refused" not in box.last.message, box.last.message
+    promises_hold(box)
+
+
+def test_a_replacement_started_by_hand_during_the_way_back_is_stopped_before_it_is_removed():
+    """Found by the machine: a recreate of demo-h1 (an env change) fails its gate; its way back stopped the new
+    containers, and someone's `docker start` of the new companion came before the put-back, which removed it
+    running. The put-back stops it first, with its own drain."""
+    box = machine("demo-h1")
+    box.edit_env(lane="demo-h1", value="1")
+    box.down(how=None)
+    box.engine.calls.clear()
+    box.up(lane="demo-h1", how=("operator-start", 10, 1), fails=True)  # after both stops, before the put-backs
+    assert box.engine.calls.count("stop:lanectl-demo-demo-h1-rtx") == 2, "stopped by the way back, then again"
+    promises_hold(box)
+
+
+def test_a_switch_that_fails_before_changing_a_container_does_not_call_half_a_lane_serving():
+    """demo-h2 runs without its companion (an interrupted rollback, and someone's `docker start` of its primary
+    alone); `up demo-h1` on a full disk fails at its first state write. A lane whose companion does not run fails
+    its gate, so the way back is the whole one, not the bookkeeping alone."""
+    box = machine("demo-h1")
+    box.rollback(how=("operator-start", 1, 0))
+    box.state_folder_fills(fits=2)
+    box.up(lane="demo-h1", how=None, fails=False)
+    promises_hold(box)
+
+
+def test_a_lane_with_no_lane_before_it_that_fails_its_gate_is_stopped_for_debugging():
+    """`up` of the active lane whose engine fails its gate, no container changed: with no lane to go back to, the
+    way back stops it for debugging (a lane left running but marked inactive would be awake and unwatched)."""
+    box = machine("demo-h1")
+    box.up(lane="demo-h1", how=None, fails=True)
+    assert box.last is not None and "stopped for debugging" in box.last.message, box.last
     promises_hold(box)

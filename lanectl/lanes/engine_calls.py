@@ -16,9 +16,10 @@ from dataclasses import replace
 from functools import partial
 from typing import Protocol
 
-from lanectl.dockerapi.containers import ContainerEngine
+from lanectl.dockerapi.containers import ContainerEngine, ListedContainer
 from lanectl.dockerapi.engine_api import NotFound, Stream
 from lanectl.health.engine_exit import exit_detail
+from lanectl.health.engine_http import engine_url
 from lanectl.health.gate import Clock, CompanionGate, ContainerStatus, GateProgress, GateResult, HealthGate
 from lanectl.health.lane_gate import gate_lane
 from lanectl.health.probe import EndpointProbe, probe_base_url
@@ -57,6 +58,12 @@ class EngineCalls(Protocol):
 
     def is_sleeping(self, lane: Lane, role: str) -> bool | None:
         """Whether the role's engine sleeps (GET /is_sleeping, a dev-mode route); None when it does not say."""
+        ...
+
+    def is_sleeping_in(self, container: ListedContainer) -> bool | None:
+        """Whether the engine in a running container sleeps, asked on the host port it publishes (whatever its
+        name or its lane's recipe says now: an orphan or a renamed container answers there too); None when it
+        publishes no port or does not say."""
         ...
 
 
@@ -150,6 +157,17 @@ class LaneEngines:
 
     def is_sleeping(self, lane: Lane, role: str) -> bool | None:
         return self.engine_sleeps(lane, role)
+
+    def is_sleeping_in(self, container: ListedContainer) -> bool | None:
+        # Only that container can hold the host port while it runs, so the port's answer is its engine's.
+        for protocol, port in container.host_ports:
+            if protocol != "tcp":
+                continue
+            try:
+                return SleepEndpoints(engine_url("", port), METRICS_TIMEOUT_SECONDS).is_sleeping()
+            except StandbyError:
+                continue
+        return None
 
     @staticmethod
     def engine_sleeps(lane: Lane, role: str) -> bool | None:

@@ -101,6 +101,11 @@ class StepFailed(Exception):
 
 # The steps whose failure is the engine's to explain: its log tail goes with the failure.
 ENGINE_STEPS = ("create", "start", "sleep", "wake", "wake-check")
+# The steps that change a container. A switch that attempted none of them left the engine as its snapshot saw it.
+CONTAINER_STEPS = frozenset({"stop", "remove", "set-aside", "put-back", "create", "start", "sleep", "wake"})
+# What is left of a way back when nothing on the engine changed: the previous lane's gate (is it serving, as it
+# was?) and the state files.
+BOOKKEEPING_STEPS = frozenset({"gate", "activate", "deactivate", "arm"})
 
 
 @dataclass
@@ -117,6 +122,8 @@ class _Run:
     wake_started: dict[str, float] = field(default_factory=dict)
     never_slept: set[str] = field(default_factory=set)  # lanes a wake found awake with no standby recorded
     changed: set[str] = field(default_factory=set)  # containers this run created, started or woke
+    touched: bool = False  # a step that changes a container was attempted
+    unchanged_back: bool = False  # the way back found the engine as the snapshot saw it, and changed nothing
     unjournaled: str | None = None  # why the journal could not record a step (a full disk), once it could not
 
 
@@ -290,6 +297,12 @@ class Executor:
         elif back is not None:
             message, result = f"{failure}. Rolling back to {plan.previous} FAILED too ({back}); no lane is serving", \
                 "failed"
+        elif run.unchanged_back:
+            message = f"{failure}. No container was changed"
+            message += f": {plan.previous} serves as it did and passed its gate" if plan.previous else ""
+            result = "rolled-back" if plan.previous else "failed"
+            if run.warnings:
+                message += f". BUT: {'; '.join(w.rstrip('.') for w in run.warnings)}"
         elif plan.previous:
             message, result = f"{failure}. Rolled back: {plan.previous} is serving again", "rolled-back"
             if plan.previous in run.woken:
@@ -308,12 +321,35 @@ class Executor:
 
     def _way_back(self, run: _Run) -> str | None:
         """Run the way back; None when it brought what it must back, else why not (after the plan's abandon)."""
+        if not run.touched and run.plan.previous and run.plan.kind in ("up", "rollback") \
+                and self._bookkeeping_back(run):
+            return None
         for phase in run.plan.way_back:
             failed = self._phase(run, self._undoing(run, phase), way_back=True)
             if failed is not None:
                 self._abandon(run)
                 return _why(failed)
         return None
+
+    def _bookkeeping_back(self, run: _Run) -> bool:
+        """The way back of a switch that failed before any step that changes a container (its first state write
+        on a full disk, a refusal, a signal): the containers are as the snapshot saw them, so it changes none
+        (the full way back would stop and start again what serves, and may be refused doing it). It holds the
+        previous lane to its gate, then puts the state files back. False when that lane did not serve before
+        this run either (a standby recorded asleep, an engine of it asleep, a gate it does not pass): the full
+        way back brings it back."""
+        if run.plan.previous and self.standby_state.standby(run.plan.previous) is not None:
+            return False
+        gated = [self.catalog.lanes[step.lane] for phase in run.plan.way_back for step in phase.steps
+                 if step.action == "gate"]
+        if any(self.calls.is_sleeping(lane, role) is True for lane in gated for role in lane.roles):
+            return False
+        for phase in run.plan.way_back:
+            steps = tuple(step for step in phase.steps if step.action in BOOKKEEPING_STEPS)
+            if steps and self._phase(run, replace(phase, steps=steps, fallback=()), way_back=True) is not None:
+                return False
+        run.unchanged_back = True
+        return True
 
     def _abandon(self, run: _Run) -> None:
         for step in run.plan.abandon:
@@ -397,6 +433,7 @@ class Executor:
 
     def _step(self, run: _Run, step: Step, *, cause: str = "") -> None:
         clock = time.monotonic()
+        run.touched = run.touched or step.action in CONTAINER_STEPS
         try:
             note = self._do(run, step, cause)
         except StepFailed as failed:
@@ -437,10 +474,7 @@ class Executor:
         elif action == "set-aside":
             return self._set_aside(run, step)
         elif action == "put-back":
-            if self.engine.container(step.container) is None:
-                return "nothing was set aside"
-            self.engine.remove(step.rename_to)  # its replacement, if it was made
-            self.engine.rename(step.container, step.rename_to)
+            return self._put_back(run, step)
         elif action == "create":
             assert step.spec is not None, "a plan's create step carries its spec"
             run.changed.add(step.container)
@@ -494,6 +528,21 @@ class Executor:
         self.engine.rename(step.container, step.rename_to)
         return stopped
 
+    def _put_back(self, run: _Run, step: Step) -> str:
+        """The replacement goes and the container set aside takes its name again. A replacement the way back
+        stopped but someone started again since is stopped first, with its own drain (invariant 4: a removal
+        removes only what is stopped)."""
+        if self.engine.container(step.container) is None:
+            return "nothing was set aside"
+        replacement = self.engine.container(step.rename_to)
+        stopped = ""
+        if replacement is not None and replacement.status in LIVE_STATES:
+            stopped = self._stop(run, replace(step, action="stop", container=step.rename_to,
+                                              why="it runs again")) or "its replacement ran: stopped"
+        self.engine.remove(step.rename_to)  # its replacement, if it was made
+        self.engine.rename(step.container, step.rename_to)
+        return stopped
+
     def _remove(self, step: Step) -> str:
         """Invariant 4 (`lanes/invariants.py`): a container is removed only while it is stopped. The plan chose it
         from a listing where it was; one that runs now (started by hand, or by another state folder) is kept."""
@@ -511,7 +560,7 @@ class Executor:
         lane = self.catalog.lanes.get(step.lane)
         if lane is None:
             return
-        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping)
+        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping_in)
         if holding:
             raise StepFailed(f"refused to {step.describe()}: {'; '.join(holding)}, and the box runs one lane awake "
                              "per GPU and host port")

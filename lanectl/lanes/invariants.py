@@ -31,9 +31,9 @@ from lanectl.dockerapi.containers import ListedContainer
 from lanectl.lanes.inventory import LANE_LABEL, RECIPE_LABEL, ROLE_LABEL, host_ports
 from lanectl.recipe.catalog import ROLE_PRIMARY, Catalog, Lane
 
-# Whether a lane role's engine sleeps: True, False, or None when it does not say (no dev-mode routes, or no
-# answer); None counts as awake, since the GPU memory it holds is unknown.
-Asleep = Callable[[Lane, str], bool | None]
+# Whether a running container's engine sleeps: True, False, or None when it does not say (no published port, no
+# dev-mode routes, or no answer); None counts as awake, since the GPU memory it holds is unknown.
+Asleep = Callable[[ListedContainer], bool | None]
 
 
 def gpus_overlap(a: Lane, b: Lane) -> bool:
@@ -46,7 +46,8 @@ def gpus_overlap(a: Lane, b: Lane) -> bool:
 def awake_beside(catalog: Catalog, lane: Lane, listed: Iterable[ListedContainer], asleep: Asleep) -> list[str]:
     """Containers of other lanes that hold `lane`'s host ports (live) or are awake on its GPUs, described for
     the refusal. `listed` is a fresh listing of the engine; `asleep` is asked only of running containers that
-    share a GPU with `lane`."""
+    share a GPU with `lane`, on the host port each publishes (an orphan of a role its recipe no longer has, or
+    a container renamed by hand, answers there as well as one under its lane's name)."""
     ports = host_ports(lane)
     holding = []
     for container in listed:
@@ -57,12 +58,9 @@ def awake_beside(catalog: Catalog, lane: Lane, listed: Iterable[ListedContainer]
             continue  # a lane of the same name in a recipe these recipes do not hold: its GPUs are not known here
         role = container.labels.get(ROLE_LABEL, ROLE_PRIMARY)
         shared = sorted(set(container.host_ports) & ports)
-        # Only a container under its lane's name answers on the recipe's port: one set aside or renamed cannot be
-        # asked whether it sleeps, so it counts as awake.
-        askable = container.name == other.container_name(role) if role in other.roles else False
         if shared:
             holding.append(f"{container.name} ({role} of {other.name}) holds host port {shared[0][1]}")
-        elif gpus_overlap(other, lane) and not (container.running and askable and asleep(other, role) is True):
+        elif gpus_overlap(other, lane) and not (container.running and asleep(container) is True):
             holding.append(f"{container.name} ({role} of {other.name}) is awake on the same GPUs")
     return holding
 
