@@ -375,6 +375,27 @@ def test_a_restart_refused_because_another_lane_runs_on_its_gpus_uses_none_of_th
     assert memory["restarts_total"].get("demo-h2", 0) == 0 and memory["memory"]["restarts"] == [], memory
 
 
+# -- the active lane dies beside its standby ---------------------------------------------------------------------
+
+def test_the_active_lane_that_dies_beside_its_standby_is_restarted_beside_it(lanes, state, tmp_path):
+    """demo-h2 serves, demo-h1 waits asleep beside it on the same GPUs, and demo-h2's engine dies: every watchdog
+    pass refused the restart ("demo-h1 runs on its GPUs") and alerted, uncounted, so it never rolled back either:
+    nothing served until someone came. A standby asleep is what every switch leaves beside the lane it starts;
+    the restart starts demo-h2 beside it, once demo-h1's engines say they sleep."""
+    serving_with_a_standby(lanes, state)
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    docker.from_env().api.kill(lanes.container("demo-h2"))
+    check = cli(lanes, state, "watchdog", "check", "--json", code=None, LANECTL_KERNEL_LOG=f"file:{kernel_log}")
+    data = json.loads(check.stdout)["data"]
+    assert data["action"] == "restart" and "not restarted" not in data["outcome"], data
+    assert awake_and_healthy(lanes, "demo-h2")
+    assert is_sleeping(lanes, "demo-h1") and is_sleeping(lanes, "demo-h1", "rtx"), "the standby still waits"
+    memory = json.loads((state / "watchdog.json").read_text())
+    assert memory["restarts_total"] == {"demo-h2": 1}, memory
+    assert row(status(lanes, state), "demo-h1")["standby"] is not None
+
+
 # -- an orphan asleep on the GPUs ---------------------------------------------------------------------------------
 
 def test_an_orphan_asleep_beside_a_lane_is_asked_whether_it_sleeps_on_the_port_it_publishes(lanes, state):

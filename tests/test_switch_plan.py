@@ -324,3 +324,23 @@ def test_durations(text, seconds):
 def test_bad_durations_name_the_option(text):
     with pytest.raises(BadInput, match=r"^--lock-wait .*: expected a duration like 90s, 10m, 2h or 1h30m$"):
         parse_duration(text, option="--lock-wait")
+
+
+def test_the_watchdog_restarts_the_active_lane_beside_its_standby_asleep_on_the_same_gpus(catalog):
+    """demo-h2 serves with demo-h1 asleep beside it on the same GPUs, and demo-h2 dies: its restart was refused
+    ("demo-h1 runs on its GPUs") on every pass, and nothing served. A standby asleep is what a switch leaves beside
+    the lane it starts, so the restart starts demo-h2 beside it (the executor asks demo-h1 /is_sleeping first)."""
+    catalog = repo_catalog()
+    box = Box(catalog).run("demo-h1").run("demo-h2", "exited").active("demo-h2", "demo-h1", "demo-h2")
+    box.asleep("demo-h1").fingerprinted("demo-h2")
+    plan = plan_restart(catalog, box.snapshot(), catalog.lane("demo-h2"), with_gpus=True)
+    assert "start:lanectl-demo-demo-h2" in keys(plan) and not [k for k in keys(plan) if "demo-h1" in k], keys(plan)
+
+
+def test_the_watchdog_never_restarts_a_lane_beside_a_standby_that_is_paused_or_holds_its_ports(catalog):
+    paused = Box(catalog).run("h1-REF").run("h2-REF", "exited").active("h2-REF", "h1-REF", "h2-REF").asleep("h1-REF")
+    with pytest.raises(OperationFailed, match="not restarting h2-REF: h1-REF runs on its GPUs or host ports"):
+        plan_restart(catalog, paused.snapshot(), catalog.lane("h2-REF"), with_gpus=True)  # h1-REF holds port 30006
+    frozen = Box(catalog).run("demo-h1", "paused").run("demo-h2", "exited").active("demo-h2", "demo-h1", "demo-h2")
+    with pytest.raises(OperationFailed, match="not restarting demo-h2: demo-h1 runs on its GPUs or host ports"):
+        plan_restart(catalog, frozen.asleep("demo-h1").snapshot(), catalog.lane("demo-h2"), with_gpus=True)

@@ -652,6 +652,15 @@ def plan_down(catalog: Catalog, snapshot: Snapshot, lane_name: str | None, *, wi
     return Plan("down", targets[0] if targets else None, phases=tuple(phases), notes=tuple(notes))
 
 
+def _asleep_beside(inventory: Inventory, standby: Lane, lane: Lane) -> bool:
+    """`standby` is recorded waiting asleep and shares only GPUs with `lane` (a sleeping vLLM keeps its port), each
+    live container of it running (a paused one answers nothing, and is the watchdog's to drop first). Whether it
+    really sleeps is asked again, of each engine, just before the start (invariant 1, `lanes/invariants.py`)."""
+    if inventory.snapshot.standby.standby(standby.name) is None or host_ports(standby) & host_ports(lane):
+        return False
+    return all(c.listed.running for c in inventory.containers(standby) if c.listed.live)
+
+
 def labelled_down_steps(lane: LabelledLane) -> tuple[Step, ...]:
     """Stop (companions first, each with the stop timeout it was created with) and remove the containers of a lane
     that no recipe which loads has: without a recipe lanectl cannot start them again, and a lane left stopped here
@@ -673,12 +682,13 @@ def plan_restart(catalog: Catalog, snapshot: Snapshot, lane: Lane, *, with_gpus:
     """The watchdog's restart of the active lane: stop it, wait for its GPUs' memory, start it as it was (a
     restart repairs, it does not upgrade: a container is recreated only when it is gone), gate it. A lane that
     fails its gate is stopped again, so the next pass counts it. Refused while another lane that conflicts
-    with it is live: the watchdog never starts a second lane on a GPU."""
+    with it is live, unless it is a standby waiting asleep on the lane's GPUs (as a switch leaves one beside
+    the lane it starts): the watchdog never starts a second lane awake on a GPU."""
     inventory = Inventory(catalog, snapshot, with_gpus=with_gpus)
     refuse_other_state_folder(inventory)
     refuse_foreign(inventory, lane)
     serving = [other.name for other in inventory.live_lanes() if other.name != lane.name
-               and lanes_conflict(other, lane)]
+               and lanes_conflict(other, lane) and not _asleep_beside(inventory, other, lane)]
     if serving:
         raise OperationFailed(f"not restarting {lane.name}: {', '.join(serving)} runs on its GPUs or host ports; "
                               "the box must not run two lanes there (run `lanectl status`)")
