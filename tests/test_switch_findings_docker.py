@@ -421,3 +421,17 @@ def test_an_orphan_asleep_beside_a_lane_is_asked_whether_it_sleeps_on_the_port_i
     assert engines.is_sleeping_in(orphan) is False
     assert awake_beside(catalog, catalog.lanes["demo-h2"], engine.list_containers(), engines.is_sleeping_in) == [
         f"{orphan.name} (rtx of demo-h1) is awake on the same GPUs"]
+
+
+# -- the active lane paused by an operator ------------------------------------------------------------------------
+
+def test_up_of_the_active_lane_whose_primary_someone_paused_stops_it_and_starts_it(lanes, state):
+    """`docker pause` of demo-h1's primary, then `lanectl up demo-h1`: the plan started the paused container, the
+    engine refused ("cannot start a paused container, try unpause instead"), and the lane was stopped for
+    debugging. The plan stops it first (Docker unpauses it to deliver the signal) and starts it."""
+    cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    docker.from_env().api.pause(lanes.container("demo-h1"))
+    up = cli(lanes, state, "up", "demo-h1", "--no-gpu")
+    assert f"stop {lanes.container('demo-h1')} (primary of demo-h1)" in up.stderr, up.stderr
+    assert "it is paused: a start begins from stopped" in up.stderr, up.stderr
+    assert awake_and_healthy(lanes, "demo-h1")

@@ -381,13 +381,16 @@ class BoxMachine(RuleBasedStateMachine):
                                     f"of it is awake: {self.last}")
 
     def _serving(self) -> str | None:
-        """The active lane when every container of it is awake and its engine passes its gate, else None."""
+        """The active lane when every container of it runs awake (not paused: frozen, it answers nothing) and its
+        engine passes its gate, else None."""
         active = self.state().active
         if active not in self.catalog.lanes or active in self.engines.failing_gates:
             return None
         lane = self._lane(active)
         awake = self.awake_lanes(by_lanectl=True).get(active, set())
-        return active if {lane.container_name(role) for role in lane.roles} <= awake else None
+        names = {lane.container_name(role) for role in lane.roles}
+        paused = {name for name in names if name in self.engine.held and self.engine.held[name].state == "paused"}
+        return active if names <= awake and not paused else None
 
     @rule(port=st.sampled_from([18101, 18102]))
     def a_broken_change_to_the_serving_lane(self, port: int) -> None:
@@ -1155,4 +1158,17 @@ def test_a_lane_with_no_lane_before_it_that_fails_its_gate_is_stopped_for_debugg
     box = machine("demo-h1")
     box.up(lane="demo-h1", how=None, fails=True)
     assert box.last is not None and "stopped for debugging" in box.last.message, box.last
+    promises_hold(box)
+
+
+def test_up_of_the_active_lane_whose_primary_someone_paused_starts_it_from_stopped():
+    """Found by the machine: `docker pause` of demo-h1's primary, then `lanectl up demo-h1`. The plan started the
+    paused container, Docker refused ("cannot start a paused container"), and the way back stopped the lane for
+    debugging: nothing served. A paused container is stopped first (with its own drain), then started."""
+    box = machine("demo-h1")
+    box.operator_on_the_engine(data=_Drawn("lanectl-demo-demo-h1"), action="pause")
+    box.up(lane="demo-h1", how=None, fails=False)
+    assert box.last is not None and box.last.result == "ok", box.last
+    assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"}}
+    assert box.engine.held["lanectl-demo-demo-h1"].state == "running"
     promises_hold(box)

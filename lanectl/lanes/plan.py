@@ -292,7 +292,8 @@ def stop_steps(inventory: Inventory, lane: Lane, why: str = "", *, every: bool =
 
 def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -> tuple[Step, ...]:
     """Primary first, then companions: each created when missing, recreated when its spec differs from the
-    recipe (`recreate`; a watchdog restart repairs, it does not upgrade), started when stopped. A companion
+    recipe (`recreate`; a watchdog restart repairs, it does not upgrade), started when stopped (stopped first
+    when paused: Docker refuses to start a paused container, and stops one as it stops a running one). A companion
     starts after its primary: a running one is stopped while its primary is (re)started. A lane whose containers
     may be asleep is stopped first, so that every container starts from stopped or is recreated."""
     asleep = stop_asleep_steps(inventory, lane)
@@ -322,6 +323,9 @@ def bring_up_steps(inventory: Inventory, lane: Lane, *, recreate: bool = True) -
                       _create(inventory, lane, role, "recreated: " + ", ".join(changes)),
                       Step("start", lane.name, name, role)]
         elif not (container.listed.running and live):
+            if live:  # paused (frozen) or restarting: `docker start` refuses a paused container
+                steps.append(Step("stop", lane.name, name, role, _stop_timeout(inventory, lane, role),
+                                  f"it is {container.listed.state}: a start begins from stopped"))
             steps.append(Step("start", lane.name, name, role))
     return (*asleep, *first, *steps)
 
