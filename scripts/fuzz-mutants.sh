@@ -54,7 +54,7 @@ PY
 
 mutant "baseline" lanectl/lanes/execute.py "" "awake_beside"
 mutant "one lane awake per GPU (no check before a start or a wake)" lanectl/lanes/execute.py \
-  "        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping)" \
+  "        holding = awake_beside(self.catalog, lane, self.engine.list_containers(), self.calls.is_sleeping_in)" \
   "        holding: list[str] = []"
 mutant "a stop gives the container its own drain (the plan's timeout instead)" lanectl/lanes/execute.py \
   "self.engine.stop(step.container, own_stop_timeout(state.stop_timeout, step.seconds))" \
@@ -77,4 +77,10 @@ mutant "the way back wakes only what this run put to sleep" lanectl/lanes/execut
 mutant "a dropped standby leaves nothing live (forgotten, left paused)" lanectl/lanes/plan.py \
   "    stops = stop_steps(inventory, lane, f\"its standby is lost: {reason}\") if lane is not None and stop else ()" \
   "    stops = ()"
+mutant "a way back taken before any container changed changes none (the whole way back)" lanectl/lanes/execute.py \
+  "                and self._bookkeeping_back(run):" \
+  "                and False:"
+mutant "a put-back removes only a stopped replacement (no look before it)" lanectl/lanes/execute.py \
+  "        if replacement is not None and replacement.status in LIVE_STATES:" \
+  "        if False:"
 exit "$survived"
