@@ -61,20 +61,23 @@ def parse_memory(text: str) -> dict[str, tuple[int, int]] | None:
     return memory or None
 
 
-def wait_for_release(device_ids: list[str] | None, timeout_seconds: float, *,
+def wait_for_release(device_ids: list[str] | None, timeout_seconds: float, kept_mib: int = 0, *,
                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                      query: Callable[[list[str] | None], dict[str, int] | None] = used_mib) -> str:
-    """Wait until every GPU of the lane holds less than RELEASED_BELOW_MIB; returns what happened, for the journal."""
+    """Wait until every GPU of the lane holds less than RELEASED_BELOW_MIB beyond `kept_mib` (what a standby
+    asleep on those GPUs said it still holds: it keeps that while the lane restarts beside it); returns what
+    happened, for the journal."""
     if timeout_seconds <= 0:
         return "not waiting for GPU memory release (timeout 0 in the recipe)"
+    beside = f", beside the {kept_mib} MiB a standby keeps asleep" if kept_mib else ""
     started = clock()
     while True:
         usage = query(device_ids)
         if usage is None:
             return "nvidia-smi not found: cannot tell whether GPU memory was released; not waiting"
-        held = {gpu: mib for gpu, mib in usage.items() if mib >= RELEASED_BELOW_MIB}
+        held = {gpu: mib for gpu, mib in usage.items() if mib >= RELEASED_BELOW_MIB + kept_mib}
         if not held:
-            return f"GPU memory released after {clock() - started:.0f} s"
+            return f"GPU memory released after {clock() - started:.0f} s{beside}"
         if clock() - started >= timeout_seconds:
-            return f"GPU memory still held after {timeout_seconds:.0f} s ({held} MiB); relaunching anyway"
+            return f"GPU memory still held after {timeout_seconds:.0f} s ({held} MiB{beside}); relaunching anyway"
         sleep(2.0)

@@ -5,6 +5,7 @@ interval (a service)."""
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -27,7 +28,7 @@ from lanectl.records import frozen
 from lanectl.state.journal import Journal, utc_timestamp
 from lanectl.state.lanes import SWITCH_LEASE_PREFIX, LaneState, LaneStateStore
 from lanectl.state.paths import StateFiles, check_state_file
-from lanectl.state.standby import StandbyStore
+from lanectl.state.standby import StandbyState, StandbyStore
 from lanectl.watchdog.policy import Decision, Observation, decide
 from lanectl.watchdog.state import WatchdogRecord, WatchdogStateStore
 
@@ -92,7 +93,7 @@ class Watchdog:
     def __init__(self, catalog: Catalog, directory: Path, *, engine: ContainerEngine, reporter: Reporter,
                  kernel_log: Any | None = None, kernel_log_problem: str | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 gpu_wait: Callable[[list[str] | None, float], str] | None = None,
+                 gpu_wait: Callable[[list[str] | None, float, int], str] | None = None,
                  gpu_inventory: Callable[[], list[Gpu] | None] | None = None):
         self.catalog = catalog
         self.directory = directory
@@ -456,8 +457,9 @@ class Watchdog:
                                                     last_generation_probe=None)
                 self.memory.save(record)
                 try:
+                    kept = kept_asleep_mib(self.catalog, StandbyStore(self.files.standby).load(), lane)
                     outcome = switcher.restart(lane, before_start=lambda: self.gpu_wait(
-                        gpus, lane.spec.watchdog.gpu_memory_release_timeout_seconds))
+                        gpus, lane.spec.watchdog.gpu_memory_release_timeout_seconds, kept))
                 except LanectlError as exc:
                     # Refused before any change (another lane holds its GPUs, a foreign container): no restart ran,
                     # so none is counted; a refusal that used the budget would send a lane nobody restarted to
@@ -701,3 +703,16 @@ def _lane_gpus(lane: Lane) -> LaneGpus:
         elif isinstance(request.count, int):
             count = max(count, request.count)
     return LaneGpus(device_ids=tuple(device_ids), count=count, all=every)
+
+
+def kept_asleep_mib(catalog: Catalog, standbys: StandbyState, lane: Lane) -> int:
+    """GPU memory the standbys asleep on the lane's GPUs said they still hold (vLLM logs it as it falls asleep,
+    and the sleep step records it): a restart beside them waits for the crashed engine's memory alone."""
+    from lanectl.lanes.invariants import gpus_overlap
+
+    kept = 0.0
+    for record in standbys.standbys:
+        standby = catalog.lanes.get(record.lane)
+        if standby is not None and record.resident_gib and gpus_overlap(standby, lane):
+            kept += record.resident_gib
+    return math.ceil(kept * 1024)
