@@ -1172,3 +1172,19 @@ def test_up_of_the_active_lane_whose_primary_someone_paused_starts_it_from_stopp
     assert box.awake_lanes() == {"demo-h1": {"lanectl-demo-demo-h1", "lanectl-demo-demo-h1-rtx"}}
     assert box.engine.held["lanectl-demo-demo-h1"].state == "running"
     promises_hold(box)
+
+
+def test_an_undo_of_a_killed_switch_stops_a_companion_its_recipe_dropped_since():
+    """Found by the machine: `up demo-h1` killed after starting both its containers; demo-h1's companion then
+    leaves its recipe, and someone stops demo-h1's primary. The watchdog's pass undid the switch by stopping the
+    recipe's roles alone: the companion, an orphan now, stayed awake on the GPUs with no lane active. A
+    continuation stops and removes orphans first, as every switch does."""
+    box = machine("demo-h1")
+    box.down(how=None)
+    box.up(lane="demo-h1", how=("kill", 3, 0), fails=False)
+    box.edit_companion_presence(lane="demo-h1", present=False)
+    box.operator_on_the_engine(data=_Drawn("lanectl-demo-demo-h1"), action="stop")
+    box.watchdog_check(how=None)
+    assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, "the orphan is removed"
+    promises_hold(box)
+

@@ -729,18 +729,23 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
             down = Plan("down", name)  # nothing it named is left
         return replace(down, kind="finish-down")
     target = catalog.lanes.get(to_name) if isinstance(to_name, str) else None
+    # Containers of a role its recipe dropped since the killed run (orphans) go first, as in any switch: the
+    # recipe's roles alone would leave them running, unaccounted for, whether the switch is undone or finished.
+    orphans = orphan_steps(inventory)
+    cleanup = (Phase(orphans, optional=True),) if orphans else ()
     # A killed restart (from and to the same lane) is undone by restarting the lane: stop it, start it, gate it.
     slept = previous if previous is not None and previous.name in standbys(inventory)[0] else None
     if target is None:
         way_back, abandon = _restore(inventory, previous, slept=slept)
         return Plan("undo", to_name if isinstance(to_name, str) else None, previous.name if previous else None,
-                    way_back, abandon=abandon, alone="there was no lane before it")
+                    (*cleanup, *way_back), abandon=abandon, alone="there was no lane before it")
     asides = _left_aside(inventory, target)
     way_back, abandon = _way_back(inventory, target, previous, slept=slept, rollback_on_failure=True, asides=asides)
     alone = "" if previous else "there was no lane before it"
     primary = inventory.container(target, ROLE_PRIMARY)
     if primary is None or not primary.listed.running or not _whole(inventory, target):
-        return Plan("undo", target.name, previous.name if previous else None, way_back, abandon=abandon, alone=alone)
+        return Plan("undo", target.name, previous.name if previous else None, (*cleanup, *way_back),
+                    abandon=abandon, alone=alone)
     # The companions the killed run had not started yet start now; nothing is recreated here (a later `up` does).
     # A target still recorded asleep was being woken: the wake finishes it (a wake of an awake vLLM does nothing).
     asleep = standbys(inventory)[0]
@@ -748,6 +753,7 @@ def plan_reconcile(catalog: Catalog, snapshot: Snapshot, *, with_gpus: bool = Tr
     bring = _wake_phase(inventory, target) if waking else Phase(
         (*bring_up_steps(inventory, target, recreate=False), _gate(target)))
     phases = (*_leave_for(inventory, target, asleep, waking),
+              *([Phase(orphans)] if orphans else []),
               bring,
               Phase((Step("activate", target.name),), optional=True),
               Phase((*_drop_asides(asides, "replaced by a container that passed its gate"),
