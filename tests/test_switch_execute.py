@@ -432,3 +432,21 @@ def test_a_signal_after_any_step_goes_back_or_finishes_and_always_re_arms(catalo
     serving = catalog.lane(state.active)
     assert {serving.container_name(role) for role in serving.roles} <= run.engine.running()
     awake(run, catalog)
+
+
+def test_a_gate_that_passes_with_an_engine_of_the_lane_asleep_fails_it(catalog, tmp_path):
+    """A companion's readiness is its /health 200, which vLLM answers asleep: a lane whose companion someone put to
+    sleep passed its gate (a finished switch, a way back) and was said to serve. Each engine is asked
+    /is_sleeping where it publishes once the gate passed."""
+    from lanectl.lanes.plan import Phase, Step
+
+    box = Box(catalog).run("demo-h1").active("demo-h1", "demo-h1")
+    box.sleeping.add("lanectl-demo-demo-h1-rtx")
+    run = Run(catalog, box, tmp_path)
+    plan = Plan("up", "demo-h1", None, (Phase((Step("gate", "demo-h1", seconds=60),)),))
+    outcome = run.run(plan)
+    assert outcome.result == "failed", outcome
+    assert outcome.message.startswith("demo-h1 failed its health gate (asleep): lanectl-demo-demo-h1-rtx answers "
+                                      "/health but sleeps"), outcome.message
+    box.sleeping.clear()
+    assert Run(catalog, box, tmp_path / "awake").run(plan).result == "ok"

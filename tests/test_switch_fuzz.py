@@ -1188,3 +1188,12 @@ def test_an_undo_of_a_killed_switch_stops_a_companion_its_recipe_dropped_since()
     assert "lanectl-demo-demo-h1-rtx" not in box.engine.held, "the orphan is removed"
     promises_hold(box)
 
+
+def test_a_way_back_with_no_lane_to_go_back_to_that_fails_says_what_it_was_doing():
+    """The failed way back of a switch with no lane before it said "Rolling back to None FAILED too"."""
+    box = machine("demo-h2")
+    box.someone_puts_the_active_lane_to_sleep(role="primary")  # no lane serves before: nothing to go back to
+    box.state_folder_fills(fits=1)
+    box.up(lane="demo-h2", how=None, fails=False)
+    assert box.last is not None and "Stopping demo-h2 FAILED too" in box.last.message, box.last
+    assert "None" not in box.last.message, box.last.message

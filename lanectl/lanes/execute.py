@@ -295,8 +295,8 @@ class Executor:
         elif plan.kind in ("finish", "undo"):
             message, result = self._undone(run, back), "undone" if back is None else "failed"
         elif back is not None:
-            message, result = f"{failure}. Rolling back to {plan.previous} FAILED too ({back}); no lane is serving", \
-                "failed"
+            going_back = f"Rolling back to {plan.previous}" if plan.previous else f"Stopping {plan.lane}"
+            message, result = f"{failure}. {going_back} FAILED too ({back}); no lane is serving", "failed"
         elif run.unchanged_back:
             message = f"{failure}. No container was changed"
             message += f": {plan.previous} serves as it did and passed its gate" if plan.previous else ""
@@ -577,6 +577,7 @@ class Executor:
             if not result.passed:
                 raise StepFailed(f"{lane.name} failed its health gate ({result.failed_check}): {result.detail}",
                                  result)
+            self._refuse_asleep(lane, self.engine.list_containers())
             if lane.name in run.wake_started:
                 seconds = time.monotonic() - run.wake_started[lane.name]
                 run.woken[lane.name] = f"woken from its standby in {seconds:.1f} s, gate and wake check included"
@@ -602,6 +603,17 @@ class Executor:
         if action == "wake-check":
             return self._wake_check(run, lane)
         raise AssertionError(f"unknown step {step.action}")
+
+    def _refuse_asleep(self, lane: Lane, listed: list[ListedContainer]) -> None:
+        """Invariant 3 (`lanes/invariants.py`) where a gate passes: vLLM answers `/health` 200 asleep, so a
+        companion's readiness (its /health) passes a companion someone put to sleep. Each engine of the lane is
+        asked `/is_sleeping` where it publishes; one that says it sleeps fails the gate."""
+        names = {lane.container_name(role) for role in lane.roles}
+        asleep = sorted(c.name for c in listed
+                        if c.name in names and c.running and self.calls.is_sleeping_in(c) is True)
+        if asleep:
+            raise StepFailed(f"{lane.name} failed its health gate (asleep): {', '.join(asleep)} answers /health "
+                             "but sleeps (GET /is_sleeping true); a lane serves only with every engine awake")
 
     def _sleep(self, run: _Run, step: Step, lane: Lane) -> str:
         recorded = self.standby_state

@@ -13,7 +13,8 @@ stop timeout from the engine, and before every removal whether it still is stopp
    (`Config.StopTimeout`; its `--shutdown-timeout` was rendered from it) is what its stop allows, never a
    shorter or longer one from a recipe edited since.
 3. **A lane is healthy only when every container of it is awake**: vLLM answers `/health` and `/v1/models` with
-   200 while it sleeps (`lanes/snapshot.py` asks `/is_sleeping` of each).
+   200 while it sleeps (`lanes/snapshot.py` asks `/is_sleeping` of each, and a gate that passed asks each
+   engine again, where it publishes: a companion's readiness is its /health alone).
 4. **A removal removes only what is stopped**: a container the plan chose to prune or drop is inspected first,
    and one that runs now (started by hand since the snapshot, or by another state folder) is kept.
 5. **A continuation converges, it does not replay**: finishing a killed switch first stops every other lane that
