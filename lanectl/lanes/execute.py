@@ -342,8 +342,9 @@ class Executor:
             return False
         gated = [self.catalog.lanes[step.lane] for phase in run.plan.way_back for step in phase.steps
                  if step.action == "gate"]
-        if any(self.calls.is_sleeping(lane, role) is True for lane in gated for role in lane.roles):
-            return False
+        listed = self.engine.list_containers()
+        if any(self._asleep(lane, listed) for lane in gated):
+            return False  # gated asleep, a primary would hold the gate its whole budget: vLLM queues the probe
         for phase in run.plan.way_back:
             steps = tuple(step for step in phase.steps if step.action in BOOKKEEPING_STEPS)
             if steps and self._phase(run, replace(phase, steps=steps, fallback=()), way_back=True) is not None:
@@ -608,12 +609,15 @@ class Executor:
         """Invariant 3 (`lanes/invariants.py`) where a gate passes: vLLM answers `/health` 200 asleep, so a
         companion's readiness (its /health) passes a companion someone put to sleep. Each engine of the lane is
         asked `/is_sleeping` where it publishes; one that says it sleeps fails the gate."""
-        names = {lane.container_name(role) for role in lane.roles}
-        asleep = sorted(c.name for c in listed
-                        if c.name in names and c.running and self.calls.is_sleeping_in(c) is True)
+        asleep = self._asleep(lane, listed)
         if asleep:
             raise StepFailed(f"{lane.name} failed its health gate (asleep): {', '.join(asleep)} answers /health "
                              "but sleeps (GET /is_sleeping true); a lane serves only with every engine awake")
+
+    def _asleep(self, lane: Lane, listed: list[ListedContainer]) -> list[str]:
+        """The lane's running containers whose engine says it sleeps, asked where each publishes."""
+        names = {lane.container_name(role) for role in lane.roles}
+        return sorted(c.name for c in listed if c.name in names and c.running and self.calls.is_sleeping_in(c) is True)
 
     def _sleep(self, run: _Run, step: Step, lane: Lane) -> str:
         recorded = self.standby_state

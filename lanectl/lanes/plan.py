@@ -440,9 +440,8 @@ def _disarm(lane: Lane) -> Step:
 
 def refuse_foreign(inventory: Inventory, lane: Lane) -> None:
     """Containers lanectl did not make that hold the lane's names or host ports, and live ones it made for a lane
-    on the lane's GPUs that someone renamed (it cannot ask one under another name whether it sleeps, so invariant
-    1 counts it awake): the switch would fail on them after stopping what serves, so it is refused before
-    anything changes (exit 2)."""
+    on the lane's GPUs that someone renamed (lanectl never stops a container under a name that is not a lane's):
+    the switch would fail on them after stopping what serves, so it is refused before anything changes (exit 2)."""
     blocking = inventory.blocking(lane)
     blocking += [f for f in inventory.foreign if f not in blocking and f.listed.live and _made_for_gpus_of(
         inventory.catalog, f.listed, lane)]
